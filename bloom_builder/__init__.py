@@ -1,0 +1,1 @@
+"""bloom_builder: stream a corpus of any size into one memfree filter file (map/reduce, resumable)."""

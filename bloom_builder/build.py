@@ -1,0 +1,330 @@
+"""One pass from a corpus to a filter file: plan, map, reduce, size, write; resumable.
+
+The work directory (``OUTPUT.work`` by default) holds every finished task's output and marker.
+Rerunning the same command after an interruption, even ``kill -9``, reuses finished tasks and
+writes a filter byte-identical to an uninterrupted build; the output path only ever receives a
+complete file, by rename.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from bloom_builder.counting import RUN_ENTRY_BYTES, partition_bounds
+from bloom_builder.settings import BuildSettings
+from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
+from bloom_builder.stages import (
+    LocalExecutor,
+    MapStats,
+    MapTask,
+    ReduceTask,
+    TokenizerPayload,
+    map_shard,
+    read_kept,
+    reduce_partition,
+)
+from memfree.filter import FilterFileWriter, set_fingerprint_bits
+from memfree.sizing import choose_size, theoretical_minimum_bits
+from memfree.tokenizer import tokenizer_fingerprint, tokenizer_name, tokenizer_vocab_size
+
+BUILDER_VERSION = "bloom_builder 0.1.0"
+# numpy's sort-based unique needs a few times the input's bytes.
+_WORKING_SET_FACTOR = 4
+
+
+class BuildError(ValueError):
+    """The build cannot produce a filter (nothing usable, bad output path, ...)."""
+
+
+@dataclass
+class BuildSummary:
+    """What a build did; printed at the end and available as JSON (``--json``)."""
+
+    output: str
+    output_format: str
+    documents: int
+    tokens: int
+    ngrams: int
+    distinct_ngrams: int
+    kept_ngrams: int
+    num_bits: int
+    num_probes: int
+    expected_false_positive_rate: float
+    size_bytes: int
+    theoretical_minimum_bytes: float
+    seconds: float
+    tokens_per_second: float
+    seconds_tokenizing: float
+    seconds_hashing_counting: float
+    map_tasks: int
+    reused_tasks: int
+    workers: int
+    skipped: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_text(self) -> str:
+        counts = self.skipped.get("counts", {})
+        lines = [
+            f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes, "
+            f"{self.size_bytes / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical minimum)",
+            f"  documents {self.documents:,}   tokens {self.tokens:,}   n-grams {self.ngrams:,}",
+            f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}",
+            f"  bits {self.num_bits:,}   probes {self.num_probes}   "
+            f"expected false-positive rate {self.expected_false_positive_rate:.3g}",
+            f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} tokens/s   "
+            f"workers {self.workers}   tasks {self.map_tasks} ({self.reused_tasks} reused)",
+        ]
+        if counts:
+            lines.append("  skipped: " + ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items())))
+            for kind, examples in sorted(self.skipped.get("examples", {}).items()):
+                for example in examples:
+                    lines.append(f"    {kind}: {example}")
+        return "\n".join(lines)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _progress(total: float, description: str, unit: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        desc=description,
+        unit=unit,
+        unit_scale=True,
+        disable=None if enabled else True,
+        file=sys.stderr,
+        leave=False,
+    )
+
+
+def plan_shards(units: list[WorkUnit], shard_bytes: int) -> list[tuple[WorkUnit, ...]]:
+    """Group work units, in order, into shards of about ``shard_bytes`` input bytes."""
+    shards: list[tuple[WorkUnit, ...]] = []
+    current: list[WorkUnit] = []
+    current_bytes = 0
+    for unit in units:
+        current.append(unit)
+        current_bytes += max(unit.size_bytes, 1)
+        if current_bytes >= shard_bytes:
+            shards.append(tuple(current))
+            current, current_bytes = [], 0
+    if current:
+        shards.append(tuple(current))
+    return shards
+
+
+def build_filter(
+    paths: list[str],
+    output: str | Path,
+    settings: BuildSettings | None = None,
+    *,
+    work_dir: str | Path | None = None,
+    keep_work: bool = False,
+    progress: bool = True,
+    tokenizer: Any = None,
+) -> BuildSummary:
+    """Build a filter of the corpus's n-grams seen at least ``min_count`` times.
+
+    Args:
+        paths: files, directories, globs, saved ``datasets`` directories, or ``stdlib:``.
+        output: filter path (written atomically).
+        settings: build settings (defaults: n=10, min_count=1, fpr=1e-3, default tokenizer).
+        work_dir: where resumable intermediate files go (default ``OUTPUT.work``).
+        keep_work: keep the work directory after success.
+        progress: show progress bars on a terminal.
+        tokenizer: an already-loaded tokenizer (else ``settings.tokenizer`` is loaded).
+
+    Raises:
+        BuildError: no usable document, or the output path cannot be written.
+    """
+    settings = settings or BuildSettings()
+    started = time.perf_counter()
+    output = Path(output)
+    if output.is_dir():
+        raise BuildError(f"{output}: is a directory; give a file path for the filter (-o)")
+    if not paths:
+        raise BuildError("no corpus given: name files, directories, globs or stdlib:")
+    work = Path(work_dir) if work_dir else output.with_name(output.name + ".work")
+
+    if tokenizer is None:
+        from memfree.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(settings.tokenizer)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    options = SourceOptions(text_field=settings.text_field, include=settings.include, exclude=settings.exclude)
+    problems = ProblemLog()
+    units = discover(list(paths), options, problems)
+    if not units:
+        raise BuildError(_nothing_usable(problems, "no readable input found"))
+    shards = plan_shards(units, settings.shard_bytes)
+
+    config = {
+        "builder": BUILDER_VERSION,
+        "units": [[u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, _mtime(u.path)] for u in units],
+        "tokenizer_fingerprint": fingerprint,
+        "ngram_size": settings.ngram_size,
+        "hash_seed": settings.hash_seed,
+        "shard_bytes": settings.shard_bytes,
+        "num_partitions": settings.num_partitions,
+        "options": asdict(options),
+    }
+    _prepare_work_dir(work, config)
+
+    per_worker = settings.memory_limit_bytes // settings.workers
+    buffer_entries = max(1 << 16, per_worker // (8 * _WORKING_SET_FACTOR))
+    map_tasks = [
+        MapTask(index, shard, str(work), settings.ngram_size, settings.hash_seed,
+                settings.batch_documents, buffer_entries, options)
+        for index, shard in enumerate(shards)
+    ]
+    payload = TokenizerPayload.from_tokenizer(tokenizer)
+    results: dict[int, dict[str, Any]] = {}
+    with LocalExecutor(settings.workers, payload) as executor:
+        total_bytes = sum(max(u.size_bytes, 1) for u in units)
+        with _progress(total_bytes, "tokenize+hash", "B", progress) as bar:
+            for task, result in executor.run(map_shard, map_tasks):
+                results[task.index] = result
+                bar.update(sum(max(u.size_bytes, 1) for u in task.units))
+        stats = MapStats()
+        for index in sorted(results):
+            task_stats = dict(results[index]["stats"])
+            problems.merge(ProblemLog.from_dict(task_stats.pop("problems")))
+            stats.add(MapStats(**task_stats))
+        if stats.documents == 0:
+            raise BuildError(_nothing_usable(problems, "no usable document in the corpus"))
+
+        runs = tuple(stem for index in sorted(results) for stem in results[index]["runs"])
+        reduce_dir = work / f"reduce-min{settings.min_count}"
+        reduce_dir.mkdir(parents=True, exist_ok=True)
+        max_entries = max(1 << 16, per_worker // (RUN_ENTRY_BYTES * _WORKING_SET_FACTOR))
+        reduce_tasks = [
+            ReduceTask(index, low, high, runs, settings.min_count, max_entries, str(reduce_dir))
+            for index, (low, high) in enumerate(partition_bounds(settings.num_partitions))
+        ]
+        reduced: dict[int, dict[str, Any]] = {}
+        with _progress(len(reduce_tasks), "count", "part", progress) as bar:
+            for reduce_task, result in executor.run(reduce_partition, reduce_tasks):
+                reduced[reduce_task.index] = result
+                bar.update(1)
+
+    distinct = sum(result["distinct"] for result in reduced.values())
+    kept = sum(result["kept"] for result in reduced.values())
+    corpus = {
+        "documents": stats.documents,
+        "tokens": stats.tokens,
+        "ngrams": stats.ngrams,
+        "distinct_ngrams": distinct,
+        "sources": [str(path) for path in paths],
+        "input_units": len(units),
+        "skipped": problems.to_dict()["counts"],
+    }
+    metadata = {
+        "unit": "token",
+        "n": settings.ngram_size,
+        "min_count": settings.min_count,
+        "tokenizer": tokenizer_name(tokenizer, settings.tokenizer),
+        "tokenizer_fingerprint": fingerprint,
+        "vocab_size": tokenizer_vocab_size(tokenizer),
+        "hash_seed": settings.hash_seed,
+        "num_ngrams": kept,
+        "target_false_positive_rate": settings.false_positive_rate,
+        "corpus": corpus,
+        "builder_version": BUILDER_VERSION,
+    }
+    if settings.output_format == "memfree":
+        size = choose_size(kept, settings.false_positive_rate)
+        metadata["num_probes"] = size.num_probes
+        with FilterFileWriter(output, size.num_blocks, metadata) as writer:
+            for reduce_task in reduce_tasks:
+                set_fingerprint_bits(writer.words, read_kept(reduce_task), size.num_probes)
+        num_bits, num_probes, rate = size.num_bits, size.num_probes, size.expected_false_positive_rate
+    else:
+        from bloom_builder.interchange import write_pybloom_filter
+
+        num_bits, num_probes, rate = write_pybloom_filter(
+            output, shards, reduce_tasks, settings, payload, metadata, options
+        )
+    if not keep_work:
+        shutil.rmtree(work, ignore_errors=True)
+
+    seconds = time.perf_counter() - started
+    return BuildSummary(
+        output=str(output),
+        output_format=settings.output_format,
+        documents=stats.documents,
+        tokens=stats.tokens,
+        ngrams=stats.ngrams,
+        distinct_ngrams=distinct,
+        kept_ngrams=kept,
+        num_bits=num_bits,
+        num_probes=num_probes,
+        expected_false_positive_rate=rate,
+        size_bytes=output.stat().st_size,
+        theoretical_minimum_bytes=theoretical_minimum_bits(kept, settings.false_positive_rate) / 8,
+        seconds=seconds,
+        tokens_per_second=stats.tokens / seconds if seconds > 0 else 0.0,
+        seconds_tokenizing=stats.seconds_tokenizing,
+        seconds_hashing_counting=stats.seconds_hashing + sum(r.get("seconds", 0.0) for r in reduced.values()),
+        map_tasks=len(map_tasks),
+        reused_tasks=sum(bool(r.get("reused")) for r in results.values()),
+        workers=settings.workers,
+        skipped=problems.to_dict(),
+    )
+
+
+def _mtime(path: str) -> int:
+    try:
+        return Path(path).stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _prepare_work_dir(work: Path, config: dict[str, Any]) -> None:
+    """Reuse ``work`` if it was made by the same inputs and settings, else start it afresh."""
+    config_hash = xxhash.xxh3_64_hexdigest(json.dumps(config, sort_keys=True).encode("utf-8"))
+    marker = work / "config.json"
+    if marker.exists():
+        try:
+            previous = json.loads(marker.read_text(encoding="utf-8")).get("config_hash")
+        except (OSError, ValueError, AttributeError):
+            previous = None
+        if previous == config_hash:
+            return
+        shutil.rmtree(work, ignore_errors=True)
+    elif work.exists() and any(work.iterdir()):
+        raise BuildError(
+            f"{work}: exists and is not a memfree work directory; remove it or pass --work-dir"
+        )
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "map").mkdir(exist_ok=True)
+    marker.write_text(json.dumps({"config_hash": config_hash, "config": config}), encoding="utf-8")
+
+
+def _nothing_usable(problems: ProblemLog, headline: str) -> str:
+    lines = [f"{headline}; nothing to build a filter from."]
+    data = problems.to_dict()
+    for kind, count in sorted(data["counts"].items()):
+        examples = "; ".join(data["examples"].get(kind, []))
+        lines.append(f"  {kind}: {count} ({examples})")
+    lines.append("Check the paths, --text-field and --include/--exclude.")
+    return "\n".join(lines)
+
+
+def kept_fingerprints(reduce_tasks: list[ReduceTask]) -> np.ndarray:
+    """All kept fingerprints, sorted (loads them into memory)."""
+    parts = [np.asarray(read_kept(task)) for task in reduce_tasks]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)

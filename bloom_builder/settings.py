@@ -1,0 +1,101 @@
+"""Build settings: one frozen dataclass, validated before any work starts; the CLI reads its defaults."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from memfree.hashing import DEFAULT_HASH_SEED
+
+FORMATS = ("memfree", "pybloomfiltermmap3")
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    """Everything that decides what a build produces (and how fast).
+
+    Attributes:
+        ngram_size: tokens per n-gram (the paper's n; 10 by default).
+        min_count: keep n-grams seen at least this many times in the corpus.
+        false_positive_rate: target false-positive rate the filter is sized for.
+        tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
+        text_field: JSONL field / Parquet column / dataset column holding the text.
+        include: fnmatch patterns selecting files inside walked directories.
+        exclude: fnmatch patterns excluding files inside walked directories.
+        output_format: "memfree" (native) or "pybloomfiltermmap3" (interchange).
+        workers: parallel map/reduce processes (1 = in this process).
+        memory_limit_bytes: budget for counting buffers across all workers.
+        num_partitions: key ranges counted independently (a power of two).
+        shard_bytes: input bytes per map task (the unit of parallelism and of resume).
+        batch_documents: documents tokenized per batch.
+        hash_seed: seed of the n-gram hash (recorded in the header).
+    """
+
+    ngram_size: int = 10
+    min_count: int = 1
+    false_positive_rate: float = 1e-3
+    tokenizer: str | None = None
+    text_field: str = "text"
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    output_format: str = "memfree"
+    workers: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
+    memory_limit_bytes: int = 2 << 30
+    num_partitions: int = 16
+    shard_bytes: int = 4 << 20
+    batch_documents: int = 64
+    hash_seed: int = DEFAULT_HASH_SEED
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """The first invalid setting, phrased for the command line, or None."""
+        if not isinstance(self.ngram_size, int) or self.ngram_size < 1:
+            return f"--n must be an integer >= 1, got {self.ngram_size!r}"
+        if self.ngram_size > 64:
+            return f"--n must be at most 64, got {self.ngram_size}"
+        if not isinstance(self.min_count, int) or self.min_count < 1:
+            return f"--min-count must be an integer >= 1, got {self.min_count!r}"
+        if not 0.0 < float(self.false_positive_rate) < 1.0:
+            return f"--fpr must be in (0, 1), got {self.false_positive_rate!r}"
+        if self.output_format not in FORMATS:
+            return f"--format must be one of {', '.join(FORMATS)}, got {self.output_format!r}"
+        if not isinstance(self.workers, int) or self.workers < 1:
+            return f"--workers must be an integer >= 1, got {self.workers!r}"
+        if self.memory_limit_bytes < 16 << 20:
+            return f"--memory-limit must be at least 16M, got {self.memory_limit_bytes} bytes"
+        partitions = self.num_partitions
+        if partitions < 1 or partitions & (partitions - 1) or partitions > 4096:
+            return f"--partitions must be a power of two in [1, 4096], got {partitions}"
+        if self.shard_bytes < 1:
+            return f"shard_bytes must be >= 1, got {self.shard_bytes}"
+        if self.batch_documents < 1:
+            return f"batch_documents must be >= 1, got {self.batch_documents}"
+        if not self.text_field:
+            return "--text-field must not be empty"
+        if not 0 <= self.hash_seed < 1 << 64:
+            return f"hash_seed must fit in 64 bits, got {self.hash_seed}"
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["include"] = list(self.include)
+        data["exclude"] = list(self.exclude)
+        return data
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Parse "512M", "2G", "1.5GiB" or a plain byte count."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise ValueError(f"cannot read {text!r} as a size; write e.g. 512M or 2G")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[unit])

@@ -1,0 +1,1 @@
+"""eval: measure what verbatim-n-gram filtering does not cover (approximate memorization, exposure)."""

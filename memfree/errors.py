@@ -1,0 +1,31 @@
+"""Exceptions users can act on: each names the input, the problem and the fix."""
+
+from __future__ import annotations
+
+
+class FilterError(ValueError):
+    """A filter file cannot be used as asked."""
+
+
+class DamagedFilterError(FilterError):
+    """A filter file is truncated, corrupted, of an unknown version or not a filter at all."""
+
+
+class FilterMismatchError(FilterError):
+    """A filter was built for another tokenizer or another n-gram size than it is used with."""
+
+
+class MissingDependencyError(ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def require(module: str, extra: str) -> None:
+    """Import ``module`` or raise :class:`MissingDependencyError` naming the pip extra."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise MissingDependencyError(
+            f"this feature needs the '{module}' package: pip install 'memfree[{extra}]'"
+        ) from None

