@@ -86,7 +86,10 @@ class BuildSummary:
             f"workers {self.workers}   tasks {self.map_tasks} ({self.reused_tasks} reused)",
         ]
         if counts:
-            lines.append("  skipped: " + ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items())))
+            lines.append(
+                "  skipped: "
+                + ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
+            )
             for kind, examples in sorted(self.skipped.get("examples", {}).items()):
                 for example in examples:
                     lines.append(f"    {kind}: {example}")
@@ -165,7 +168,9 @@ def build_filter(
 
         tokenizer = load_tokenizer(settings.tokenizer)
     fingerprint = tokenizer_fingerprint(tokenizer)
-    options = SourceOptions(text_field=settings.text_field, include=settings.include, exclude=settings.exclude)
+    options = SourceOptions(
+        text_field=settings.text_field, include=settings.include, exclude=settings.exclude
+    )
     problems = ProblemLog()
     units = discover(list(paths), options, problems)
     if not units:
@@ -174,7 +179,10 @@ def build_filter(
 
     config = {
         "builder": BUILDER_VERSION,
-        "units": [[u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, _mtime(u.path)] for u in units],
+        "units": [
+            [u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, _mtime(u.path)]
+            for u in units
+        ],
         "tokenizer_fingerprint": fingerprint,
         "ngram_size": settings.ngram_size,
         "hash_seed": settings.hash_seed,
@@ -187,8 +195,16 @@ def build_filter(
     per_worker = settings.memory_limit_bytes // settings.workers
     buffer_entries = max(1 << 16, per_worker // (8 * _WORKING_SET_FACTOR))
     map_tasks = [
-        MapTask(index, shard, str(work), settings.ngram_size, settings.hash_seed,
-                settings.batch_documents, buffer_entries, options)
+        MapTask(
+            index,
+            shard,
+            str(work),
+            settings.ngram_size,
+            settings.hash_seed,
+            settings.batch_documents,
+            buffer_entries,
+            options,
+        )
         for index, shard in enumerate(shards)
     ]
     payload = TokenizerPayload.from_tokenizer(tokenizer)
@@ -251,7 +267,11 @@ def build_filter(
         with FilterFileWriter(output, size.num_blocks, metadata) as writer:
             for reduce_task in reduce_tasks:
                 set_fingerprint_bits(writer.words, read_kept(reduce_task), size.num_probes)
-        num_bits, num_probes, rate = size.num_bits, size.num_probes, size.expected_false_positive_rate
+        num_bits, num_probes, rate = (
+            size.num_bits,
+            size.num_probes,
+            size.expected_false_positive_rate,
+        )
     else:
         from bloom_builder.interchange import write_pybloom_filter
 
@@ -278,7 +298,8 @@ def build_filter(
         seconds=seconds,
         tokens_per_second=stats.tokens / seconds if seconds > 0 else 0.0,
         seconds_tokenizing=stats.seconds_tokenizing,
-        seconds_hashing_counting=stats.seconds_hashing + sum(r.get("seconds", 0.0) for r in reduced.values()),
+        seconds_hashing_counting=stats.seconds_hashing
+        + sum(r.get("seconds", 0.0) for r in reduced.values()),
         map_tasks=len(map_tasks),
         reused_tasks=sum(bool(r.get("reused")) for r in results.values()),
         workers=settings.workers,

@@ -23,7 +23,7 @@ RUN_ENTRY_BYTES = KEY_BYTES + COUNT_BYTES
 
 def _fsync_write(path: Path, array: np.ndarray) -> None:
     with open(path, "wb") as out:
-        out.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+        out.write(np.ascontiguousarray(array).data.cast("B"))
         out.flush()
         os.fsync(out.fileno())
 

@@ -1,12 +1,12 @@
-"""Corpus sources: find a corpus's documents, cut them into work units, and stream them back.
+"""Corpus sources: find a corpus's documents, cut them into work units, stream them back.
 
-Reads plain text, JSON lines, Parquet and Hugging Face ``datasets`` saved to disk, gzip- or
-zstd-compressed or not: the input of the n-gram filter build of MemFree decoding (Ippolito et al.,
-2023). Whatever cannot be read is counted in a :class:`ProblemLog`, never raised.
+The input side of the MemFree n-gram filter build (Ippolito et al., 2023): text, JSON lines,
+Parquet and saved Hugging Face datasets, gzip/zstd or not. Bad inputs are counted, not raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import gzip
@@ -27,12 +27,10 @@ MAX_EXAMPLES = 3
 MIN_CHUNK_BYTES = 1024
 
 _COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 _BINARY_PROBE_BYTES = 8192
-_COMPRESSION_RATIO = 4  # typical for text; only used to estimate sizes for balancing shards
+_COMPRESSION_RATIO = 4  # typical for text; sizes only balance shards
 _DATASET_ROWS_PER_UNIT = 10_000
 _BATCH_ROWS = 256
-_ZSTD_READ_BYTES = 1 << 16
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
 
 
@@ -42,11 +40,11 @@ class SourceOptions:
 
     Attributes:
         text_field: JSONL field, Parquet column or ``datasets`` column holding the text.
-        include: fnmatch patterns, matched against a file's path relative to the walked
-            directory and against its basename; empty selects every file.
+        include: fnmatch patterns matched against a file's path relative to the walked directory
+            and against its basename; empty selects every file.
         exclude: fnmatch patterns, applied after ``include``.
         segment_bytes: plain-text files larger than this are read in line-aligned segments.
-        split_bytes: uncompressed JSONL files larger than this become several byte-range units.
+        split_bytes: uncompressed JSONL files larger than this become byte-range units.
     """
 
     text_field: str = "text"
@@ -73,8 +71,8 @@ class SourceOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < MIN_CHUNK_BYTES:
                 raise ValueError(
-                    f"SourceOptions.{name} must be an integer of at least {MIN_CHUNK_BYTES} "
-                    f"bytes, got {value!r}; the default is {getattr(SourceOptions, name)}"
+                    f"SourceOptions.{name} must be an integer >= {MIN_CHUNK_BYTES} bytes, got "
+                    f"{value!r}; the default is {getattr(SourceOptions, name)}"
                 )
 
 
@@ -88,7 +86,7 @@ class WorkUnit:
         compression: "", "gzip" or "zstd".
         start: jsonl: first byte offset; parquet: first row group; dataset: first row.
         stop: exclusive end, in the same unit as ``start``; -1 reads to the end.
-        size_bytes: estimated (uncompressed) bytes of this unit, for balancing shards.
+        size_bytes: estimated uncompressed bytes of this unit, for balancing shards.
     """
 
     path: str
@@ -99,19 +97,16 @@ class WorkUnit:
     size_bytes: int = 0
 
     def __post_init__(self) -> None:
+        whole_stream = self.kind in ("text", "jsonl") and self.start == 0 and self.stop == -1
         if self.kind not in KINDS or self.compression not in COMPRESSIONS:
-            raise ValueError(
-                f"work unit {self.path!r}: kind {self.kind!r} / compression {self.compression!r} "
-                f"unknown; use a kind in {KINDS} and a compression in {COMPRESSIONS}"
-            )
-        ranged = self.start != 0 or self.stop != -1
-        if self.compression and (self.kind != "text" and self.kind != "jsonl" or ranged):
-            raise ValueError(
-                f"work unit {self.path!r}: a {self.compression} stream can only be read whole as "
-                "text or jsonl; decompress the file to split it or to read it as Parquet"
-            )
-        if self.start < 0 or -1 < self.stop < self.start:
-            raise ValueError(f"work unit {self.path!r}: bad range [{self.start}:{self.stop}]")
+            problem = f"kind must be one of {KINDS} and compression one of {COMPRESSIONS}"
+        elif self.compression and not whole_stream:
+            problem = "a compressed file can only be read whole, as text or jsonl; decompress it"
+        elif self.start < 0 or -1 < self.stop < self.start:
+            problem = "start must be >= 0 and stop -1 or >= start"
+        else:
+            return
+        raise ValueError(f"bad work unit {self!r}: {problem}")
 
     def describe(self) -> str:
         """Short human text naming the unit, e.g. ``data.jsonl[0:67108864]``."""
@@ -130,8 +125,8 @@ class ProblemLog:
     """Skipped inputs, counted by kind, with the first few examples of each.
 
     Attributes:
-        counts: problem kind (e.g. "missing", "not utf-8") -> number of occurrences.
-        examples: problem kind -> up to ``MAX_EXAMPLES`` strings "where: reason".
+        counts: problem kind (e.g. "missing", "not utf-8") -> occurrences.
+        examples: problem kind -> at most ``MAX_EXAMPLES`` strings "where: reason", first seen.
     """
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -139,10 +134,7 @@ class ProblemLog:
 
     def record(self, kind: str, where: str, reason: str) -> None:
         """Count one problem of ``kind`` at ``where`` (a path, ``path:line``, ...)."""
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-        kept = self.examples.setdefault(kind, [])
-        if len(kept) < MAX_EXAMPLES:
-            kept.append(f"{where}: {reason}")
+        self.merge(ProblemLog({kind: 1}, {kind: [f"{where}: {reason}"]}))
 
     def merge(self, other: ProblemLog) -> None:
         """Add ``other``'s counts; examples keep this log's first, then ``other``'s, capped."""
@@ -156,48 +148,41 @@ class ProblemLog:
         return sum(self.counts.values())
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able ``{"counts": {...}, "examples": {...}}``, keys sorted."""
-        return {
-            "counts": dict(sorted(self.counts.items())),
-            "examples": {kind: list(found) for kind, found in sorted(self.examples.items())},
-        }
+        """JSON-able ``{"counts": {...}, "examples": {...}}`` with sorted keys."""
+        examples = {kind: list(found) for kind, found in sorted(self.examples.items())}
+        return {"counts": dict(sorted(self.counts.items())), "examples": examples}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProblemLog:
         """Rebuild a log written by :meth:`to_dict`."""
-        if not isinstance(data, dict) or not isinstance(data.get("counts", {}), dict):
+        if not isinstance(data, dict) or not isinstance(data.get("counts"), dict):
             raise ValueError(f"a ProblemLog dict needs 'counts' and 'examples' maps, got {data!r}")
-        counts = {str(kind): int(count) for kind, count in data.get("counts", {}).items()}
-        examples = {
-            str(kind): [str(example) for example in found][:MAX_EXAMPLES]
-            for kind, found in dict(data.get("examples", {})).items()
-        }
-        return cls(counts, examples)
+        counts = {str(kind): int(count) for kind, count in data["counts"].items()}
+        examples = dict(data.get("examples") or {})
+        return cls(
+            counts, {str(k): [str(e) for e in v][:MAX_EXAMPLES] for k, v in examples.items()}
+        )
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document's text; ``continues`` says the next Document yielded goes on with it."""
+    """One document's text; ``continues`` means the next Document yielded goes on with it."""
 
     text: str
     continues: bool = False
 
 
-# ------------------------------------------------------------------------------------------------
-# Discovery
-
-
 def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
-    """Expand files, directories, globs and :data:`STDLIB` into work units, sorted by path.
+    """Expand files, directories, globs and :data:`STDLIB` into work units.
 
     Args:
-        paths: files, directories (walked recursively, hidden entries skipped, saved datasets
-            taken whole), glob patterns (``**`` allowed) or ``"stdlib:"``.
+        paths: files; directories (walked recursively, hidden entries skipped, saved datasets
+            taken whole); glob patterns (``**`` allowed); ``"stdlib:"`` for the standard library.
         options: selection and splitting settings.
         problems: receives "missing", "unreadable" and "missing column" entries.
 
     Returns:
-        Units sorted by path then start; a file reached twice appears once.
+        Units sorted by path, then start; a file reached twice appears once.
     """
     if isinstance(paths, str):
         raise ValueError(f"discover() takes a list of paths, got the string {paths!r}; pass [path]")
@@ -207,34 +192,34 @@ def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog)
         names = (relative, os.path.basename(relative))
         if options.include and not _matches(names, options.include):
             return
-        if _matches(names, options.exclude):
-            return
-        absolute = os.path.abspath(path)
-        key = os.path.realpath(path)
-        if key not in chosen or absolute < chosen[key][0]:
+        absolute, key = os.path.abspath(path), os.path.realpath(path)
+        if not _matches(names, options.exclude) and (
+            key not in chosen or absolute < chosen[key][0]
+        ):
             chosen[key] = (absolute, is_dataset)
 
     for spec in paths:
+        path = os.path.expanduser(spec)
         if spec == STDLIB:
             _walk(sysconfig.get_paths()["stdlib"], add, problems, python_only=True)
-            continue
-        path = os.path.expanduser(spec)
-        matches = [path] if os.path.exists(path) else []
-        if not matches and glob.has_magic(path):
+        elif os.path.isdir(path):
+            _walk(path, add, problems, python_only=False)
+        elif os.path.exists(path):
+            add(path, os.path.basename(path), False)
+        elif glob.has_magic(path):
             matches = sorted(glob.glob(path, recursive=True))
+            for match in matches:
+                if os.path.isdir(match):
+                    _walk(match, add, problems, python_only=False)
+                else:
+                    add(match, os.path.basename(match), False)
             if not matches:
                 problems.record("missing", spec, "the glob pattern matched nothing")
-        elif not matches:
+        else:
             problems.record("missing", spec, "no such file or directory")
-        for match in matches:
-            if os.path.isdir(match):
-                _walk(match, add, problems, python_only=False)
-            else:
-                add(match, os.path.basename(match), False)
     units: list[WorkUnit] = []
     for absolute, is_dataset in sorted(chosen.values()):
-        found = _dataset_units if is_dataset else _file_units
-        units.extend(found(absolute, options, problems))
+        units += (_dataset_units if is_dataset else _file_units)(absolute, options, problems)
     return units
 
 
@@ -247,9 +232,9 @@ def _walk(
 ) -> None:
     """Offer every file under ``root`` to ``add``, and saved datasets as a whole."""
     splits = _dataset_splits(root, problems)
+    for split in splits or ():
+        add(split, os.path.relpath(split, os.path.dirname(root)), True)
     if splits is not None:
-        for split in splits:
-            add(split, os.path.relpath(split, os.path.dirname(root)), True)
         return
     skipped = {"site-packages", "dist-packages", "__pycache__"} if python_only else set()
 
@@ -257,17 +242,16 @@ def _walk(
         problems.record("unreadable", str(error.filename or root), _reason(error))
 
     for directory, subdirectories, files in os.walk(root, onerror=unreadable):
-        kept = []
-        for name in sorted(subdirectories):
-            path = os.path.join(directory, name)
-            if name.startswith(".") or name in skipped:
+        walked = []
+        for name in sorted(set(subdirectories) - skipped):
+            if name.startswith("."):
                 continue
-            splits = _dataset_splits(path, problems)
-            if splits is None:
-                kept.append(name)
+            splits = _dataset_splits(os.path.join(directory, name), problems)
             for split in splits or ():
                 add(split, os.path.relpath(split, root), True)
-        subdirectories[:] = kept
+            if splits is None:
+                walked.append(name)
+        subdirectories[:] = walked
         for name in sorted(files):
             if not name.startswith(".") and (name.endswith(".py") or not python_only):
                 path = os.path.join(directory, name)
@@ -275,33 +259,17 @@ def _walk(
 
 
 def _dataset_splits(directory: str, problems: ProblemLog) -> list[str] | None:
-    """Directories of the saved ``datasets`` Dataset(s) at ``directory``, or None if none."""
+    """Directories of the Dataset(s) saved at ``directory`` by ``save_to_disk``, None if none."""
     manifest = os.path.join(directory, "dataset_dict.json")
     if os.path.isfile(manifest):
         try:
             with open(manifest, encoding="utf-8") as handle:
-                names = json.load(handle)["splits"]
-            return [os.path.join(directory, str(name)) for name in names]
+                return [os.path.join(directory, str(name)) for name in json.load(handle)["splits"]]
         except (OSError, ValueError, KeyError, TypeError) as error:
             problems.record("unreadable", manifest, _reason(error))
             return []
-    saved = ("dataset_info.json", "state.json")
-    if all(os.path.isfile(os.path.join(directory, name)) for name in saved):
-        return [directory]
-    return None
-
-
-def _classify(path: str) -> tuple[str, str]:
-    """(kind, compression) from the file name."""
-    name = path.lower()
-    compression = ""
-    for suffix, method in _COMPRESSION_SUFFIXES.items():
-        if name.endswith(suffix):
-            name, compression = name[: -len(suffix)], method
-            break
-    if name.endswith(_JSONL_SUFFIXES):
-        return "jsonl", compression
-    return ("parquet" if name.endswith(".parquet") else "text"), compression
+    saved = [os.path.join(directory, name) for name in ("dataset_info.json", "state.json")]
+    return [directory] if all(os.path.isfile(name) for name in saved) else None
 
 
 def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
@@ -313,22 +281,24 @@ def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list
     if not stat.S_ISREG(info.st_mode):
         problems.record("unreadable", path, "not a regular file (a device, socket or pipe)")
         return []
-    kind, compression = _classify(path)
-    size = info.st_size
-    if kind == "parquet":
-        if compression:
-            problems.record("unreadable", path, "compressed Parquet: decompress it first")
-            return []
-        return _parquet_units(path, options, problems)
+    name, compression = path.lower(), ""
+    for suffix, method in _COMPRESSION_SUFFIXES.items():
+        if name.endswith(suffix):
+            name, compression = name[: -len(suffix)], method
+    kind = "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "text"
+    size, step = info.st_size, options.split_bytes
+    if name.endswith(".parquet"):
+        if not compression:
+            return _parquet_units(path, options, problems)
+        problems.record("unreadable", path, "compressed Parquet: decompress it first")
+        return []
     if compression:
         return [WorkUnit(path, kind, compression, size_bytes=size * _COMPRESSION_RATIO)]
-    if kind == "jsonl" and size > options.split_bytes:
-        step = options.split_bytes
-        return [
-            WorkUnit(path, kind, "", start, start + step if start + step < size else -1,
-                     min(step, size - start))
-            for start in range(0, size, step)
-        ]  # fmt: skip
+    if kind == "jsonl" and size > step:
+        bounds = [
+            (start, start + step if start + step < size else -1) for start in range(0, size, step)
+        ]
+        return [WorkUnit(path, kind, "", a, b, (size if b < 0 else b) - a) for a, b in bounds]
     return [WorkUnit(path, kind, "", size_bytes=size)]
 
 
@@ -345,24 +315,19 @@ def _parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> l
     if problem:
         problems.record("missing column", path, problem)
         return []
-    return [
-        WorkUnit(path, "parquet", "", group, group + 1, metadata.row_group(group).total_byte_size)
-        for group in range(metadata.num_row_groups)
-    ]
+    groups = range(metadata.num_row_groups)
+    sizes = [metadata.row_group(group).total_byte_size for group in groups]
+    return [WorkUnit(path, "parquet", "", group, group + 1, sizes[group]) for group in groups]
 
 
 def _dataset_units(path: str, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
     dataset = _load_dataset(path, options, problems)
-    if dataset is None:
-        return []
-    rows = dataset.num_rows
+    rows = 0 if dataset is None else dataset.num_rows
     data_bytes = sum(os.path.getsize(name) for name in glob.glob(os.path.join(path, "*.arrow")))
-    step = _DATASET_ROWS_PER_UNIT
-    return [
-        WorkUnit(path, "dataset", "", start, min(start + step, rows),
-                 data_bytes * (min(start + step, rows) - start) // rows)
-        for start in range(0, rows, step)
-    ]  # fmt: skip
+    bounds = [
+        (a, min(a + _DATASET_ROWS_PER_UNIT, rows)) for a in range(0, rows, _DATASET_ROWS_PER_UNIT)
+    ]
+    return [WorkUnit(path, "dataset", "", a, b, data_bytes * (b - a) // rows) for a, b in bounds]
 
 
 def _load_dataset(path: str, options: SourceOptions, problems: ProblemLog) -> Any:
@@ -378,13 +343,12 @@ def _load_dataset(path: str, options: SourceOptions, problems: ProblemLog) -> An
         problems.record("unreadable", path, _reason(error))
         return None
     if not isinstance(dataset, datasets.Dataset):
-        problems.record("unreadable", path, "a DatasetDict; name one split directory instead")
+        problems.record("unreadable", path, "a DatasetDict; name one of its split directories")
         return None
     problem = _column_problem(dataset.features.arrow_schema, options.text_field)
     if problem:
         problems.record("missing column", path, problem)
-        return None
-    return dataset
+    return None if problem else dataset
 
 
 def _column_problem(schema: Any, column: str) -> str | None:
@@ -396,57 +360,40 @@ def _column_problem(schema: Any, column: str) -> str | None:
     column_type = schema.field(column).type
     if pa.types.is_dictionary(column_type):
         column_type = column_type.value_type
-    if str(column_type) not in ("string", "large_string", "string_view"):
-        return f"column {column!r} holds {column_type}, not strings; set text_field"
-    return None
-
-
-# ------------------------------------------------------------------------------------------------
-# Reading
+    if str(column_type) in ("string", "large_string", "string_view"):
+        return None
+    return f"column {column!r} holds {column_type}, not strings; set text_field"
 
 
 def read_unit(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> Iterator[Document]:
-    """Stream the documents of one unit; memory holds one document, segment or batch at a time.
+    """Stream the documents of one unit, holding one document, segment or batch at a time.
 
     Args:
         unit: a unit from :func:`discover` (or built by hand).
-        options: the same options that discovered it.
-        problems: receives everything skipped: "binary", "not utf-8", "empty", "unreadable",
+        options: the options that discovered it.
+        problems: receives what is skipped: "binary", "not utf-8", "empty", "unreadable",
             "malformed json", "missing field", "missing column".
 
     Yields:
-        Documents in file order. A text file larger than ``segment_bytes`` comes as segments
-        split after newlines, all but the last with ``continues=True``.
+        Documents in file order. A text file larger than ``segment_bytes`` comes in segments
+        that end after a newline, all but the last with ``continues=True``.
     """
-    readers = {
-        "text": _read_text,
-        "jsonl": _read_jsonl,
-        "parquet": _read_parquet,
-        "dataset": _read_dataset,
-    }
-    yield from readers[unit.kind](unit, options, problems)
+    readers = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}
+    yield from readers.get(unit.kind, _read_dataset)(unit, options, problems)
 
 
 def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> Iterator[Document]:
-    errors = _stream_errors(unit.compression)
-    limit = options.segment_bytes
-    pending: str | None = None  # held back one segment, to know whether it is the last
+    limit, want = options.segment_bytes, max(_BINARY_PROBE_BYTES, options.segment_bytes + 1)
+    pending: str | None = None  # one segment held back, to learn whether it is the last
     failed = False
-    try:
-        stream = _open(unit.path, unit.compression)
-    except errors as error:
-        problems.record("unreadable", unit.path, _reason(error))
-        return
-    with stream:
-        want = max(_BINARY_PROBE_BYTES, limit + 1)
-        try:
-            buffer = stream.read(want)
-        except errors as error:
-            problems.record("unreadable", unit.path, _reason(error))
+    with _opened(unit, problems) as stream:
+        if stream is None:
             return
-        if b"\0" in buffer[:_BINARY_PROBE_BYTES]:
-            where = buffer.index(b"\0")
-            problems.record("binary", unit.path, f"NUL byte at offset {where}: not a text file")
+        buffer = _read(stream, want, unit, problems)
+        if buffer is None or b"\0" in buffer[:_BINARY_PROBE_BYTES]:
+            if buffer is not None:
+                reason = f"NUL byte at offset {buffer.index(0)}: not a text file"
+                problems.record("binary", unit.path, reason)
             return
         at_end, offset = len(buffer) < want, 0
         while buffer:  # invariant: at_end or len(buffer) > limit
@@ -458,21 +405,17 @@ def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> 
                 problems.record("not utf-8", unit.path, reason)
                 failed = True
                 break
-            if offset == 0:
-                text = text.removeprefix("\ufeff")
+            text = text.removeprefix("\ufeff") if offset == 0 else text
             buffer, offset = buffer[cut:], offset + cut
             if pending is not None:
                 yield Document(pending, continues=True)
-                pending = text
-            elif text.strip():  # leading whitespace-only segments carry no document
+            if pending is not None or text.strip():  # leading blank segments are dropped
                 pending = text
             if not at_end and len(buffer) <= limit:
                 want = limit + 1 - len(buffer)
-                try:
-                    more = stream.read(want)
-                except errors as error:
-                    problems.record("unreadable", unit.path, _reason(error))
-                    failed = True
+                more = _read(stream, want, unit, problems)
+                failed = more is None
+                if more is None:
                     break
                 at_end, buffer = len(more) < want, buffer + more
     if pending is not None:
@@ -482,78 +425,58 @@ def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> 
 
 
 def _cut_point(buffer: bytes, limit: int) -> int:
-    """End of the next segment (at most ``limit`` bytes): after the last newline, else after the
-    last space or tab, else at a UTF-8 character boundary. ``buffer`` is longer than ``limit``."""
+    """End of a segment of at most ``limit`` bytes of ``buffer`` (longer than that): after the
+    last newline, else after the last space or tab, else at a UTF-8 character boundary."""
     newline = buffer.rfind(b"\n", 0, limit)
-    if newline >= 0:
-        return newline + 1
     space = max(buffer.rfind(b" ", 0, limit), buffer.rfind(b"\t", 0, limit))
-    if space >= 0:
-        return space + 1
     cut = limit
-    while cut > limit - 3 and (buffer[cut] & 0xC0) == 0x80:
+    while cut > limit - 3 and (buffer[cut] & 0xC0) == 0x80:  # a UTF-8 continuation byte
         cut -= 1
-    return cut
+    return newline + 1 if newline >= 0 else space + 1 if space >= 0 else cut
 
 
-def _read_jsonl(
-    unit: WorkUnit, options: SourceOptions, problems: ProblemLog
-) -> Iterator[Document]:
-    errors = _stream_errors(unit.compression)
-    position = unit.start
-    try:
-        stream = _open(unit.path, unit.compression)
-    except errors as error:
-        problems.record("unreadable", unit.path, _reason(error))
-        return
-    with stream:
-        try:
-            if unit.start > 0:  # a line belongs to the unit holding its first byte
-                stream.seek(unit.start - 1)
-                position += len(stream.readline()) - 1
-        except errors as error:
-            problems.record("unreadable", unit.path, _reason(error))
+def _read_jsonl(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> Iterator[Document]:
+    with _opened(unit, problems) as stream:
+        if stream is None:
             return
-        first_byte, first_line, line_count = position, 1 if position == 0 else 0, 0
-        while unit.stop < 0 or position < unit.stop:
-            try:
-                line = stream.readline()
-            except errors as error:
-                problems.record("unreadable", unit.path, _reason(error))
+        position = unit.start
+        if unit.start > 0:  # a line belongs to the unit holding its first byte: skip the rest
+            skipped = _read(stream, -1, unit, problems)  # of the line holding byte start - 1
+            if skipped is None:
                 return
+            position += len(skipped) - 1
+        first_byte, first_line, count = position, 1 if position == 0 else 0, 0
+        while unit.stop < 0 or position < unit.stop:
+            line = _read(stream, -1, unit, problems)
             if not line:
                 return
-            line_start, position, line_count = position, position + len(line), line_count + 1
+            start, position, count = position, position + len(line), count + 1
             if not line.strip():
                 continue
-            text, kind, reason = _parse_line(line, line_start, options.text_field)
+            text, kind, reason = _parse_line(line, start, options.text_field)
             if text is not None:
                 yield Document(text)
                 continue
-            if not first_line:  # counted only when needed: it rereads the file up to here
-                first_line = _line_number(unit.path, first_byte)
-            problems.record(kind, f"{unit.path}:{first_line + line_count - 1}", reason)
+            first_line = first_line or _line_number(unit.path, first_byte)  # rereads: only once
+            problems.record(kind, f"{unit.path}:{first_line + count - 1}", reason)
 
 
-def _parse_line(line: bytes, line_start: int, name: str) -> tuple[str | None, str, str]:
-    """(text, "", "") for a good JSONL line, else (None, problem kind, reason)."""
+def _parse_line(line: bytes, start: int, name: str) -> tuple[str | None, str, str]:
+    """(text, "", "") for a good JSONL line starting at byte ``start``, else (None, kind, why)."""
     try:
-        decoded = line.decode("utf-8")
+        record = json.loads(line.decode("utf-8").removeprefix("\ufeff" if start == 0 else ""))
     except UnicodeDecodeError as error:
-        return None, "not utf-8", f"invalid UTF-8 at byte {line_start + error.start}"
-    try:
-        record = json.loads(decoded.removeprefix("\ufeff") if line_start == 0 else decoded)
+        return None, "not utf-8", f"invalid UTF-8 at byte {start + error.start}"
     except (ValueError, RecursionError) as error:
         return None, "malformed json", _reason(error)
+    value = record.get(name) if isinstance(record, dict) else record
+    held = _JSON_TYPES.get(type(value), "null" if value is None else "boolean")
     if not isinstance(record, dict):
-        held = _JSON_TYPES.get(type(record), "value")
         return None, "missing field", f"the line holds a JSON {held}, not an object"
     if name not in record:
         fields = ", ".join(list(record)[:8])
         return None, "missing field", f"no field {name!r} (fields: {fields}); set text_field"
-    value = record[name]
     if not isinstance(value, str):
-        held = _JSON_TYPES.get(type(value), "null" if value is None else "value")
         return None, "missing field", f"field {name!r} holds a JSON {held}, not a string"
     if not value.strip():
         return None, "empty", f"field {name!r} is empty or whitespace"
@@ -561,14 +484,14 @@ def _parse_line(line: bytes, line_start: int, name: str) -> tuple[str | None, st
 
 
 def _line_number(path: str, offset: int) -> int:
-    """1-based number of the line starting at byte ``offset`` of an uncompressed file."""
+    """1-based number of the line that starts at byte ``offset`` of an uncompressed file."""
     newlines = 0
-    with open(path, "rb") as handle:
-        while offset > 0:
-            chunk = handle.read(min(offset, 1 << 20))
-            if not chunk:
-                break
-            newlines, offset = newlines + chunk.count(b"\n"), offset - len(chunk)
+    try:
+        with open(path, "rb") as handle:
+            while chunk := handle.read(min(offset, 1 << 20)):
+                newlines, offset = newlines + chunk.count(b"\n"), offset - len(chunk)
+    except OSError:
+        pass  # the line number is only for the report
     return newlines + 1
 
 
@@ -586,17 +509,12 @@ def _read_parquet(
                 return
             stop = parquet.num_row_groups if unit.stop < 0 else unit.stop
             row = sum(parquet.metadata.row_group(group).num_rows for group in range(unit.start))
-            groups = list(range(unit.start, stop))
-            columns = [options.text_field]
-            batches = parquet.iter_batches(
-                batch_size=_BATCH_ROWS, row_groups=groups, columns=columns, use_threads=False
-            )
+            groups, columns = list(range(unit.start, stop)), [options.text_field]
+            batches = parquet.iter_batches(_BATCH_ROWS, groups, columns, use_threads=False)
             for batch in batches:
                 for value in batch.column(0).to_pylist():
-                    document = _checked(value, f"{unit.path}:row {row}", problems)
                     row += 1
-                    if document is not None:
-                        yield document
+                    yield from _checked(value, f"{unit.path}:row {row - 1}", problems)
     except (OSError, pa.ArrowException) as error:
         problems.record("unreadable", unit.path, _reason(error))
 
@@ -609,46 +527,49 @@ def _read_dataset(
         return
     stop = dataset.num_rows if unit.stop < 0 else min(unit.stop, dataset.num_rows)
     rows = dataset.select_columns([options.text_field]).select(range(unit.start, stop))
-    row = unit.start
-    for batch in rows.iter(batch_size=_BATCH_ROWS):
-        for value in batch[options.text_field]:
-            document = _checked(value, f"{unit.path}:row {row}", problems)
-            row += 1
-            if document is not None:
-                yield document
+    for number, batch in enumerate(rows.iter(batch_size=_BATCH_ROWS)):
+        for offset, value in enumerate(batch[options.text_field]):
+            row = unit.start + number * _BATCH_ROWS + offset
+            yield from _checked(value, f"{unit.path}:row {row}", problems)
 
 
-def _checked(value: Any, where: str, problems: ProblemLog) -> Document | None:
-    """A Document for a non-blank string column value; nulls and blanks count as "empty"."""
-    if value is None or not str(value).strip():
+def _checked(value: Any, where: str, problems: ProblemLog) -> Iterator[Document]:
+    """The Document of a non-blank column value; nulls and blanks are recorded as "empty"."""
+    if value is not None and str(value).strip():
+        yield Document(str(value))
+    else:
         problems.record("empty", where, "null value" if value is None else "blank text")
+
+
+@contextlib.contextmanager
+def _opened(unit: WorkUnit, problems: ProblemLog) -> Iterator[io.BufferedIOBase | None]:
+    """The unit's decompressed byte stream at byte max(start - 1, 0); None (recorded) on error."""
+    try:
+        raw = open(unit.path, "rb")  # noqa: SIM115 - closed below
+        raw.seek(max(unit.start - 1, 0) if unit.kind == "jsonl" else 0)
+        if unit.compression == "gzip":
+            stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb")
+        elif unit.compression == "zstd":
+            stream = io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)
+        else:
+            stream = raw
+    except OSError as error:
+        problems.record("unreadable", unit.path, _reason(error))
+        yield None
+        return
+    with raw, stream:
+        yield stream
+
+
+def _read(
+    stream: io.BufferedIOBase, size: int, unit: WorkUnit, problems: ProblemLog
+) -> bytes | None:
+    """``size`` bytes (a line for -1) of ``stream``; None, recorded, if the stream is damaged."""
+    try:
+        return stream.readline() if size < 0 else stream.read(size)
+    except (OSError, EOFError, zlib.error) as error:
+        problems.record("unreadable", unit.path, _reason(error))
         return None
-    return Document(str(value))
-
-
-# ------------------------------------------------------------------------------------------------
-# Byte streams
-
-
-def _open(path: str, compression: str) -> io.BufferedIOBase:
-    if compression == "gzip":
-        return gzip.open(path, "rb")
-    raw = open(path, "rb")  # noqa: SIM115 - the caller closes it
-    if compression == "zstd":
-        return io.BufferedReader(_ZstdReader(raw), buffer_size=1 << 20)
-    return raw
-
-
-def _stream_errors(compression: str) -> tuple[type[Exception], ...]:
-    """Exceptions that mean a damaged or unreadable byte stream."""
-    if compression != "zstd":
-        return (OSError, EOFError, zlib.error)
-    from memfree.errors import require
-
-    require("zstandard", "sources")
-    import zstandard
-
-    return (OSError, EOFError, zstandard.ZstdError)
 
 
 def _reason(error: BaseException) -> str:
@@ -656,8 +577,8 @@ def _reason(error: BaseException) -> str:
 
 
 class _ZstdReader(io.RawIOBase):
-    """Every frame of a zstd stream; unlike ``zstandard``'s stream reader, a truncated last
-    frame raises EOFError instead of ending quietly."""
+    """All frames of a zstd stream, failing with OSError where data is corrupt and EOFError where
+    the last frame is cut short (zstandard's own stream reader ends quietly there)."""
 
     def __init__(self, raw: io.BufferedIOBase) -> None:
         from memfree.errors import require
@@ -666,39 +587,32 @@ class _ZstdReader(io.RawIOBase):
         import zstandard
 
         super().__init__()
-        self._raw = raw
-        self._decompressor = zstandard.ZstdDecompressor()
+        self._error = zstandard.ZstdError
+        self._raw, self._decompressor = raw, zstandard.ZstdDecompressor()
         self._frame: Any = None  # decompressor of the frame being read; None between frames
-        self._output = b""
-        self._taken = 0
+        self._output, self._taken = b"", 0
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
         while self._taken >= len(self._output):
-            compressed = self._raw.read(_ZSTD_READ_BYTES)
+            compressed, pieces = self._raw.read(1 << 16), []
+            if not compressed and self._frame is not None:
+                raise EOFError("the zstd stream ends inside a frame: the file is truncated")
             if not compressed:
-                if self._frame is not None:
-                    raise EOFError("the zstd stream ends inside a frame: the file is truncated")
                 return 0
-            self._output, self._taken = self._decompress(compressed), 0
+            while compressed:
+                self._frame = self._frame or self._decompressor.decompressobj()
+                try:
+                    pieces.append(self._frame.decompress(compressed))
+                except self._error as error:
+                    raise OSError(f"corrupt zstd data: {error}") from error
+                if not self._frame.eof:
+                    break
+                compressed, self._frame = self._frame.unused_data, None
+            self._output, self._taken = b"".join(pieces), 0
         size = min(len(buffer), len(self._output) - self._taken)
         memoryview(buffer).cast("B")[:size] = self._output[self._taken : self._taken + size]
         self._taken += size
         return size
-
-    def _decompress(self, compressed: bytes) -> bytes:
-        pieces = []
-        while compressed:
-            if self._frame is None:
-                self._frame = self._decompressor.decompressobj()
-            pieces.append(self._frame.decompress(compressed))
-            if not self._frame.eof:
-                break
-            compressed, self._frame = self._frame.unused_data, None
-        return b"".join(pieces)
-
-    def close(self) -> None:
-        self._raw.close()
-        super().close()

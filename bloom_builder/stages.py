@@ -206,7 +206,7 @@ def _map_unit(
         encoded = encoder.encode([document.text for document in batch])
         stats.seconds_tokenizing += time.perf_counter() - started
         started = time.perf_counter()
-        for document, ids in zip(batch, encoded):
+        for document, ids in zip(batch, encoded, strict=True):
             stats.documents += 0 if continuing else 1
             stats.tokens += ids.size
             if carry.size:
@@ -257,17 +257,24 @@ class ReduceTask:
 def reduce_partition(task: ReduceTask) -> dict[str, Any]:
     """Run one reduce task (or reuse it). Returns its marker payload."""
     done = read_marker(task.marker)
-    if done is not None and task.kept_path.exists():
-        if task.kept_path.stat().st_size == done["kept"] * 8:
-            done["reused"] = True
-            return done
+    if (
+        done is not None
+        and task.kept_path.exists()
+        and task.kept_path.stat().st_size == done["kept"] * 8
+    ):
+        done["reused"] = True
+        return done
     distinct = kept = 0
     started = time.perf_counter()
     with open(task.kept_path, "wb") as out:
         for fingerprints, counted in count_range(
-            [Run(Path(stem)) for stem in task.runs], task.low, task.high, task.min_count, task.max_entries
+            [Run(Path(stem)) for stem in task.runs],
+            task.low,
+            task.high,
+            task.min_count,
+            task.max_entries,
         ):
-            out.write(memoryview(fingerprints.astype("<u8")).cast("B"))
+            out.write(fingerprints.astype("<u8").data.cast("B"))
             distinct += counted.distinct
             kept += counted.kept
         out.flush()

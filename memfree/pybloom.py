@@ -29,7 +29,6 @@ MAX_HASHES = 256
 HEADER_BYTES = 1200  # sizeof(struct _BloomFilter) on 64-bit platforms
 PREAMBLE_BYTES = 1280  # magic, uint64 num_bits, int32 header length, struct; rounded up to 256
 _PREFIX = struct.Struct("<9sQi")
-_STRUCT_OFFSET = _PREFIX.size
 # struct _BloomFilter: max_num_elem, error_rate, num_hashes, hash_seeds[256], pad, array pointer,
 # bf_version, count_correct, pad, elem_count, reserved[32]
 _BLOOM = struct.Struct("<QdI256I4s8sBB6sQ128s")
@@ -158,7 +157,7 @@ class PybloomNgramFilter(NgramFilter):
             )
         positions = probe_positions(ngram_key_bytes(array), self.seeds, self.num_bits)
         found = np.asarray(self.bits[positions >> 3]) >> (positions & 7).astype(np.uint8)
-        result: np.ndarray = (found & 1).astype(bool).all(axis=1)
+        result = np.asarray((found & 1).astype(bool).all(axis=1))
         return result[0] if single else result
 
     def contains_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
@@ -174,10 +173,7 @@ class PybloomNgramFilter(NgramFilter):
         )
 
     def __repr__(self) -> str:
-        return (
-            f"PybloomNgramFilter({str(self.path)!r}, n={self.n}, num_ngrams={self.num_ngrams}, "
-            f"num_bits={self.num_bits}, num_probes={self.num_probes})"
-        )
+        return "Pybloom" + super().__repr__()
 
     def close(self) -> None:
         """Drop the mapping (queries after this fail)."""
@@ -210,10 +206,8 @@ def _parse_header(preamble: bytes, file_size: int) -> tuple[str | None, dict[str
     if header_len != HEADER_BYTES:
         return f"header length {header_len}, expected {HEADER_BYTES}", {}
     capacity, error_rate, num_hashes, *rest = _BLOOM.unpack_from(preamble, _PREFIX.size)
-    slots, (pad, _pointer, bf_version, count_correct, pad2, elem_count, reserved) = (
-        rest[:MAX_HASHES],
-        rest[MAX_HASHES:],
-    )
+    slots = rest[:MAX_HASHES]
+    pad, _pointer, bf_version, count_correct, pad2, elem_count, reserved = rest[MAX_HASHES:]
     expected_size = PREAMBLE_BYTES + num_bits // 8
     if not 1 <= num_hashes <= MAX_HASHES:
         problem = f"num_hashes is {num_hashes}, must be in [1, {MAX_HASHES}]"
@@ -226,7 +220,7 @@ def _parse_header(preamble: bytes, file_size: int) -> tuple[str | None, dict[str
     elif any(slots[num_hashes:]) or len(set(slots[:num_hashes])) < num_hashes:
         problem = f"hash seeds do not fit num_hashes={num_hashes} (unused slots set or repeats)"
     elif bf_version != BF_VERSION or count_correct > 1:
-        problem = f"bf_version {bf_version}, count_correct {count_correct}; expected 1, 0 or 1"
+        problem = f"bf_version {bf_version} (expected 1) or count_correct {count_correct} (0 or 1)"
     elif any(pad + pad2 + reserved + preamble[_PREFIX.size + HEADER_BYTES :]):
         problem = "padding or reserved bytes are not zero"
     else:
@@ -273,16 +267,13 @@ def _read_sidecar(path: Path, damaged: Callable[[str], Exception]) -> dict[str, 
 def open_pybloom(
     path: str | os.PathLike[str], *, verify: bool = True, ngram_size: int | None = None
 ) -> PybloomNgramFilter:
-    """Open and validate a pybloomfiltermmap3 file of n-grams, without calling the library.
-
-    Without a sidecar the format has no checksum: structural damage is caught, a changed hash
-    seed or error rate is not.
+    """Open and validate a pybloomfiltermmap3 file of n-grams (parsed here, never by the library).
 
     Args:
-        path: the filter file; its sidecar ``<path>.json`` (written by :class:`PybloomWriter`)
-            gives n, tokenizer fields and checksums of the header and the bit array.
+        path: the filter file. Its sidecar ``<path>.json`` (from :class:`PybloomWriter`) gives n,
+            tokenizer fields and checksums; without one only structural damage can be caught.
         verify: check the bit array against the sidecar's checksum (reads the whole file once).
-        ngram_size: n; required when there is no sidecar, and must agree with the sidecar's.
+        ngram_size: n; required without a sidecar, and must agree with the sidecar's.
 
     Raises:
         DamagedFilterError: the file or its sidecar is truncated, inconsistent or corrupted.
@@ -293,8 +284,8 @@ def open_pybloom(
 
     def damaged(problem: str) -> DamagedFilterError:
         return DamagedFilterError(
-            f"{path}: {problem}; the pybloomfiltermmap3 file or its .json sidecar is damaged, "
-            "rebuild it"
+            f"{path}: {problem}; the pybloomfiltermmap3 file or its .json sidecar is damaged "
+            "or was changed after writing, rebuild it"
         )
 
     try:
@@ -324,8 +315,8 @@ def open_pybloom(
         estimate = (
             header["elem_count"] if counted else estimate_num_ngrams(bits, num_bits, num_hashes)
         )
-        sidecar = {"n": ngram_size, "num_ngrams": estimate, "num_ngrams_estimated": not counted}
-        sidecar["key_encoding"] = KEY_ENCODING
+        sidecar = {"n": ngram_size, "key_encoding": KEY_ENCODING, "num_ngrams": estimate}
+        sidecar["num_ngrams_estimated"] = not counted
     elif ngram_size is not None and ngram_size != sidecar["n"]:
         raise FilterMismatchError(
             f"{path}: its sidecar says n={sidecar['n']}, but ngram_size={ngram_size} was given"
@@ -351,8 +342,7 @@ def _xxh3(data: bytes | np.ndarray) -> str:
 class PybloomWriter:
     """Builds a pybloomfiltermmap3 file of token n-grams, sized as ``BloomFilter(capacity, p)``.
 
-    The seeds derive from ``hash_seed`` (the library draws them at random), so the same inputs
-    give the same bytes.
+    Seeds derive from ``hash_seed`` (the library's are random): the same inputs give the same bytes.
 
     Args:
         capacity: n-grams the filter is sized for (the library's ``capacity``).
@@ -366,8 +356,8 @@ class PybloomWriter:
     """
 
     def __init__(self, capacity: int, error_rate: float, hash_seed: int) -> None:
-        if not isinstance(capacity, int) or capacity < 0:
-            raise ValueError(f"capacity must be a non-negative integer, got {capacity!r}")
+        if not isinstance(capacity, int) or not 0 <= capacity < 1 << 64:
+            raise ValueError(f"capacity must be an integer in [0, 2**64), got {capacity!r}")
         if not 0.0 < error_rate < 1.0:
             raise ValueError(f"error_rate must be in (0, 1), got {error_rate!r}")
         if not isinstance(hash_seed, int) or not 0 <= hash_seed < 1 << 64:
@@ -430,20 +420,17 @@ class PybloomWriter:
         )  # fmt: skip
         preamble = _PREFIX.pack(MAGIC, self.num_bits, HEADER_BYTES) + header
         preamble += bytes(PREAMBLE_BYTES - len(preamble))
+        problem, fields = _parse_header(preamble, PREAMBLE_BYTES + len(self.bits))
+        if problem:  # e.g. a capacity beyond uint64
+            raise ValueError(f"cannot write {path}: {problem}")
         full = {
             **metadata,
+            **fields,
             "n": ngram_size,
             "key_encoding": KEY_ENCODING,
             "key_bytes": 4 * ngram_size,
             "num_ngrams": num_ngrams,
-            "layout": LAYOUT,
-            "hash_scheme": HASH_SCHEME,
             "hash_seed": self.hash_seed,
-            "capacity": self.capacity,
-            "error_rate": self.error_rate,
-            "num_bits": self.num_bits,
-            "num_hashes": self.num_hashes,
-            "seeds": self.seeds,
             "bits_xxh3": _xxh3(self.bits),
             "header_xxh3": _xxh3(preamble),
             "expected_false_positive_rate": expected_false_positive_rate(

@@ -54,7 +54,9 @@ def default_gguf_path() -> Path:
 
 def _default_cache_path(gguf: Path) -> Path:
     stat = gguf.stat()
-    tag = xxhash.xxh64_hexdigest(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())[:12]
+    tag = xxhash.xxh64_hexdigest(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())[
+        :12
+    ]
     return cache_dir() / "tokenizers" / f"{DEFAULT_MODEL_NAME}-{tag}"
 
 
@@ -136,7 +138,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         for token in tokenizer.all_special_tokens
     )
     payload = json.dumps(
-        {"vocab": sorted((str(token), int(index)) for token, index in vocab.items()), "special": special},
+        {
+            "vocab": sorted((str(token), int(index)) for token, index in vocab.items()),
+            "special": special,
+        },
         ensure_ascii=False,
         separators=(",", ":"),
     )

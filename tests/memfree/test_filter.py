@@ -22,8 +22,13 @@ def make_filter(path: Path, ngrams: np.ndarray, fpr: float = 1e-3, seed: int = 7
     fingerprints = np.unique(fingerprints_np(ngrams, seed))
     size = choose_size(len(fingerprints), fpr)
     words = bits_from_fingerprints(fingerprints, size.num_blocks, size.num_probes)
-    metadata = {"n": ngrams.shape[1], "num_probes": size.num_probes, "hash_seed": seed,
-                "num_ngrams": len(fingerprints), "unit": "token"}
+    metadata = {
+        "n": ngrams.shape[1],
+        "num_probes": size.num_probes,
+        "hash_seed": seed,
+        "num_ngrams": len(fingerprints),
+        "unit": "token",
+    }
     return NgramFilter.create(path, words, metadata)
 
 
@@ -32,12 +37,18 @@ def test_exact_small_case(tmp_path: Path) -> None:
     filt = make_filter(tmp_path / "f.memfree", stored, fpr=1e-9)
     assert filt.contains(stored).tolist() == [True, True, True]
     # With a 1e-9 target these are absent for certain in practice (and pinned by the hash).
-    assert filt.contains(np.array([[1, 2, 4], [2, 3, 1], [0, 0, 1]])).tolist() == [False, False, False]
+    assert filt.contains(np.array([[1, 2, 4], [2, 3, 1], [0, 0, 1]])).tolist() == [
+        False,
+        False,
+        False,
+    ]
     assert bool(filt.contains([1, 2, 3])) is True
     assert filt.n == 3 and len(filt) == 3
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     data=st.data(),
     ngram_size=st.integers(1, 6),
@@ -46,25 +57,39 @@ def test_exact_small_case(tmp_path: Path) -> None:
 def test_no_false_negatives_against_exact_set(
     tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, ngram_size: int, vocab: int
 ) -> None:
-    rows = data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=ngram_size, max_size=ngram_size),
-                              min_size=1, max_size=200))
+    rows = data.draw(
+        st.lists(
+            st.lists(st.integers(0, vocab - 1), min_size=ngram_size, max_size=ngram_size),
+            min_size=1,
+            max_size=200,
+        )
+    )
     stored = np.array(rows, dtype=np.int64)
     fpr = data.draw(st.sampled_from([0.3, 1e-2, 1e-4]))
     filt = make_filter(tmp_path_factory.mktemp("f") / "f.memfree", stored, fpr=fpr)
     assert filt.contains(stored).all()
     # Reopen: same answers from the file alone, for members and for every other probe.
     reopened = NgramFilter.open(filt.path)
-    probes = np.array(data.draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=ngram_size,
-                                                  max_size=ngram_size), min_size=1, max_size=100)))
+    probes = np.array(
+        data.draw(
+            st.lists(
+                st.lists(st.integers(0, vocab - 1), min_size=ngram_size, max_size=ngram_size),
+                min_size=1,
+                max_size=100,
+            )
+        )
+    )
     assert reopened.contains(probes).tolist() == filt.contains(probes).tolist()
     exact = {tuple(row) for row in rows}
-    for row, answer in zip(probes.tolist(), reopened.contains(probes).tolist()):
+    for row, answer in zip(probes.tolist(), reopened.contains(probes).tolist(), strict=True):
         if tuple(row) in exact:
             assert answer
 
 
 @pytest.mark.parametrize(("num_keys", "fpr"), [(20_000, 1e-2), (50_000, 1e-3), (3_000, 0.2)])
-def test_measured_false_positive_rate_near_formula(tmp_path: Path, num_keys: int, fpr: float) -> None:
+def test_measured_false_positive_rate_near_formula(
+    tmp_path: Path, num_keys: int, fpr: float
+) -> None:
     rng = np.random.default_rng(num_keys)
     stored = rng.integers(0, 50_000, size=(num_keys, 4))
     filt = make_filter(tmp_path / "f.memfree", stored, fpr=fpr)
@@ -118,7 +143,11 @@ def test_metadata_and_layout(tmp_path: Path) -> None:
 def test_write_is_atomic_and_leaves_no_temporary(tmp_path: Path) -> None:
     target = tmp_path / "f.memfree"
     with pytest.raises(ValueError, match="whole 512-bit blocks"):
-        write_filter(target, np.zeros(7, dtype=np.uint64), {"n": 3, "num_probes": 2, "hash_seed": 1, "num_ngrams": 0})
+        write_filter(
+            target,
+            np.zeros(7, dtype=np.uint64),
+            {"n": 3, "num_probes": 2, "hash_seed": 1, "num_ngrams": 0},
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -149,10 +178,12 @@ def test_missing_file_names_the_fix(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("cut", [0, 1, 8, 23, 24, 100, 4095, 4096, 4097, -8, -1])
-def test_truncated_files_are_refused(tmp_path: Path, good_file: tuple[Path, bytes], cut: int) -> None:
+def test_truncated_files_are_refused(
+    tmp_path: Path, good_file: tuple[Path, bytes], cut: int
+) -> None:
     _, data = good_file
     damaged = tmp_path / "cut.memfree"
-    damaged.write_bytes(data[:cut] if cut >= 0 else data[:cut])
+    damaged.write_bytes(data[:cut])
     with pytest.raises(DamagedFilterError, match=str(damaged.name)):
         NgramFilter.open(damaged)
 
@@ -173,7 +204,9 @@ def test_wrong_version_is_refused(tmp_path: Path, good_file: tuple[Path, bytes])
         NgramFilter.open(damaged)
 
 
-def test_bit_flip_in_bits_is_caught_by_checksum(tmp_path: Path, good_file: tuple[Path, bytes]) -> None:
+def test_bit_flip_in_bits_is_caught_by_checksum(
+    tmp_path: Path, good_file: tuple[Path, bytes]
+) -> None:
     _, data = good_file
     flipped = bytearray(data)
     flipped[-5] ^= 0x10
@@ -184,7 +217,9 @@ def test_bit_flip_in_bits_is_caught_by_checksum(tmp_path: Path, good_file: tuple
     assert NgramFilter.open(damaged, verify=False).n == 3  # explicitly unverified still opens
 
 
-def test_consistent_but_forged_metadata_is_caught(tmp_path: Path, good_file: tuple[Path, bytes]) -> None:
+def test_consistent_but_forged_metadata_is_caught(
+    tmp_path: Path, good_file: tuple[Path, bytes]
+) -> None:
     # Change n from 3 to 4 inside valid JSON of the same length, keeping the old metadata hash.
     _, data = good_file
     length = struct.unpack_from("<I", data, 12)[0]
@@ -198,10 +233,15 @@ def test_consistent_but_forged_metadata_is_caught(tmp_path: Path, good_file: tup
         NgramFilter.open(damaged)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(position=st.integers(0, 4095), value=st.integers(0, 255))
 def test_header_fuzz_never_crashes_or_answers_wrongly(
-    tmp_path_factory: pytest.TempPathFactory, good_file: tuple[Path, bytes], position: int, value: int
+    tmp_path_factory: pytest.TempPathFactory,
+    good_file: tuple[Path, bytes],
+    position: int,
+    value: int,
 ) -> None:
     path, data = good_file
     reference = NgramFilter.open(path)
@@ -220,9 +260,13 @@ def test_header_fuzz_never_crashes_or_answers_wrongly(
     assert filt.contains(queries).tolist() == expected
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(size=st.integers(0, 20_000))
-def test_size_fuzz(tmp_path_factory: pytest.TempPathFactory, good_file: tuple[Path, bytes], size: int) -> None:
+def test_size_fuzz(
+    tmp_path_factory: pytest.TempPathFactory, good_file: tuple[Path, bytes], size: int
+) -> None:
     _, data = good_file
     target = tmp_path_factory.mktemp("size") / "sized.memfree"
     target.write_bytes((data + b"\x00" * size)[:size])

@@ -32,8 +32,12 @@ PINNED = [
     ((1, 2, 3), 0, 0x00DCACF7B00E6144, [1666, 1651, 1865, 1564]),
     ((0,), DEFAULT_HASH_SEED, 0x3015373FAA7A2E7A, [95786, 95834, 96203, 95871]),
     ((49151,) * 10, DEFAULT_HASH_SEED, 0x51EF118EE6554DD0, [164230, 163990, 164182, 164127]),
-    ((17, 4, 1000, 3, 99, 0, 5, 6, 7, 8), DEFAULT_HASH_SEED, 0xF40543E612C240C5,
-     [488039, 488351, 488078, 487966]),
+    (
+        (17, 4, 1000, 3, 99, 0, 5, 6, 7, 8),
+        DEFAULT_HASH_SEED,
+        0xF40543E612C240C5,
+        [488039, 488351, 488078, 487966],
+    ),
 ]
 
 U64 = (1 << 64) - 1
@@ -51,16 +55,22 @@ def test_reference_is_the_documented_horner_polynomial() -> None:
 
 
 @pytest.mark.parametrize(("ngram", "seed", "fingerprint", "positions"), PINNED)
-def test_pinned_vectors(ngram: tuple[int, ...], seed: int, fingerprint: int, positions: list[int]) -> None:
+def test_pinned_vectors(
+    ngram: tuple[int, ...], seed: int, fingerprint: int, positions: list[int]
+) -> None:
     assert fingerprint_reference(ngram, seed) == fingerprint
     assert int(fingerprints_np(np.array([ngram]), seed)[0]) == fingerprint
     assert _to_unsigned(fingerprints_torch(torch.tensor([ngram]), seed)) == [fingerprint]
     assert probe_positions_reference(fingerprint, 1000, 4) == positions
-    assert probe_positions_np(np.array([fingerprint], dtype=np.uint64), 1000, 4).tolist() == [positions]
+    assert probe_positions_np(np.array([fingerprint], dtype=np.uint64), 1000, 4).tolist() == [
+        positions
+    ]
 
 
 ngram_batches = st.integers(1, 12).flatmap(
-    lambda n: arrays(np.int64, st.tuples(st.integers(1, 20), st.just(n)), elements=st.integers(0, 2**31 - 1))
+    lambda n: arrays(
+        np.int64, st.tuples(st.integers(1, 20), st.just(n)), elements=st.integers(0, 2**31 - 1)
+    )
 )
 
 
@@ -85,7 +95,9 @@ def test_numpy_and_torch_twins_match_reference(ngrams: np.ndarray, seed: int) ->
     ngram_size=st.integers(1, 8),
     seed=st.integers(0, U64),
 )
-def test_sliding_fingerprints_equal_windowed(tokens: np.ndarray, ngram_size: int, seed: int) -> None:
+def test_sliding_fingerprints_equal_windowed(
+    tokens: np.ndarray, ngram_size: int, seed: int
+) -> None:
     result = sliding_fingerprints_np(tokens, ngram_size, seed)
     windows = [tuple(tokens[i : i + ngram_size]) for i in range(len(tokens) - ngram_size + 1)]
     assert result.tolist() == [fingerprint_reference(w, seed) for w in windows]
@@ -97,7 +109,9 @@ def test_sliding_fingerprints_equal_windowed(tokens: np.ndarray, ngram_size: int
     num_blocks=st.integers(1, 2**32 - 1),
     num_probes=st.integers(1, 16),
 )
-def test_probe_positions_match_reference(fingerprints: np.ndarray, num_blocks: int, num_probes: int) -> None:
+def test_probe_positions_match_reference(
+    fingerprints: np.ndarray, num_blocks: int, num_probes: int
+) -> None:
     positions = probe_positions_np(fingerprints, num_blocks, num_probes)
     for row, fingerprint in enumerate(fingerprints.tolist()):
         expected = probe_positions_reference(fingerprint, num_blocks, num_probes)
@@ -116,11 +130,16 @@ def test_probe_positions_match_reference(fingerprints: np.ndarray, num_blocks: i
 def test_query_twins_agree(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> None:
     from_numpy = query_bits_np(words, fingerprints, num_probes)
     from_torch = query_bits_torch(
-        torch.from_numpy(words.view(np.int64)), torch.from_numpy(fingerprints.view(np.int64)), num_probes
+        torch.from_numpy(words.view(np.int64)),
+        torch.from_numpy(fingerprints.view(np.int64)),
+        num_probes,
     )
     assert from_torch.tolist() == from_numpy.tolist()
     # And both equal the definition: every probed bit is set.
     num_blocks = words.shape[0] // 8
     for row, fingerprint in enumerate(fingerprints.tolist()):
-        bits = [(int(words[p // 64]) >> (p % 64)) & 1 for p in probe_positions_reference(fingerprint, num_blocks, num_probes)]
+        bits = [
+            (int(words[p // 64]) >> (p % 64)) & 1
+            for p in probe_positions_reference(fingerprint, num_blocks, num_probes)
+        ]
         assert from_numpy[row] == all(bits)
