@@ -172,6 +172,9 @@ class Document:
     continues: bool = False
 
 
+_Documents = Iterator[Document]
+
+
 def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
     """Expand files, directories, globs and :data:`STDLIB` into work units.
 
@@ -382,7 +385,7 @@ def read_unit(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> I
     yield from readers.get(unit.kind, _read_dataset)(unit, options, problems)
 
 
-def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> Iterator[Document]:
+def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> _Documents:
     limit, want = options.segment_bytes, max(_BINARY_PROBE_BYTES, options.segment_bytes + 1)
     pending: str | None = None  # one segment held back, to learn whether it is the last
     failed = False
@@ -435,7 +438,7 @@ def _cut_point(buffer: bytes, limit: int) -> int:
     return newline + 1 if newline >= 0 else space + 1 if space >= 0 else cut
 
 
-def _read_jsonl(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> Iterator[Document]:
+def _read_jsonl(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> _Documents:
     with _opened(unit, problems) as stream:
         if stream is None:
             return
@@ -495,9 +498,7 @@ def _line_number(path: str, offset: int) -> int:
     return newlines + 1
 
 
-def _read_parquet(
-    unit: WorkUnit, options: SourceOptions, problems: ProblemLog
-) -> Iterator[Document]:
+def _read_parquet(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> _Documents:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -519,9 +520,7 @@ def _read_parquet(
         problems.record("unreadable", unit.path, _reason(error))
 
 
-def _read_dataset(
-    unit: WorkUnit, options: SourceOptions, problems: ProblemLog
-) -> Iterator[Document]:
+def _read_dataset(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> _Documents:
     dataset = _load_dataset(unit.path, options, problems)
     if dataset is None:
         return

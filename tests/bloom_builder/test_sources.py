@@ -46,12 +46,16 @@ def write_jsonl(path: Path, records: list[object]) -> Path:
     return path
 
 
-def zstd_compress(data: bytes, frames: int = 1) -> bytes:
+def zstd_frames(data: bytes, frames: int = 1) -> list[bytes]:
     import zstandard
 
     step = -(-len(data) // frames)
     compressor = zstandard.ZstdCompressor()
-    return b"".join(compressor.compress(data[i : i + step]) for i in range(0, len(data), step))
+    return [compressor.compress(data[i : i + step]) for i in range(0, len(data), step)]
+
+
+def zstd_compress(data: bytes, frames: int = 1) -> bytes:
+    return b"".join(zstd_frames(data, frames))
 
 
 def hex_lines(count: int) -> list[str]:
@@ -187,10 +191,11 @@ def test_jsonl_reads_the_field_and_records_bad_lines(tmp_path: Path) -> None:
 def test_text_field_option_picks_another_field(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "d.ndjson", [{"body": "x"}, {"body": "y"}])
     (tmp_path / "e.json").write_text('{"body": "z"}', encoding="utf-8")  # no final newline
-    _, documents, problems = read_all([tmp_path], SourceOptions(text_field="body"))
+    units, documents, problems = read_all([tmp_path], SourceOptions(text_field="body"))
+    assert [unit.kind for unit in units] == ["jsonl", "jsonl"]
+    assert units[0].path == str(path)
     assert texts(documents) == ["x", "y", "z"]
     assert problems.total() == 0
-    assert path.exists()
 
 
 def test_parquet_is_one_unit_per_row_group(tmp_path: Path) -> None:
@@ -220,7 +225,7 @@ def test_parquet_without_the_column_is_recorded_and_others_still_read(tmp_path: 
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints.parquet")
     pq.write_table(pa.table({"text": ["kept"]}), tmp_path / "good.parquet")
     (tmp_path / "junk.parquet").write_bytes(b"PAR1 this is not parquet")
-    units, documents, problems = read_all([tmp_path])
+    _, documents, problems = read_all([tmp_path])
     assert texts(documents) == ["kept"]
     assert problems.counts == {"missing column": 2, "unreadable": 1}
     missing = sorted(problems.examples["missing column"])
@@ -250,16 +255,16 @@ def test_gzip_and_zstd_are_streamed(tmp_path: Path) -> None:
 
 
 def test_corrupt_compressed_streams_keep_documents_already_read(tmp_path: Path) -> None:
-    lines = hex_lines(4000)
+    lines = hex_lines(20_000)  # several 128 KiB zstd blocks survive the cut
     data = "".join(json.dumps({"text": line}) + "\n" for line in lines).encode()
     packed = gzip.compress(data)
     (tmp_path / "cut.jsonl.gz").write_bytes(packed[: len(packed) // 2])
     (tmp_path / "junk.txt.gz").write_bytes(b"this is not gzip at all")
     packed = zstd_compress(data)
     (tmp_path / "cut.jsonl.zst").write_bytes(packed[: len(packed) // 2])
-    damaged = bytearray(zstd_compress(data, frames=4))
-    damaged[len(damaged) // 2 : len(damaged) // 2 + 64] = bytes(64)
-    (tmp_path / "damaged.jsonl.zst").write_bytes(bytes(damaged))
+    frames = zstd_frames(data, frames=4)
+    frames[2] = bytes(8) + frames[2][8:]  # a damaged frame header
+    (tmp_path / "damaged.jsonl.zst").write_bytes(b"".join(frames))
     units, _, _ = read_all([tmp_path])
     for unit in units:
         problems = ProblemLog()
@@ -499,10 +504,11 @@ def test_split_jsonl_reads_every_line_once(
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "data.jsonl"
         write_texts(path, items, blank_every)
+        size = path.stat().st_size
         units, documents, problems = read_all([path], SourceOptions(split_bytes=split_bytes))
         _, whole, _ = read_all([path])
-    size = path_size = sum(unit.size_bytes for unit in units)
-    assert len(units) == max(1, -(-size // split_bytes)) and path_size == size
+    assert len(units) == -(-size // split_bytes)
+    assert sum(unit.size_bytes for unit in units) == size
     assert texts(documents) == texts(whole) == items
     assert problems.total() == 0
 
@@ -520,7 +526,7 @@ def test_any_byte_ranges_read_every_line_once(
         size = path.stat().st_size
         bounds = sorted({0, *(int(cut * size) for cut in cuts)})
         stops = [*bounds[1:], -1]
-        units = [WorkUnit(str(path), "jsonl", "", a, b) for a, b in zip(bounds, stops)]
+        units = [WorkUnit(str(path), "jsonl", "", a, b) for a, b in zip(bounds, stops, strict=True)]
         problems = ProblemLog()
         got = [doc.text for unit in units for doc in read_unit(unit, OPTIONS, problems)]
     assert got == items

@@ -1,0 +1,66 @@
+"""Benchmark: build a filter over this Python's standard library with the default tokenizer.
+
+Prints tokens/s end to end and with tokenization excluded, n-grams hashed and counted per second
+per core, peak memory, file size against the theoretical minimum, and the measured false-positive
+rate (random 10-grams) against the target. All figures come from this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bloom_builder.build import build_filter
+from bloom_builder.settings import BuildSettings
+from memfree import NgramFilter
+from memfree.tokenizer import load_tokenizer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--fpr", type=float, default=1e-3)
+    parser.add_argument("--queries", type=int, default=4_000_000)
+    args = parser.parse_args()
+
+    tokenizer = load_tokenizer(None)  # cached after the first load; not part of the timing
+    settings = BuildSettings(workers=args.workers, false_positive_rate=args.fpr)
+    with tempfile.TemporaryDirectory() as directory:
+        output = Path(directory) / "stdlib.memfree"
+        summary = build_filter(["stdlib:"], output, settings, progress=False, tokenizer=tokenizer)
+        filt = NgramFilter.open(output)
+        rng = np.random.default_rng(0)
+        # Random 10-grams of ids the tokenizer can produce: absent from the corpus for certain in
+        # practice (a stdlib 10-gram drawn at random has probability ~1e-38).
+        queries = rng.integers(0, len(tokenizer), size=(args.queries, settings.ngram_size))
+        measured = float(filt.contains(queries).mean())
+
+    self_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    tokenize_wall = summary.seconds_tokenizing / summary.workers
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"corpus: stdlib, {summary.documents:,} documents, {summary.tokens:,} tokens, "
+          f"{summary.ngrams:,} 10-grams, {summary.distinct_ngrams:,} distinct")
+    print(f"workers: {summary.workers}")
+    print(f"end to end: {summary.seconds:.1f} s, {summary.tokens / summary.seconds:,.0f} tokens/s")
+    print(f"tokenization excluded: {summary.tokens / max(summary.seconds - tokenize_wall, 1e-9):,.0f} tokens/s "
+          f"(tokenizing took {summary.seconds_tokenizing:.1f} core-s)")
+    print(f"hash + count per core: {summary.ngrams / summary.seconds_hashing_counting:,.0f} n-grams/s "
+          f"({summary.seconds_hashing_counting:.1f} core-s)")
+    print(f"tokenize per core: {summary.tokens / max(summary.seconds_tokenizing, 1e-9):,.0f} tokens/s")
+    print(f"peak memory: parent {self_peak:,.0f} MiB, largest worker {child_peak:,.0f} MiB")
+    print(f"file: {summary.size_bytes:,} bytes = {summary.size_bytes / summary.theoretical_minimum_bytes:.2f}x "
+          f"the theoretical minimum for {summary.kept_ngrams:,} n-grams at {args.fpr:g}")
+    print(f"false-positive rate: measured {measured:.3g} on {args.queries:,} random 10-grams, "
+          f"formula {summary.expected_false_positive_rate:.3g}, target {args.fpr:g} "
+          f"(measured/target {measured / args.fpr:.2f})")
+
+
+if __name__ == "__main__":
+    main()
