@@ -44,22 +44,36 @@ def main() -> None:
     self_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     tokenize_wall = summary.seconds_tokenizing / summary.workers
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
-    print(f"corpus: stdlib, {summary.documents:,} documents, {summary.tokens:,} tokens, "
-          f"{summary.ngrams:,} 10-grams, {summary.distinct_ngrams:,} distinct")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
+    print(
+        f"corpus: stdlib, {summary.documents:,} documents, {summary.tokens:,} tokens, "
+        f"{summary.ngrams:,} 10-grams, {summary.distinct_ngrams:,} distinct"
+    )
     print(f"workers: {summary.workers}")
     print(f"end to end: {summary.seconds:.1f} s, {summary.tokens / summary.seconds:,.0f} tokens/s")
-    print(f"tokenization excluded: {summary.tokens / max(summary.seconds - tokenize_wall, 1e-9):,.0f} tokens/s "
-          f"(tokenizing took {summary.seconds_tokenizing:.1f} core-s)")
-    print(f"hash + count per core: {summary.ngrams / summary.seconds_hashing_counting:,.0f} n-grams/s "
-          f"({summary.seconds_hashing_counting:.1f} core-s)")
-    print(f"tokenize per core: {summary.tokens / max(summary.seconds_tokenizing, 1e-9):,.0f} tokens/s")
+    print(
+        f"tokenization excluded: {summary.tokens / max(summary.seconds - tokenize_wall, 1e-9):,.0f} tokens/s "
+        f"(tokenizing took {summary.seconds_tokenizing:.1f} core-s)"
+    )
+    print(
+        f"hash + count per core: {summary.ngrams / summary.seconds_hashing_counting:,.0f} n-grams/s "
+        f"({summary.seconds_hashing_counting:.1f} core-s)"
+    )
+    print(
+        f"tokenize per core: {summary.tokens / max(summary.seconds_tokenizing, 1e-9):,.0f} tokens/s"
+    )
     print(f"peak memory: parent {self_peak:,.0f} MiB, largest worker {child_peak:,.0f} MiB")
-    print(f"file: {summary.size_bytes:,} bytes = {summary.size_bytes / summary.theoretical_minimum_bytes:.2f}x "
-          f"the theoretical minimum for {summary.kept_ngrams:,} n-grams at {args.fpr:g}")
-    print(f"false-positive rate: measured {measured:.3g} on {args.queries:,} random 10-grams, "
-          f"formula {summary.expected_false_positive_rate:.3g}, target {args.fpr:g} "
-          f"(measured/target {measured / args.fpr:.2f})")
+    print(
+        f"file: {summary.size_bytes:,} bytes = {summary.size_bytes / summary.theoretical_minimum_bytes:.2f}x "
+        f"the theoretical minimum for {summary.kept_ngrams:,} n-grams at {args.fpr:g}"
+    )
+    print(
+        f"false-positive rate: measured {measured:.3g} on {args.queries:,} random 10-grams, "
+        f"formula {summary.expected_false_positive_rate:.3g}, target {args.fpr:g} "
+        f"(measured/target {measured / args.fpr:.2f})"
+    )
 
 
 if __name__ == "__main__":

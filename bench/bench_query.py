@@ -63,7 +63,9 @@ def main() -> None:
     prefix_np = prefix.numpy()
 
     def numpy_path() -> np.ndarray:
-        ngrams = np.concatenate([np.repeat(prefix_np, args.vocab, axis=0), np.arange(args.vocab)[:, None]], 1)
+        ngrams = np.concatenate(
+            [np.repeat(prefix_np, args.vocab, axis=0), np.arange(args.vocab)[:, None]], 1
+        )
         from memfree.hashing import query_bits_np
 
         return query_bits_np(words_np, fingerprints_np(ngrams), size.num_probes)
@@ -80,8 +82,12 @@ def main() -> None:
         import pybloomfilter
 
         with tempfile.TemporaryDirectory() as directory:
-            library = pybloomfilter.BloomFilter(args.num_ngrams, 1e-3, str(Path(directory) / "b.bloom"))
-            keys = np.concatenate([np.repeat(prefix_np, args.vocab, axis=0), np.arange(args.vocab)[:, None]], 1)
+            library = pybloomfilter.BloomFilter(
+                args.num_ngrams, 1e-3, str(Path(directory) / "b.bloom")
+            )
+            keys = np.concatenate(
+                [np.repeat(prefix_np, args.vocab, axis=0), np.arange(args.vocab)[:, None]], 1
+            )
             key_bytes = [row.tobytes() for row in keys.astype("<u4")]
             results["pybloomfiltermmap3 C loop"] = best_of(
                 lambda: [key in library for key in key_bytes], max(3, args.repeats // 4)
@@ -89,9 +95,13 @@ def main() -> None:
     except ImportError:
         print("pybloomfiltermmap3 not installed: pip install 'memfree[interchange]'")
 
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread")
-    print(f"one row, full vocabulary of {args.vocab:,}, {args.num_ngrams:,} stored {args.n}-grams, "
-          f"{size.num_probes} probes")
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread"
+    )
+    print(
+        f"one row, full vocabulary of {args.vocab:,}, {args.num_ngrams:,} stored {args.n}-grams, "
+        f"{size.num_probes} probes"
+    )
     base = results["memfree torch eager"]
     for name, seconds in results.items():
         print(f"  {name:28s} {seconds * 1e3:8.2f} ms/row/step   {seconds / base:5.2f}x eager")

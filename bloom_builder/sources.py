@@ -40,9 +40,10 @@ class SourceOptions:
 
     Attributes:
         text_field: JSONL field, Parquet column or ``datasets`` column holding the text.
-        include: fnmatch patterns matched against a file's path relative to the walked directory
-            and against its basename; empty selects every file.
-        exclude: fnmatch patterns, applied after ``include``.
+        include: fnmatch patterns selecting the files met walking a directory or expanding a glob,
+            matched against the path relative to the walked directory and against the basename;
+            empty selects every file. Paths named explicitly are always read.
+        exclude: fnmatch patterns, applied after ``include``, to the same files.
         segment_bytes: plain-text files larger than this are read in line-aligned segments.
         split_bytes: uncompressed JSONL files larger than this become byte-range units.
     """
@@ -191,9 +192,10 @@ def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog)
         raise ValueError(f"discover() takes a list of paths, got the string {paths!r}; pass [path]")
     chosen: dict[str, tuple[str, bool]] = {}  # real path -> (absolute path, is a dataset)
 
-    def add(path: str, relative: str, is_dataset: bool) -> None:
-        names = (relative, os.path.basename(relative))
-        if options.include and not _matches(names, options.include):
+    def add(path: str, relative: str | None, is_dataset: bool) -> None:
+        """Take ``path``; ``relative`` (None: named explicitly, always taken) meets the patterns."""
+        names = () if relative is None else (relative, os.path.basename(relative))
+        if names and options.include and not _matches(names, options.include):
             return
         absolute, key = os.path.abspath(path), os.path.realpath(path)
         if not _matches(names, options.exclude) and (
@@ -208,7 +210,7 @@ def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog)
         elif os.path.isdir(path):
             _walk(path, add, problems, python_only=False)
         elif os.path.exists(path):
-            add(path, os.path.basename(path), False)
+            add(path, None, False)
         elif glob.has_magic(path):
             matches = sorted(glob.glob(path, recursive=True))
             for match in matches:
@@ -231,12 +233,12 @@ def _matches(names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
 
 
 def _walk(
-    root: str, add: Callable[[str, str, bool], None], problems: ProblemLog, python_only: bool
+    root: str, add: Callable[[str, str | None, bool], None], problems: ProblemLog, python_only: bool
 ) -> None:
     """Offer every file under ``root`` to ``add``, and saved datasets as a whole."""
     splits = _dataset_splits(root, problems)
     for split in splits or ():
-        add(split, os.path.relpath(split, os.path.dirname(root)), True)
+        add(split, None, True)  # a root is named by the user (or matched by a glob)
     if splits is not None:
         return
     skipped = {"site-packages", "dist-packages", "__pycache__"} if python_only else set()

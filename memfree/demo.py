@@ -23,7 +23,9 @@ def main() -> int:
     output = Path("out") / "stdlib.memfree"
     started = time.perf_counter()
     tokenizer = load_tokenizer(None)
-    print(f"default tokenizer loaded in {time.perf_counter() - started:.1f} s (cached in {cache_dir()})")
+    print(
+        f"default tokenizer loaded in {time.perf_counter() - started:.1f} s (cached in {cache_dir()})"
+    )
     if output.exists():
         print(f"reusing {output} (delete it to rebuild)")
     else:
@@ -38,13 +40,17 @@ def main() -> int:
     snippet = source[source.index("def py_scanstring") :][:300]
     ids = np.array(tokenizer(snippet, add_special_tokens=False)["input_ids"])
     windows = np.lib.stride_tricks.sliding_window_view(ids, filt.n)
-    print(f"\nstdlib snippet (json/decoder.py): {len(windows)} 10-grams, "
-          f"{int(filt.contains(windows).sum())} stored")
+    print(
+        f"\nstdlib snippet (json/decoder.py): {len(windows)} 10-grams, "
+        f"{int(filt.contains(windows).sum())} stored"
+    )
     rewritten = snippet.replace("s", "S")
     ids = np.array(tokenizer(rewritten, add_special_tokens=False)["input_ids"])
     windows = np.lib.stride_tricks.sliding_window_view(ids, filt.n)
-    print(f"same snippet with 's' -> 'S': {len(windows)} 10-grams, "
-          f"{int(filt.contains(windows).sum())} stored (the verbatim guard misses style transfers)")
+    print(
+        f"same snippet with 's' -> 'S': {len(windows)} 10-grams, "
+        f"{int(filt.contains(windows).sum())} stored (the verbatim guard misses style transfers)"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,11 @@ from bloom_builder.sources import (
 )
 
 OPTIONS = SourceOptions()
+CHARACTERS = st.characters(exclude_categories=["Cs"])  # any code point UTF-8 can encode
 
 
 def read_all(
-    paths: list[str | Path], options: SourceOptions = OPTIONS
+    paths: Sequence[str | Path], options: SourceOptions = OPTIONS
 ) -> tuple[list[WorkUnit], list[Document], ProblemLog]:
     """Discover ``paths`` and read every unit, as the pipeline does."""
     problems = ProblemLog()
@@ -399,6 +401,16 @@ def test_include_and_exclude(
     assert relative_paths(units, tmp_path) == expected
 
 
+def test_patterns_select_walked_and_globbed_files_but_never_a_named_one(tmp_path: Path) -> None:
+    make_tree(tmp_path)
+    options = SourceOptions(include=("*.jsonl",), exclude=("b.*",))
+    named = [tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "*.txt", tmp_path / "sub"]
+    units, _, _ = read_all(named, options)
+    assert relative_paths(units, tmp_path) == ["a.txt", "b.txt", "sub/deeper/d.jsonl"]
+    units, _, _ = read_all([tmp_path / "*.txt", tmp_path / "sub"], options)
+    assert relative_paths(units, tmp_path) == ["sub/deeper/d.jsonl"]
+
+
 def test_stdlib_source_is_the_standard_library_python_files() -> None:
     problems = ProblemLog()
     units = discover([STDLIB], OPTIONS, problems)
@@ -452,7 +464,7 @@ def test_a_huge_line_is_cut_at_spaces_or_character_boundaries(tmp_path: Path) ->
 
 @settings(max_examples=40, deadline=None)
 @given(
-    text=st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=3000),
+    text=st.text(CHARACTERS, min_size=1, max_size=3000),
     segment_bytes=st.integers(1024, 2048),
 )
 def test_segments_concatenate_to_the_file(text: str, segment_bytes: int) -> None:
@@ -479,9 +491,7 @@ def test_segmented_text_cut_by_bad_utf8_ends_cleanly(tmp_path: Path) -> None:
 
 
 jsonl_texts = st.lists(
-    st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=120).filter(
-        str.strip
-    ),
+    st.text(CHARACTERS, min_size=1, max_size=120).filter(str.strip),
     min_size=1,
     max_size=80,
 )
