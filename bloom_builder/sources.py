@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfree.errors import require
+
 STDLIB = "stdlib:"
 KINDS = ("text", "jsonl", "parquet", "dataset")
 COMPRESSIONS = ("", "gzip", "zstd")
@@ -308,6 +310,7 @@ def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list
 
 
 def _parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
+    require("pyarrow", "sources")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -337,8 +340,6 @@ def _dataset_units(path: str, options: SourceOptions, problems: ProblemLog) -> l
 
 def _load_dataset(path: str, options: SourceOptions, problems: ProblemLog) -> Any:
     """The memory-mapped Dataset at ``path`` if it has a string ``text_field`` column, else None."""
-    from memfree.errors import require
-
     require("datasets", "sources")
     import datasets
 
@@ -501,6 +502,7 @@ def _line_number(path: str, offset: int) -> int:
 
 
 def _read_parquet(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> _Documents:
+    require("pyarrow", "sources")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -582,8 +584,6 @@ class _ZstdReader(io.RawIOBase):
     the last frame is cut short (zstandard's own stream reader ends quietly there)."""
 
     def __init__(self, raw: io.BufferedIOBase) -> None:
-        from memfree.errors import require
-
         require("zstandard", "sources")
         import zstandard
 
