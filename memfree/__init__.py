@@ -6,8 +6,6 @@ Privacy" (2023). Heavy modules load on first use; importing memfree itself is ch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
 from memfree.filter import NgramFilter
 
@@ -19,10 +17,3 @@ __all__ = [
     "NgramFilter",
     "__version__",
 ]
-
-if TYPE_CHECKING:
-    pass
-
-
-def __getattr__(name: str) -> Any:
-    raise AttributeError(f"module 'memfree' has no attribute {name!r}")

@@ -378,7 +378,8 @@ def test_plan_shards_and_sizes() -> None:
 def test_pybloomfiltermmap3_format_opens_in_the_library(
     tmp_path: Path, tokenizer_dir: Path, tokenizer: Any
 ) -> None:
-    pybloomfilter = pytest.importorskip("pybloomfilter")
+    import pybloomfilter  # installed by `make setup` (the interchange extra); never skipped
+
     texts = write_corpus(tmp_path / "corpus", 5)
     output = tmp_path / "f.bloom"
     assert (
