@@ -16,7 +16,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import xxhash
 
 from bloom_builder.counting import RUN_ENTRY_BYTES, partition_bounds
@@ -343,9 +342,3 @@ def _nothing_usable(problems: ProblemLog, headline: str) -> str:
         lines.append(f"  {kind}: {count} ({examples})")
     lines.append("Check the paths, --text-field and --include/--exclude.")
     return "\n".join(lines)
-
-
-def kept_fingerprints(reduce_tasks: list[ReduceTask]) -> np.ndarray:
-    """All kept fingerprints, sorted (loads them into memory)."""
-    parts = [np.asarray(read_kept(task)) for task in reduce_tasks]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
