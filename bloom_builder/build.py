@@ -31,9 +31,14 @@ from bloom_builder.stages import (
     read_kept,
     reduce_partition,
 )
-from memfree.filter import FilterFileWriter, set_fingerprint_bits
+from memfree.filter import FilterFileWriter, PrefixSection, set_fingerprint_bits
 from memfree.sizing import choose_size, theoretical_minimum_bits
-from memfree.tokenizer import tokenizer_fingerprint, tokenizer_name, tokenizer_vocab_size
+from memfree.tokenizer import (
+    special_token_ids,
+    tokenizer_fingerprint,
+    tokenizer_name,
+    tokenizer_vocab_size,
+)
 
 BUILDER_VERSION = "bloom_builder 0.1.0"
 # numpy's sort-based unique needs a few times the input's bytes.
@@ -55,6 +60,7 @@ class BuildSummary:
     ngrams: int
     distinct_ngrams: int
     kept_ngrams: int
+    kept_prefixes: int
     num_bits: int
     num_probes: int
     expected_false_positive_rate: float
@@ -78,7 +84,8 @@ class BuildSummary:
             f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes, "
             f"{self.size_bytes / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical minimum)",
             f"  documents {self.documents:,}   tokens {self.tokens:,}   n-grams {self.ngrams:,}",
-            f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}",
+            f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}   "
+            f"prefixes {self.kept_prefixes:,}",
             f"  bits {self.num_bits:,}   probes {self.num_probes}   "
             f"expected false-positive rate {self.expected_false_positive_rate:.3g}",
             f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} tokens/s   "
@@ -175,6 +182,11 @@ def build_filter(
     if not units:
         raise BuildError(_nothing_usable(problems, "no readable input found"))
     shards = plan_shards(units, settings.shard_bytes)
+    use_prefixes = (
+        settings.prefix_false_positive_rate is not None
+        and settings.ngram_size > 1
+        and settings.output_format == "memfree"
+    )
 
     config = {
         "builder": BUILDER_VERSION,
@@ -188,6 +200,8 @@ def build_filter(
         "shard_bytes": settings.shard_bytes,
         "num_partitions": settings.num_partitions,
         "options": asdict(options),
+        "prefixes": use_prefixes,
+        "special_ids": list(special_token_ids(tokenizer)),
     }
     _prepare_work_dir(work, config)
 
@@ -203,6 +217,7 @@ def build_filter(
             settings.batch_documents,
             buffer_entries,
             options,
+            use_prefixes,
         )
         for index, shard in enumerate(shards)
     ]
@@ -222,22 +237,33 @@ def build_filter(
         if stats.documents == 0:
             raise BuildError(_nothing_usable(problems, "no usable document in the corpus"))
 
-        runs = tuple(stem for index in sorted(results) for stem in results[index]["runs"])
         reduce_dir = work / f"reduce-min{settings.min_count}"
         reduce_dir.mkdir(parents=True, exist_ok=True)
         max_entries = max(1 << 16, per_worker // (RUN_ENTRY_BYTES * _WORKING_SET_FACTOR))
-        reduce_tasks = [
-            ReduceTask(index, low, high, runs, settings.min_count, max_entries, str(reduce_dir))
-            for index, (low, high) in enumerate(partition_bounds(settings.num_partitions))
-        ]
-        reduced: dict[int, dict[str, Any]] = {}
-        with _progress(len(reduce_tasks), "count", "part", progress) as bar:
-            for reduce_task, result in executor.run(reduce_partition, reduce_tasks):
-                reduced[reduce_task.index] = result
+        all_tasks: list[ReduceTask] = []
+        for kind, key in (("ngrams", "runs"), ("prefixes", "prefix_runs")):
+            runs = tuple(stem for index in sorted(results) for stem in results[index][key])
+            if kind == "prefixes" and not use_prefixes:
+                continue
+            all_tasks += [
+                ReduceTask(
+                    index, low, high, runs, settings.min_count, max_entries, str(reduce_dir), kind
+                )
+                for index, (low, high) in enumerate(partition_bounds(settings.num_partitions))
+            ]
+        reduced: dict[tuple[str, int], dict[str, Any]] = {}
+        with _progress(len(all_tasks), "count", "part", progress) as bar:
+            for reduce_task, result in executor.run(reduce_partition, all_tasks):
+                reduced[reduce_task.kind, reduce_task.index] = result
                 bar.update(1)
+    reduce_tasks = [task for task in all_tasks if task.kind == "ngrams"]
+    prefix_tasks = [task for task in all_tasks if task.kind == "prefixes"]
 
-    distinct = sum(result["distinct"] for result in reduced.values())
-    kept = sum(result["kept"] for result in reduced.values())
+    distinct = sum(result["distinct"] for (kind, _), result in reduced.items() if kind == "ngrams")
+    kept = sum(result["kept"] for (kind, _), result in reduced.items() if kind == "ngrams")
+    kept_prefixes = sum(
+        result["kept"] for (kind, _), result in reduced.items() if kind == "prefixes"
+    )
     corpus = {
         "documents": stats.documents,
         "tokens": stats.tokens,
@@ -263,9 +289,21 @@ def build_filter(
     if settings.output_format == "memfree":
         size = choose_size(kept, settings.false_positive_rate)
         metadata["num_probes"] = size.num_probes
-        with FilterFileWriter(output, size.num_blocks, metadata) as writer:
+        prefix_section = None
+        if use_prefixes:
+            assert settings.prefix_false_positive_rate is not None
+            prefix_size = choose_size(kept_prefixes, settings.prefix_false_positive_rate)
+            prefix_section = PrefixSection(
+                prefix_size.num_blocks, prefix_size.num_probes, kept_prefixes
+            )
+        with FilterFileWriter(output, size.num_blocks, metadata, prefix_section) as writer:
             for reduce_task in reduce_tasks:
                 set_fingerprint_bits(writer.words, read_kept(reduce_task), size.num_probes)
+            if writer.prefix_words is not None and prefix_section is not None:
+                for reduce_task in prefix_tasks:
+                    set_fingerprint_bits(
+                        writer.prefix_words, read_kept(reduce_task), prefix_section.num_probes
+                    )
         num_bits, num_probes, rate = (
             size.num_bits,
             size.num_probes,
@@ -289,6 +327,7 @@ def build_filter(
         ngrams=stats.ngrams,
         distinct_ngrams=distinct,
         kept_ngrams=kept,
+        kept_prefixes=kept_prefixes,
         num_bits=num_bits,
         num_probes=num_probes,
         expected_false_positive_rate=rate,

@@ -33,7 +33,7 @@ def write_pybloom_filter(
     parts = [np.asarray(read_kept(task)) for task in reduce_tasks]
     kept = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)  # sorted
     writer = PybloomWriter(max(int(kept.size), 1), settings.false_positive_rate, settings.hash_seed)
-    encoder = BatchEncoder(payload.backend_json, payload.pickled)
+    encoder = payload.encoder()
     size = settings.ngram_size
     for shard in shards:
         for unit in shard:
@@ -51,6 +51,13 @@ def write_pybloom_filter(
 
     rate = expected_false_positive_rate(int(kept.size), writer.num_bits, writer.num_hashes)
     return writer.num_bits, writer.num_hashes, rate
+
+
+def _has_special(windows: np.ndarray, encoder: BatchEncoder) -> np.ndarray:
+    """Which windows hold a special token (those are never stored)."""
+    if not encoder.special_ids.size:
+        return np.zeros(windows.shape[0], dtype=bool)
+    return np.isin(windows, encoder.special_ids).any(axis=1)
 
 
 def _insert(
@@ -71,7 +78,7 @@ def _insert(
         if fingerprints.size and kept.size:
             where = np.minimum(np.searchsorted(kept, fingerprints), kept.size - 1)
             windows = np.lib.stride_tricks.sliding_window_view(ids, ngram_size)
-            selected = windows[kept[where] == fingerprints]
+            selected = windows[(kept[where] == fingerprints) & ~_has_special(windows, encoder)]
             if selected.size:
                 writer.add_ngrams(np.ascontiguousarray(selected))
         keep = ngram_size - 1 if document.continues else 0

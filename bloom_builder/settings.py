@@ -31,6 +31,9 @@ class BuildSettings:
         shard_bytes: input bytes per map task (the unit of parallelism and of resume).
         batch_documents: documents tokenized per batch.
         hash_seed: seed of the n-gram hash (recorded in the header).
+        prefix_false_positive_rate: target rate of the prefix section, which lets the guard
+            skip, exactly, steps whose last n-1 tokens begin no stored n-gram; None = no
+            section (a smaller file, a slower guard).
     """
 
     ngram_size: int = 10
@@ -47,6 +50,7 @@ class BuildSettings:
     shard_bytes: int = 4 << 20
     batch_documents: int = 64
     hash_seed: int = DEFAULT_HASH_SEED
+    prefix_false_positive_rate: float | None = 0.01
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -78,6 +82,9 @@ class BuildSettings:
             return f"batch_documents must be >= 1, got {self.batch_documents}"
         if not self.text_field:
             return "--text-field must not be empty"
+        rate = self.prefix_false_positive_rate
+        if rate is not None and not 0.0 < float(rate) < 1.0:
+            return f"--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got {rate!r}"
         if not 0 <= self.hash_seed < 1 << 64:
             return f"hash_seed must fit in 64 bits, got {self.hash_seed}"
         return None

@@ -6,7 +6,11 @@ so an interrupted build resumes where it stopped, and any engine that can run a 
 list of tasks (a process pool here; a cluster scheduler later) can run the same stages.
 
     map:    shard of work units -> documents -> token ids -> n-gram fingerprints -> sorted runs
+            (and, for the prefix section, the (n-1)-token prefix of each n-gram occurrence)
     reduce: key range -> total count of each fingerprint across runs -> kept fingerprints (>= K)
+
+Windows that hold a special token (end of sequence, chat markers, ...) are never counted: the
+guard never blocks a special token, so no stored n-gram may contain one.
 """
 
 from __future__ import annotations
@@ -60,7 +64,10 @@ class BatchEncoder:
     transformers); other tokenizers travel pickled.
     """
 
-    def __init__(self, backend_json: str | None, pickled: bytes | None) -> None:
+    def __init__(
+        self, backend_json: str | None, pickled: bytes | None, special_ids: tuple[int, ...] = ()
+    ) -> None:
+        self.special_ids = np.asarray(special_ids, dtype=np.uint32)
         self._backend: Any = None
         self._slow: Any = None
         if backend_json is not None:
@@ -91,15 +98,22 @@ class TokenizerPayload:
 
     backend_json: str | None
     pickled: bytes | None
+    special_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TokenizerPayload:
+        from memfree.tokenizer import special_token_ids
+
+        special = special_token_ids(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and getattr(tokenizer, "is_fast", False):
-            return cls(backend.to_str(), None)
+            return cls(backend.to_str(), None, special)
         import pickle
 
-        return cls(None, pickle.dumps(tokenizer))
+        return cls(None, pickle.dumps(tokenizer), special)
+
+    def encoder(self) -> BatchEncoder:
+        return BatchEncoder(self.backend_json, self.pickled, self.special_ids)
 
 
 _ENCODER: BatchEncoder | None = None
@@ -109,7 +123,39 @@ def init_worker(payload: TokenizerPayload) -> None:
     """Process-pool initializer: build the tokenizer once per worker."""
     global _ENCODER
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    _ENCODER = BatchEncoder(payload.backend_json, payload.pickled)
+    _ENCODER = payload.encoder()
+
+
+def window_fingerprints(
+    token_ids: np.ndarray, ngram_size: int, seed: int, special_ids: np.ndarray, prefixes: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Fingerprints of the n-grams of one sequence that hold no special token, in order.
+
+    Args:
+        token_ids: uint32 `(num_tokens,)`.
+        ngram_size: n.
+        seed: hash seed.
+        special_ids: ids that cut the sequence.
+        prefixes: also return the fingerprint of each kept n-gram's (n-1)-token prefix.
+
+    Returns:
+        (uint64 n-gram fingerprints, uint64 prefix fingerprints of the same windows or None).
+    """
+    fingerprints = sliding_fingerprints_np(token_ids, ngram_size, seed)
+    prefix_fingerprints = None
+    if prefixes and ngram_size > 1:
+        prefix_fingerprints = sliding_fingerprints_np(token_ids[:-1], ngram_size - 1, seed)
+    if fingerprints.size and special_ids.size:
+        special = np.isin(token_ids, special_ids)
+        if special.any():
+            cumulative = np.concatenate(([0], np.cumsum(special)))
+            clean = (
+                cumulative[ngram_size:] == cumulative[: -ngram_size or None][: fingerprints.size]
+            )
+            fingerprints = fingerprints[clean]
+            if prefix_fingerprints is not None:
+                prefix_fingerprints = prefix_fingerprints[clean]
+    return fingerprints, prefix_fingerprints
 
 
 # ------------------------------------------------------------------------------------------------
@@ -128,6 +174,7 @@ class MapTask:
     batch_documents: int
     buffer_entries: int
     options: SourceOptions
+    prefixes: bool = True
 
     @property
     def marker(self) -> Path:
@@ -164,23 +211,34 @@ class MapStats:
 def map_shard(task: MapTask) -> dict[str, Any]:
     """Run one map task (or reuse its finished output). Returns its marker payload."""
     done = read_marker(task.marker)
-    if done is not None and all(Path(stem + ".keys").exists() for stem in done["runs"]):
+    if done is not None and all(
+        Path(stem + ".keys").exists() for stem in done["runs"] + done["prefix_runs"]
+    ):
         done["reused"] = True
         return done
     if _ENCODER is None:
         raise RuntimeError("init_worker() must run before map_shard()")
     shutil.rmtree(task.run_dir, ignore_errors=True)
-    writer = RunWriter(task.run_dir, task.buffer_entries)
+    prefixes = task.prefixes and task.ngram_size > 1
+    share = task.buffer_entries // 2 if prefixes else task.buffer_entries
+    writer = RunWriter(task.run_dir / "ngrams", max(share, 1))
+    prefix_writer = RunWriter(task.run_dir / "prefixes", max(share, 1)) if prefixes else None
     stats = MapStats()
     problems = ProblemLog()
     for unit in task.units:
         stats.input_bytes += unit.size_bytes
-        _map_unit(unit, task, _ENCODER, writer, stats, problems)
+        _map_unit(unit, task, _ENCODER, writer, prefix_writer, stats, problems)
     started = time.perf_counter()
     runs = writer.close()
+    prefix_runs = prefix_writer.close() if prefix_writer else []
     stats.seconds_hashing += time.perf_counter() - started
     stats.problems = problems.to_dict()
-    payload = {"stats": asdict(stats), "runs": [str(run.stem) for run in runs], "reused": False}
+    payload = {
+        "stats": asdict(stats),
+        "runs": [str(run.stem) for run in runs],
+        "prefix_runs": [str(run.stem) for run in prefix_runs],
+        "reused": False,
+    }
     write_marker(task.marker, payload)
     return payload
 
@@ -190,6 +248,7 @@ def _map_unit(
     task: MapTask,
     encoder: BatchEncoder,
     writer: RunWriter,
+    prefix_writer: RunWriter | None,
     stats: MapStats,
     problems: ProblemLog,
 ) -> None:
@@ -211,9 +270,13 @@ def _map_unit(
             stats.tokens += ids.size
             if carry.size:
                 ids = np.concatenate((carry, ids))
-            fingerprints = sliding_fingerprints_np(ids, task.ngram_size, task.hash_seed)
+            fingerprints, prefix_fingerprints = window_fingerprints(
+                ids, task.ngram_size, task.hash_seed, encoder.special_ids, prefix_writer is not None
+            )
             stats.ngrams += fingerprints.size
             writer.add(fingerprints)
+            if prefix_writer is not None and prefix_fingerprints is not None:
+                prefix_writer.add(prefix_fingerprints)
             continuing = document.continues
             keep = task.ngram_size - 1 if continuing else 0
             carry = ids[ids.size - keep :] if keep else ids[:0]
@@ -244,14 +307,15 @@ class ReduceTask:
     min_count: int
     max_entries: int
     out_dir: str
+    kind: str = "ngrams"
 
     @property
     def marker(self) -> Path:
-        return Path(self.out_dir) / f"part-{self.index:05d}.json"
+        return Path(self.out_dir) / f"{self.kind}-{self.index:05d}.json"
 
     @property
     def kept_path(self) -> Path:
-        return Path(self.out_dir) / f"part-{self.index:05d}.u64"
+        return Path(self.out_dir) / f"{self.kind}-{self.index:05d}.u64"
 
 
 def reduce_partition(task: ReduceTask) -> dict[str, Any]:

@@ -56,6 +56,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="target false-positive rate (default %(default)s)",
     )
     build.add_argument(
+        "--prefix-fpr",
+        type=float,
+        default=defaults.prefix_false_positive_rate,
+        help="target false-positive rate of the prefix section that lets the guard skip steps "
+        "exactly (default %(default)s; 0: no prefix section, a smaller file, a slower guard)",
+    )
+    build.add_argument(
         "--workers",
         type=int,
         default=max(1, min(os.cpu_count() or 1, 8)),
@@ -142,6 +149,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             ngram_size=args.n,
             min_count=args.min_count,
             false_positive_rate=args.fpr,
+            prefix_false_positive_rate=args.prefix_fpr or None,
             tokenizer=args.tokenizer,
             text_field=args.text_field,
             include=tuple(args.include),

@@ -9,9 +9,15 @@ Layout (all integers little-endian)::
     offset 24  L bytes   UTF-8 JSON metadata (sorted keys), zero padding up to a multiple of 4096
     then       uint64    bit words, ``num_blocks * 8`` of them (page-aligned, so numpy.memmap and
                          torch.from_numpy map them without copying)
+    then       uint64    optional prefix section: ``prefix.num_blocks * 8`` bit words of a second
+                         blocked Bloom filter holding the (n-1)-token prefixes of stored n-grams
 
-The metadata records everything that produced the file and an xxh3-64 checksum of the bit array.
+The metadata records everything that produced the file and an xxh3-64 checksum of each bit array.
 The same inputs give the same bytes: there is no wall-clock field.
+
+With a prefix section, an n-gram is a member when its prefix *and* the n-gram are both found.
+That is still free of false negatives (every stored n-gram's prefix is in the prefix section) and
+lets the guard skip, exactly, every decoding step whose last n-1 tokens begin no stored n-gram.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import struct
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +39,7 @@ import xxhash
 from memfree.errors import DamagedFilterError, FilterError
 from memfree.hashing import (
     BLOCK_BITS,
+    DEFAULT_HASH_SEED,
     HASH_SCHEME,
     MAX_PROBES,
     WORDS_PER_BLOCK,
@@ -39,7 +47,7 @@ from memfree.hashing import (
     probe_positions_np,
     query_bits_np,
 )
-from memfree.sizing import expected_false_positive_rate
+from memfree.sizing import choose_size, expected_false_positive_rate
 
 MAGIC = b"MEMFREE\x00"
 FORMAT_VERSION = 1
@@ -47,6 +55,10 @@ PAGE_BYTES = 4096
 _PREAMBLE = struct.Struct("<8sIIQ")
 _MAX_METADATA_BYTES = 16 << 20
 LAYOUT = "blocked-512"
+# The prefix section only decides when the guard may skip a row, so a looser rate than the
+# n-gram array's keeps it small (about 10 bits per prefix) while still skipping 99% of the
+# steps whose prefix begins no stored n-gram.
+DEFAULT_PREFIX_FALSE_POSITIVE_RATE = 0.01
 
 
 def _page_round(size_bytes: int) -> int:
@@ -65,10 +77,19 @@ class NgramFilter:
         array([ True, False])
     """
 
-    def __init__(self, path: Path, words: np.ndarray, metadata: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        words: np.ndarray,
+        metadata: dict[str, Any],
+        prefix_words: np.ndarray | None = None,
+    ) -> None:
         self.path = path
         self._words = words
+        self._prefix_words = prefix_words
         self._metadata = metadata
+        prefix = metadata.get("prefix") or {}
+        self.prefix_num_probes: int = int(prefix.get("num_probes", 0))
         self.n: int = int(metadata["n"])
         self.num_bits: int = int(metadata["num_bits"])
         self.num_probes: int = int(metadata["num_probes"])
@@ -145,7 +166,9 @@ class NgramFilter:
             raise damaged(problem)
         data_offset = _page_round(_PREAMBLE.size + metadata_bytes)
         num_words = int(metadata["num_bits"]) // 64
-        expected_size = data_offset + num_words * 8
+        prefix = metadata.get("prefix")
+        prefix_words_count = int(prefix["num_bits"]) // 64 if prefix else 0
+        expected_size = data_offset + (num_words + prefix_words_count) * 8
         if file_size != expected_size:
             raise damaged(f"size {file_size} bytes, expected {expected_size} from its header")
         # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy while
@@ -153,7 +176,19 @@ class NgramFilter:
         words = np.memmap(path, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
         if verify and xxhash.xxh3_64_hexdigest(words.data.cast("B")) != metadata["bits_xxh3"]:
             raise damaged("bit array checksum mismatch")
-        return cls(path, words, metadata)
+        prefix_words = None
+        if prefix:
+            prefix_words = np.memmap(
+                path,
+                dtype="<u8",
+                mode="c",
+                offset=data_offset + num_words * 8,
+                shape=(prefix_words_count,),
+            )
+            checksum = xxhash.xxh3_64_hexdigest(prefix_words.data.cast("B"))
+            if verify and checksum != prefix["bits_xxh3"]:
+                raise damaged("prefix bit array checksum mismatch")
+        return cls(path, words, metadata, prefix_words)
 
     @classmethod
     def create(
@@ -171,6 +206,59 @@ class NgramFilter:
                 sizes, expected false-positive rate and checksum are filled in here.
         """
         write_filter(path, words, metadata)
+        return cls.open(path)
+
+    @classmethod
+    def from_ngrams(
+        cls,
+        path: str | os.PathLike[str],
+        ngrams: np.ndarray | list[list[int]],
+        *,
+        false_positive_rate: float = 1e-3,
+        prefix_false_positive_rate: float | None = DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
+        hash_seed: int = DEFAULT_HASH_SEED,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> NgramFilter:
+        """Write a filter holding exactly the given n-grams (deduplicated) and open it.
+
+        For small, explicit sets (tests, hand-made block lists); corpora go through
+        ``memfree build``.
+
+        Args:
+            path: output path (written atomically).
+            ngrams: integer array `(N, n)` of token ids; N may be 0.
+            false_positive_rate: target rate of the n-gram bit array.
+            prefix_false_positive_rate: target rate of the prefix section, or None for none.
+            hash_seed: hash seed.
+            metadata: extra header fields (e.g. ``tokenizer_fingerprint``, ``tokenizer``).
+        """
+        array = np.asarray(ngrams)
+        if array.ndim != 2 or array.shape[1] < 1:
+            raise ValueError(f"ngrams must be a 2-D (N, n) array with n >= 1, got {array.shape}")
+        if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
+            raise ValueError("ngrams must hold non-negative integer token ids")
+        array = np.unique(array.astype(np.int64), axis=0)
+        fingerprints = fingerprints_np(array, hash_seed)
+        size = choose_size(array.shape[0], false_positive_rate)
+        words = bits_from_fingerprints(fingerprints, size.num_blocks, size.num_probes)
+        header = {"unit": "token", "n": int(array.shape[1]), "min_count": 1, **(metadata or {})}
+        header.update(
+            n=int(array.shape[1]),
+            hash_seed=hash_seed,
+            num_probes=size.num_probes,
+            num_ngrams=int(array.shape[0]),
+            target_false_positive_rate=false_positive_rate,
+        )
+        prefix_words, prefix_probes, num_prefixes = None, 0, 0
+        if prefix_false_positive_rate is not None and array.shape[1] > 1:
+            prefixes = np.unique(array[:, :-1], axis=0)
+            num_prefixes = int(prefixes.shape[0])
+            prefix_size = choose_size(num_prefixes, prefix_false_positive_rate)
+            prefix_probes = prefix_size.num_probes
+            prefix_words = bits_from_fingerprints(
+                fingerprints_np(prefixes, hash_seed), prefix_size.num_blocks, prefix_probes
+            )
+        write_filter(path, words, header, prefix_words, prefix_probes, num_prefixes)
         return cls.open(path)
 
     # -- queries --------------------------------------------------------------------------------
@@ -196,10 +284,43 @@ class NgramFilter:
         if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
             raise ValueError("ngrams must hold non-negative integer token ids")
         result = self.contains_fingerprints(fingerprints_np(array, self.hash_seed))
+        if self._prefix_words is not None and self.n > 1:
+            result &= self.contains_prefixes(array[:, :-1])
         return result[0] if single else result
 
+    def contains_prefixes(self, prefixes: np.ndarray | list[list[int]]) -> np.ndarray:
+        """Whether each (n-1)-token prefix may begin a stored n-gram; never a false negative.
+
+        A filter without a prefix section (or with n = 1) answers True for every prefix.
+
+        Args:
+            prefixes: integer array `(N, n - 1)` of token ids.
+
+        Returns:
+            bool array `(N,)`.
+        """
+        array = np.asarray(prefixes)
+        if array.ndim != 2 or array.shape[1] != self.n - 1:
+            raise ValueError(
+                f"prefixes must have shape (N, {self.n - 1}) for this {self.n}-gram filter, "
+                f"got {array.shape}"
+            )
+        if self._prefix_words is None or self.n == 1:
+            return np.ones(array.shape[0], dtype=bool)
+        return query_bits_np(
+            self._prefix_words, fingerprints_np(array, self.hash_seed), self.prefix_num_probes
+        )
+
     def contains_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
-        """Membership of precomputed fingerprints (uint64 `(N,)`); bool `(N,)`."""
+        """Membership of precomputed n-gram fingerprints in the n-gram bit array alone.
+
+        Args:
+            fingerprints: uint64 `(N,)` from :func:`memfree.hashing.fingerprints_np`.
+
+        Returns:
+            bool `(N,)`. The prefix section is not consulted, so this is a superset of
+            :meth:`contains` (still no false negatives).
+        """
         return query_bits_np(
             self._words, np.asarray(fingerprints, dtype=np.uint64), self.num_probes
         )
@@ -215,6 +336,15 @@ class NgramFilter:
     def words(self) -> np.ndarray:
         """The bit array as little-endian uint64 words (memory-mapped, do not write)."""
         return self._words
+
+    @property
+    def prefix_words(self) -> np.ndarray | None:
+        """The prefix section's uint64 words, or None when the file has none."""
+        return self._prefix_words
+
+    @property
+    def has_prefix_section(self) -> bool:
+        return self._prefix_words is not None
 
     @property
     def layout(self) -> str:
@@ -240,12 +370,15 @@ class NgramFilter:
 
     def close(self) -> None:
         """Drop the mapping (queries after this fail)."""
-        mapping = getattr(self._words, "_mmap", None)
+        for array in (self._words, self._prefix_words):
+            mapping = getattr(array, "_mmap", None)
+            if mapping is not None:
+                # Another view (e.g. a torch tensor) may still use it; it then closes with it.
+                with contextlib.suppress(BufferError):
+                    mapping.close()
         self._words = np.empty(0, dtype=np.uint64)
-        if mapping is not None:
-            # Another view (e.g. a torch tensor) may still use it; it then closes with that view.
-            with contextlib.suppress(BufferError):
-                mapping.close()
+        if self._prefix_words is not None:
+            self._prefix_words = np.empty(0, dtype=np.uint64)
 
     def __enter__(self) -> NgramFilter:
         return self
@@ -280,19 +413,60 @@ def _check_metadata(metadata: Any) -> str | None:
         return "hash_seed does not fit in 64 bits"
     if not isinstance(metadata.get("bits_xxh3"), str):
         return "metadata has no bit array checksum"
+    prefix = metadata.get("prefix")
+    if prefix is not None:
+        if not isinstance(prefix, dict):
+            return "metadata field 'prefix' is not a JSON object"
+        for key in ("num_bits", "num_probes", "num_prefixes"):
+            value = prefix.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                return f"prefix field {key!r} is {value!r}, expected a non-negative integer"
+        if not 1 <= prefix["num_probes"] <= MAX_PROBES:
+            return f"prefix num_probes is {prefix['num_probes']}, must be in [1, {MAX_PROBES}]"
+        bits = prefix["num_bits"]
+        if bits == 0 or bits % BLOCK_BITS or bits // BLOCK_BITS >= 1 << 32:
+            return f"prefix num_bits is {bits}, must be a positive multiple of {BLOCK_BITS}"
+        if not isinstance(prefix.get("bits_xxh3"), str):
+            return "prefix section has no checksum"
     return None
 
 
 def write_filter(
-    path: str | os.PathLike[str], words: np.ndarray, metadata: Mapping[str, Any]
+    path: str | os.PathLike[str],
+    words: np.ndarray,
+    metadata: Mapping[str, Any],
+    prefix_words: np.ndarray | None = None,
+    prefix_num_probes: int = 0,
+    num_prefixes: int = 0,
 ) -> Path:
-    """Write words and metadata as a filter file, atomically. Returns the path."""
-    words = np.ascontiguousarray(words, dtype="<u8")
-    if words.ndim != 1 or words.shape[0] == 0 or words.shape[0] % WORDS_PER_BLOCK:
-        raise ValueError(f"words must be a 1-D array of whole 512-bit blocks, got {words.shape}")
-    with FilterFileWriter(path, words.shape[0] // WORDS_PER_BLOCK, metadata) as writer:
-        writer.words[:] = words
+    """Write words (and an optional prefix section) as a filter file, atomically."""
+    arrays = [np.ascontiguousarray(words, dtype="<u8")]
+    if prefix_words is not None:
+        arrays.append(np.ascontiguousarray(prefix_words, dtype="<u8"))
+    for array in arrays:
+        if array.ndim != 1 or array.shape[0] == 0 or array.shape[0] % WORDS_PER_BLOCK:
+            raise ValueError(
+                f"bit words must be a 1-D array of whole 512-bit blocks, got {array.shape}"
+            )
+    prefix = None
+    if prefix_words is not None:
+        prefix = PrefixSection(
+            arrays[1].shape[0] // WORDS_PER_BLOCK, prefix_num_probes, num_prefixes
+        )
+    with FilterFileWriter(path, arrays[0].shape[0] // WORDS_PER_BLOCK, metadata, prefix) as writer:
+        writer.words[:] = arrays[0]
+        if writer.prefix_words is not None:
+            writer.prefix_words[:] = arrays[1]
     return writer.path
+
+
+@dataclass(frozen=True)
+class PrefixSection:
+    """Shape of a filter file's prefix section (see the module docstring)."""
+
+    num_blocks: int
+    num_probes: int
+    num_prefixes: int
 
 
 class FilterFileWriter:
@@ -304,10 +478,15 @@ class FilterFileWriter:
         path: final output path.
         num_blocks: 512-bit blocks of the bit array.
         metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``.
+        prefix: shape of the optional prefix section (then :attr:`prefix_words` is writable).
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], num_blocks: int, metadata: Mapping[str, Any]
+        self,
+        path: str | os.PathLike[str],
+        num_blocks: int,
+        metadata: Mapping[str, Any],
+        prefix: PrefixSection | None = None,
     ) -> None:
         self.path = Path(path)
         self.metadata = dict(metadata)
@@ -322,6 +501,17 @@ class FilterFileWriter:
         self.metadata["expected_false_positive_rate"] = expected_false_positive_rate(
             int(self.metadata["num_ngrams"]), num_blocks, int(self.metadata["num_probes"])
         )
+        self.metadata.pop("prefix", None)
+        if prefix is not None:
+            self.metadata["prefix"] = {
+                "num_bits": prefix.num_blocks * BLOCK_BITS,
+                "num_probes": prefix.num_probes,
+                "num_prefixes": prefix.num_prefixes,
+                "expected_false_positive_rate": expected_false_positive_rate(
+                    prefix.num_prefixes, prefix.num_blocks, prefix.num_probes
+                ),
+                "bits_xxh3": "0" * 16,
+            }
         problem = _check_metadata(self.metadata)
         if problem:
             raise ValueError(f"cannot write {self.path}: {problem}")
@@ -333,11 +523,21 @@ class FilterFileWriter:
         os.close(handle)
         self._temporary = Path(name)
         num_words = num_blocks * WORDS_PER_BLOCK
+        prefix_words = prefix.num_blocks * WORDS_PER_BLOCK if prefix else 0
         with open(self._temporary, "r+b") as out:
-            out.truncate(self._data_offset + num_words * 8)
+            out.truncate(self._data_offset + (num_words + prefix_words) * 8)
         self.words = np.memmap(
             self._temporary, dtype="<u8", mode="r+", offset=self._data_offset, shape=(num_words,)
         )
+        self.prefix_words: np.ndarray | None = None
+        if prefix is not None:
+            self.prefix_words = np.memmap(
+                self._temporary,
+                dtype="<u8",
+                mode="r+",
+                offset=self._data_offset + num_words * 8,
+                shape=(prefix_words,),
+            )
 
     def _metadata_bytes(self) -> bytes:
         return json.dumps(self.metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
@@ -346,6 +546,11 @@ class FilterFileWriter:
         """Checksum the bits, write the header, fsync and rename into place."""
         self.words.flush()
         self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(self.words.data.cast("B"))
+        if self.prefix_words is not None:
+            self.prefix_words.flush()
+            self.metadata["prefix"]["bits_xxh3"] = xxhash.xxh3_64_hexdigest(
+                self.prefix_words.data.cast("B")
+            )
         raw = self._metadata_bytes()
         preamble = _PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(raw), xxhash.xxh3_64_intdigest(raw))
         header = preamble + raw
@@ -353,6 +558,7 @@ class FilterFileWriter:
             raise RuntimeError("filter header grew while writing")  # the checksum has fixed width
         header += b"\x00" * (self._data_offset - len(header))
         del self.words
+        self.prefix_words = None
         with open(self._temporary, "r+b") as out:
             out.write(header)
             out.flush()
@@ -364,6 +570,7 @@ class FilterFileWriter:
     def abort(self) -> None:
         """Discard the temporary file."""
         self.__dict__.pop("words", None)
+        self.prefix_words = None
         self._temporary.unlink(missing_ok=True)
 
     def __enter__(self) -> FilterFileWriter:

@@ -158,3 +158,15 @@ def tokenizer_name(tokenizer: Any, requested: str | os.PathLike[str] | None) -> 
 def tokenizer_vocab_size(tokenizer: Any) -> int:
     """Number of ids the tokenizer can produce (base vocabulary plus added tokens)."""
     return len(tokenizer)
+
+
+def special_token_ids(tokenizer: Any) -> tuple[int, ...]:
+    """Ids of the special tokens (end of sequence, padding, chat markers, added special tokens).
+
+    No stored n-gram contains one: the builder cuts token sequences at them, and the guard never
+    blocks one nor checks a window that holds one. Sorted, distinct.
+    """
+    ids = {int(index) for index in getattr(tokenizer, "all_special_ids", []) or []}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids.update(int(index) for index, token in added.items() if getattr(token, "special", False))
+    return tuple(sorted(index for index in ids if index >= 0))

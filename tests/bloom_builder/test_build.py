@@ -100,6 +100,40 @@ def test_build_matches_exact_reference(
     assert metadata["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
     assert metadata["min_count"] == min_count and metadata["n"] == 4
     assert not (tmp_path / "f.memfree.work").exists()
+    # Prefix section: the prefixes that begin at least min_count n-gram occurrences, a superset
+    # of the prefixes of stored n-grams (exactly them when min_count is 1).
+    prefix_totals: Counter[tuple[int, ...]] = Counter()
+    for ngram, count in counts.items():
+        prefix_totals[ngram[:-1]] += count
+    kept_prefixes = [prefix for prefix, total in prefix_totals.items() if total >= min_count]
+    assert summary.kept_prefixes == metadata["prefix"]["num_prefixes"] == len(kept_prefixes)
+    assert filt.contains_prefixes(np.array([ngram[:-1] for ngram in kept])).all()
+    rng = np.random.default_rng(1)
+    novel = rng.integers(300, 400, size=(2000, 3))  # ids outside the tokenizer's vocabulary
+    assert filt.contains_prefixes(novel).mean() < 0.05  # sized for 1e-2
+
+
+def test_windows_with_special_tokens_are_never_stored(
+    tmp_path: Path, tokenizer_dir: Path, tokenizer: Any
+) -> None:
+    text = "alpha beta gamma <|endoftext|> delta return self def class import\n"
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.txt").write_text(text)
+    summary = build_filter(
+        [str(tmp_path / "corpus")],
+        tmp_path / "f.memfree",
+        settings_for(tokenizer_dir, false_positive_rate=1e-6),
+        progress=False,
+    )
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    special = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert special in ids
+    windows = [tuple(ids[i : i + 4]) for i in range(len(ids) - 3)]
+    clean = [window for window in windows if special not in window]
+    assert summary.kept_ngrams == len(set(clean)) < len(set(windows))
+    filt = NgramFilter.open(tmp_path / "f.memfree")
+    assert filt.contains(np.array(clean)).all()
+    assert not filt.contains(np.array([w for w in windows if special in w])).any()
 
 
 def test_tiny_memory_limit_spills_and_splits_but_counts_the_same(
