@@ -57,7 +57,7 @@ def _has_special(windows: np.ndarray, encoder: BatchEncoder) -> np.ndarray:
     """Which windows hold a special token (those are never stored)."""
     if not encoder.special_ids.size:
         return np.zeros(windows.shape[0], dtype=bool)
-    return np.isin(windows, encoder.special_ids).any(axis=1)
+    return np.asarray(np.isin(windows, encoder.special_ids).any(axis=1))
 
 
 def _insert(

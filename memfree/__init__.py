@@ -6,14 +6,40 @@ Privacy" (2023). Heavy modules load on first use; importing memfree itself is ch
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
 from memfree.filter import NgramFilter
+
+if TYPE_CHECKING:
+    from memfree.models import load_model
+    from memfree.processor import GuardStats, MemFreeLogitsProcessor
 
 __version__ = "0.1.0"
 __all__ = [
     "DamagedFilterError",
     "FilterError",
     "FilterMismatchError",
+    "GuardStats",
+    "MemFreeLogitsProcessor",
     "NgramFilter",
     "__version__",
+    "load_model",
 ]
+
+_LAZY = {
+    "MemFreeLogitsProcessor": "memfree.processor",
+    "GuardStats": "memfree.processor",
+    "load_model": "memfree.models",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-heavy parts (the guard, model loading) on first use."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'memfree' has no attribute {name!r}")

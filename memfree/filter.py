@@ -529,7 +529,7 @@ class FilterFileWriter:
         self.words = np.memmap(
             self._temporary, dtype="<u8", mode="r+", offset=self._data_offset, shape=(num_words,)
         )
-        self.prefix_words: np.ndarray | None = None
+        self.prefix_words: np.memmap[Any, Any] | None = None
         if prefix is not None:
             self.prefix_words = np.memmap(
                 self._temporary,

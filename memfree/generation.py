@@ -1,0 +1,271 @@
+"""Guarded and unguarded completion of prompts, and what the guard changed (for the CLI, the demo,
+the benchmarks and the evaluation).
+
+The paper's Appendix G shows guarded generations with each blocked token beside the token chosen
+in its place; :func:`explain` renders that notation: ``[[blocked -> chosen]]`` (in a terminal,
+the blocked token in red and struck through, the chosen one in green).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfree.filter import NgramFilter
+from memfree.processor import MemFreeLogitsProcessor
+
+
+@dataclass(frozen=True)
+class DecodingSettings:
+    """The ``generate()`` options memfree exposes (the CLI reads its defaults from here).
+
+    Attributes:
+        max_new_tokens: tokens generated per completion.
+        do_sample: sample instead of greedy / beam search.
+        temperature: sampling temperature.
+        top_k: keep the k most likely tokens when sampling (None: off).
+        top_p: nucleus sampling threshold (None: off).
+        num_beams: beam search width (1: no beam search).
+        num_return_sequences: completions per prompt.
+        seed: random seed set before each generate() call.
+        batch_size: prompts per generate() call (left-padded).
+    """
+
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    num_beams: int = 1
+    num_return_sequences: int = 1
+    seed: int = 0
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """The first invalid setting, phrased for the command line, or None."""
+        checks = [
+            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
+            (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
+            (self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}"),
+            (
+                self.top_p is None or 0 < self.top_p <= 1,
+                f"--top-p must be in (0, 1], got {self.top_p}",
+            ),
+            (self.num_beams >= 1, f"--num-beams must be >= 1, got {self.num_beams}"),
+            (
+                self.num_return_sequences >= 1,
+                f"--num-return-sequences must be >= 1, got {self.num_return_sequences}",
+            ),
+            (
+                self.num_return_sequences <= max(self.num_beams, 1) or self.do_sample,
+                f"--num-return-sequences ({self.num_return_sequences}) must not exceed "
+                f"--num-beams ({self.num_beams}) without --sample",
+            ),
+            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                return message
+        return None
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``model.generate``."""
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": self.max_new_tokens,
+            "do_sample": self.do_sample,
+            "num_beams": self.num_beams,
+            "num_return_sequences": self.num_return_sequences,
+        }
+        if self.do_sample:
+            kwargs["temperature"] = self.temperature
+            kwargs["top_k"] = self.top_k if self.top_k is not None else 0
+            kwargs["top_p"] = self.top_p if self.top_p is not None else 1.0
+        return kwargs
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One step where the guard removed the model's first choice."""
+
+    position: int  # index of the generated token in the completion (0 = first new token)
+    blocked: int
+    chosen: int
+
+
+@dataclass
+class Completion:
+    """One generated continuation of one prompt."""
+
+    prompt: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    guarded: bool
+    interventions: list[Intervention] = field(default_factory=list)
+    stored_ngrams: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["interventions"] = [asdict(item) for item in self.interventions]
+        return data
+
+
+def complete(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str] | Sequence[Sequence[int]],
+    settings: DecodingSettings | None = None,
+    guard: MemFreeLogitsProcessor | None = None,
+    *,
+    ngram_filter: NgramFilter | None = None,
+    progress: Any = None,
+) -> list[Completion]:
+    """Complete each prompt (text, or token ids), with the guard if one is given.
+
+    Args:
+        model: a transformers causal LM.
+        tokenizer: its tokenizer.
+        prompts: prompt texts (tokenized without special tokens) or token id lists.
+        settings: decoding settings.
+        guard: the guard, or None for unguarded generation.
+        ngram_filter: count, in each completion, the stored n-grams that hold at least one
+            generated token (default: the guard's filter, if any).
+        progress: a callable taking the number of prompts just completed (e.g. tqdm's update).
+
+    Returns:
+        ``len(prompts) * num_return_sequences`` completions, grouped by prompt.
+    """
+    settings = settings or DecodingSettings()
+    ngram_filter = ngram_filter or (guard.filter if guard is not None else None)
+    encoded = [_encode(tokenizer, prompt) for prompt in prompts]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    results: list[Completion] = []
+    for begin in range(0, len(encoded), settings.batch_size):
+        batch = encoded[begin : begin + settings.batch_size]
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):
+            if ids:
+                input_ids[row, width - len(ids) :] = torch.tensor(ids)
+                attention[row, width - len(ids) :] = 1
+        from transformers import set_seed
+
+        set_seed(settings.seed)
+        if guard is not None:
+            guard.reset()
+        with torch.inference_mode():
+            output = model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                logits_processor=[guard] if guard is not None else None,
+                pad_token_id=pad_id,
+                **settings.generate_kwargs(),
+            )
+        generated = output[:, width:].cpu().tolist()
+        stats = guard.stats if guard is not None and settings.num_beams == 1 else None
+        for row, ids in enumerate(generated):
+            prompt_index = begin + row // settings.num_return_sequences
+            new_ids = _strip_after_eos(ids, tokenizer.eos_token_id, pad_id)
+            interventions = []
+            if stats is not None and stats.num_rows == len(generated):
+                for step in np.flatnonzero(stats.first_choice_blocked[row]):
+                    position = int(stats.positions[step]) - width
+                    if 0 <= position < len(new_ids):
+                        interventions.append(
+                            Intervention(
+                                position, int(stats.first_choice[row, step]), new_ids[position]
+                            )
+                        )
+            completion = Completion(
+                prompt=prompts[prompt_index]
+                if isinstance(prompts[prompt_index], str)
+                else tokenizer.decode(encoded[prompt_index]),  # type: ignore[arg-type]
+                prompt_ids=list(encoded[prompt_index]),
+                output_ids=new_ids,
+                text=tokenizer.decode(new_ids),
+                guarded=guard is not None,
+                interventions=interventions,
+            )
+            if ngram_filter is not None:
+                completion.stored_ngrams = count_stored_ngrams(
+                    ngram_filter, completion.prompt_ids, new_ids, guard
+                )
+            results.append(completion)
+        if progress is not None:
+            progress(len(batch))
+    return results
+
+
+def _encode(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    return [int(token) for token in prompt]
+
+
+def _strip_after_eos(ids: list[int], eos: int | None, pad: int | None) -> list[int]:
+    """Drop the end-of-sequence token and the padding after it."""
+    for index, token in enumerate(ids):
+        if token == eos or (token == pad and all(t == pad for t in ids[index:])):
+            return ids[:index]
+    return ids
+
+
+def count_stored_ngrams(
+    ngram_filter: NgramFilter,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    guard: MemFreeLogitsProcessor | None = None,
+) -> int:
+    """Stored n-grams of ``prompt ‖ output`` that hold at least one output token.
+
+    Windows with a special token are not counted (the builder never stores them).
+    """
+    n = ngram_filter.n
+    sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
+    first = max(len(prompt_ids) - n + 1, 0)  # first window reaching into the output
+    if len(output_ids) == 0 or sequence.shape[0] < n:
+        return 0
+    windows = np.lib.stride_tricks.sliding_window_view(sequence, n)[first:]
+    if guard is not None and guard.special_token_ids:
+        windows = windows[~np.isin(windows, guard.special_token_ids).any(axis=1)]
+    if windows.shape[0] == 0:
+        return 0
+    return int(ngram_filter.contains(np.ascontiguousarray(windows)).sum())
+
+
+_RED_STRIKE, _GREEN, _RESET = "\033[9;31m", "\033[32m", "\033[0m"
+
+
+def explain(tokenizer: Any, completion: Completion, color: bool = False) -> str:
+    """The completion's text with each intervention shown as ``[[blocked -> chosen]]``.
+
+    With ``color``, the blocked token is red and struck through and the chosen token green
+    instead of the brackets.
+    """
+    marks = {item.position: item for item in completion.interventions}
+    pieces: list[str] = []
+    ids = completion.output_ids
+    cursor = 0
+    for position in sorted(marks):
+        pieces.append(tokenizer.decode(ids[cursor:position]))
+        item = marks[position]
+        blocked = tokenizer.decode([item.blocked])
+        chosen = tokenizer.decode([item.chosen])
+        if color:
+            pieces.append(f"{_RED_STRIKE}{blocked}{_RESET}{_GREEN}{chosen}{_RESET}")
+        else:
+            pieces.append(f"[[{blocked} -> {chosen}]]")
+        cursor = position + 1
+    pieces.append(tokenizer.decode(ids[cursor:]))
+    return "".join(pieces)

