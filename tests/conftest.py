@@ -54,3 +54,115 @@ def tokenizer(tokenizer_dir: Path) -> Any:
     from memfree.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer_dir)
+
+
+# ------------------------------------------------------------------------------------------------
+# Tiny language models for the guard's tests: a scripted one (exact, adversarial logits) and a
+# real transformers architecture (Llama) with random weights.
+
+
+def _scripted_classes() -> tuple[Any, Any]:
+    import torch
+    from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    class ScriptedConfig(PretrainedConfig):
+        model_type = "memfree-scripted"
+
+        def __init__(
+            self,
+            vocab_size: int = 8,
+            seed: int = 0,
+            context: int = 2,
+            boost: float = 0.0,
+            stored: Any = (),
+            **kwargs: Any,
+        ) -> None:
+            self.vocab_size = vocab_size
+            self.seed = seed
+            self.context = context
+            self.boost = boost
+            self.stored = [list(ngram) for ngram in stored]
+            super().__init__(**kwargs)
+
+    class ScriptedLM(PreTrainedModel, GenerationMixin):
+        """Logits = a seeded random table of the last token, plus ``boost`` for every token that
+        completes one of ``stored`` after the last ``context`` tokens: a model that has
+        "memorized" the stored n-grams and tries to emit them."""
+
+        config_class = ScriptedConfig
+        main_input_name = "input_ids"
+
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            generator = torch.Generator().manual_seed(config.seed)
+            self.table = torch.randn(config.vocab_size, config.vocab_size, generator=generator) * 2
+            self.anchor = torch.nn.Parameter(torch.zeros(1))
+            self.completions: dict[tuple[int, ...], list[int]] = {}
+            for ngram in config.stored:
+                self.completions.setdefault(tuple(ngram[:-1]), []).append(ngram[-1])
+
+        def forward(
+            self, input_ids: Any = None, attention_mask: Any = None, **kwargs: Any
+        ) -> CausalLMOutputWithPast:
+            batch, length = input_ids.shape
+            logits = self.table[input_ids].clone()
+            context = self.config.context
+            rows = input_ids.tolist()
+            for b in range(batch):
+                for i in range(length):
+                    key = tuple(rows[b][max(0, i - context + 1) : i + 1]) if context else ()
+                    for token in self.completions.get(key, []):
+                        logits[b, i, token] += self.config.boost
+            return CausalLMOutputWithPast(logits=logits)
+
+    return ScriptedConfig, ScriptedLM
+
+
+@pytest.fixture(scope="session")
+def scripted_lm() -> Any:
+    """Factory: ``scripted_lm(vocab_size, stored, boost, seed, eos)`` -> a ScriptedLM."""
+    config_class, model_class = _scripted_classes()
+
+    def make(vocab_size: int, stored: Any, boost: float = 8.0, seed: int = 0, eos: int = -1) -> Any:
+        eos = vocab_size - 1 if eos < 0 else eos
+        context = len(stored[0]) - 1 if len(stored) else 1
+        config = config_class(
+            vocab_size=vocab_size,
+            seed=seed,
+            context=context,
+            boost=boost,
+            stored=stored,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            bos_token_id=eos,
+        )
+        return model_class(config).eval()
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tokenizer: Any) -> Any:
+    """A 2-layer Llama with random weights over the test tokenizer's vocabulary (real cache,
+    real attention masks, real generate())."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper logits, so greedy output repeats itself like a real model's
+        model.lm_head.weight.mul_(20)
+    return model

@@ -1,0 +1,221 @@
+"""The guard inside a real transformers architecture (tiny Llama, real tokenizer, KV cache):
+batches with left padding, beams, several return sequences, a TextStreamer, a pipeline, and the
+``memfree generate`` command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from memfree import MemFreeLogitsProcessor, NgramFilter
+from memfree.cli import main as cli_main
+from memfree.generation import (
+    Completion,
+    DecodingSettings,
+    Intervention,
+    complete,
+    count_stored_ngrams,
+    explain,
+)
+from memfree.tokenizer import tokenizer_fingerprint
+
+PROMPTS = ["def add(a, b):", "class Stack:\n    def", "import os\nimport sys\n", "for i in"]
+N = 4
+
+
+def own_output_filter(
+    path: Path, model: Any, tokenizer: Any, settings: DecodingSettings
+) -> tuple[NgramFilter, list[Completion]]:
+    """A filter of every n-gram the unguarded model emits: its output is "memorized" by
+    construction, so the guard must change every completion."""
+    plain = complete(model, tokenizer, PROMPTS, settings)
+    ngrams = []
+    for completion in plain:
+        sequence = completion.prompt_ids + completion.output_ids
+        ngrams += [sequence[i : i + N] for i in range(len(sequence) - N + 1)]
+    filt = NgramFilter.from_ngrams(
+        path,
+        np.array(ngrams),
+        false_positive_rate=1e-6,
+        metadata={"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)},
+    )
+    for completion in plain:
+        completion.stored_ngrams = count_stored_ngrams(
+            filt, completion.prompt_ids, completion.output_ids
+        )
+    return filt, plain
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        DecodingSettings(max_new_tokens=12, batch_size=4),
+        DecodingSettings(max_new_tokens=12, batch_size=1),
+        DecodingSettings(max_new_tokens=12, do_sample=True, top_k=5, seed=1),
+        DecodingSettings(max_new_tokens=12, do_sample=True, top_p=0.8, num_return_sequences=3),
+        DecodingSettings(max_new_tokens=12, num_beams=3, num_return_sequences=2),
+    ],
+    ids=["greedy-batch", "greedy-one-by-one", "top-k", "top-p-several", "beam"],
+)
+def test_guarded_llama_emits_no_stored_ngram(
+    tmp_path: Path, tiny_llama: Any, tokenizer: Any, settings: DecodingSettings
+) -> None:
+    filt, plain = own_output_filter(tmp_path / "f.memfree", tiny_llama, tokenizer, settings)
+    assert all(completion.stored_ngrams for completion in plain if len(completion.output_ids) > 1)
+    guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, ngram_size=N)
+    guarded = complete(tiny_llama, tokenizer, PROMPTS, settings, guard)
+    assert len(guarded) == len(PROMPTS) * settings.num_return_sequences
+    for completion in guarded:
+        assert completion.stored_ngrams == 0, completion
+    assert guard.stats.summary()["tokens_blocked"] > 0
+    if settings.num_beams == 1 and not settings.do_sample:
+        assert all(completion.interventions for completion in guarded)
+
+
+def test_left_padding_does_not_leak_into_windows(
+    tmp_path: Path, tiny_llama: Any, tokenizer: Any
+) -> None:
+    # Every 4-gram that starts with the pad token is stored: padding must never complete one.
+    pad = tokenizer.pad_token_id
+    stored = [[pad, pad, pad, token] for token in range(len(tokenizer))]
+    filt = NgramFilter.from_ngrams(tmp_path / "f.memfree", np.array(stored))
+    guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
+    mask, checked = guard.blocked_mask(torch.tensor([[pad, pad, pad], [5, 6, 7]]), len(tokenizer))
+    assert not mask.any() and not checked[0]
+
+
+def test_text_streamer_and_pipeline(
+    tmp_path: Path, tiny_llama: Any, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import LogitsProcessorList, TextStreamer, pipeline
+
+    settings = DecodingSettings(max_new_tokens=10, batch_size=1)
+    filt, _ = own_output_filter(tmp_path / "f.memfree", tiny_llama, tokenizer, settings)
+    guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
+    ids = tokenizer(PROMPTS[0], add_special_tokens=False, return_tensors="pt")
+    out = tiny_llama.generate(
+        **ids,
+        logits_processor=[guard],
+        streamer=TextStreamer(tokenizer),
+        max_new_tokens=10,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    streamed = capsys.readouterr().out
+    new = out[0, ids["input_ids"].shape[1] :].tolist()
+    assert tokenizer.decode(new).strip() in streamed
+    assert count_stored_ngrams(filt, ids["input_ids"][0].tolist(), new) == 0
+
+    generator = pipeline("text-generation", model=tiny_llama, tokenizer=tokenizer, device="cpu")
+    result = generator(
+        PROMPTS[0],
+        logits_processor=LogitsProcessorList([guard]),
+        max_new_tokens=10,
+        do_sample=False,
+        return_full_text=False,
+    )
+    # The pipeline ran the same guarded generation as the direct call above (no stored n-gram).
+    assert result[0]["generated_text"] == tokenizer.decode(new, skip_special_tokens=True)
+    assert guard.stats.num_steps > 0
+
+
+def test_explain_notation(tokenizer: Any) -> None:
+    ids = tokenizer("return a + b", add_special_tokens=False)["input_ids"]
+    other = tokenizer("-", add_special_tokens=False)["input_ids"][0]
+    completion = Completion(
+        "p", [], ids, tokenizer.decode(ids), True, [Intervention(2, other, ids[2])]
+    )
+    chosen = tokenizer.decode([ids[2]])
+    assert explain(tokenizer, completion) == (
+        f"{tokenizer.decode(ids[:2])}[[- -> {chosen}]]{tokenizer.decode(ids[3:])}"
+    )
+    coloured = explain(tokenizer, completion, color=True)
+    assert f"\033[9;31m-\033[0m\033[32m{chosen}\033[0m" in coloured
+
+
+def test_decoding_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="--top-p must be in"):
+        DecodingSettings(top_p=1.5)
+    with pytest.raises(ValueError, match="must not exceed --num-beams"):
+        DecodingSettings(num_return_sequences=2)
+    assert DecodingSettings(do_sample=True, top_k=3).generate_kwargs()["top_k"] == 3
+
+
+@pytest.fixture
+def saved_llama(tmp_path: Path, tiny_llama: Any, tokenizer: Any) -> Path:
+    directory = tmp_path / "tiny-llama"
+    tiny_llama.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_cli_generate_compare_explain_json(
+    tmp_path: Path,
+    saved_llama: Path,
+    tiny_llama: Any,
+    tokenizer: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = DecodingSettings(max_new_tokens=12, batch_size=1)
+    own_output_filter(tmp_path / "f.memfree", tiny_llama, tokenizer, settings)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
+    common = ["generate", "--filter", str(tmp_path / "f.memfree"), "--model", str(saved_llama)]
+    assert cli_main([*common, "--prompts", str(prompts), "--compare", "--json",
+                     "--max-new-tokens", "12", "--batch-size", "1"]) == 0  # fmt: skip
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [record["prompt"] for record in records] == PROMPTS
+    for record in records:
+        assert record["guarded_stored_ngrams"] == 0
+        assert record["unguarded_stored_ngrams"] > 0
+        assert record["interventions"]
+    assert cli_main([*common, "--prompt", PROMPTS[0], "--compare", "--explain",
+                     "--max-new-tokens", "12", "--color", "never"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "unguarded:" in text and "guarded: 0 stored 4-grams" in text and " -> " in text
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--filter", "missing.memfree", "--prompt", "x"], "no such filter file"),
+        (["--prompt", "x", "--top-p", "2"], "--top-p must be in"),
+        (["--prompt", "x", "--explain", "--num-beams", "2"], "cannot follow beams"),
+        (["--prompts", "nowhere.txt"], "no such prompts file"),
+        (["--prompt", "x", "--model", "/nonexistent/model"], "memfree never downloads"),
+    ],
+)
+def test_cli_generate_refuses_bad_input(
+    tmp_path: Path,
+    arguments: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    NgramFilter.from_ngrams(tmp_path / "f.memfree", np.array([[1, 2, 3]]))
+    if "--filter" not in arguments:
+        arguments = ["--filter", "f.memfree", *arguments]
+    assert cli_main(["generate", *arguments]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_generate_refuses_a_filter_of_another_tokenizer(
+    tmp_path: Path, saved_llama: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    NgramFilter.from_ngrams(
+        tmp_path / "f.memfree",
+        np.array([[1, 2, 3]]),
+        metadata={"tokenizer_fingerprint": "feedfacefeedface", "tokenizer": "other"},
+    )
+    code = cli_main(
+        ["generate", "--filter", str(tmp_path / "f.memfree"), "--model", str(saved_llama),
+         "--prompt", "x"]  # fmt: skip
+    )
+    assert code == 2
+    assert "Rebuild the filter" in capsys.readouterr().err
