@@ -247,11 +247,16 @@ def count_stored_ngrams(
 _RED_STRIKE, _GREEN, _RESET = "\033[9;31m", "\033[32m", "\033[0m"
 
 
+def _visible(token_text: str) -> str:
+    """A token's text with line breaks and tabs written as escapes, so a mark stays on one line."""
+    return token_text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
 def explain(tokenizer: Any, completion: Completion, color: bool = False) -> str:
     """The completion's text with each intervention shown as ``[[blocked -> chosen]]``.
 
     With ``color``, the blocked token is red and struck through and the chosen token green
-    instead of the brackets.
+    instead of the brackets. Line breaks and tabs inside a mark are written ``\\n`` and ``\\t``.
     """
     marks = {item.position: item for item in completion.interventions}
     pieces: list[str] = []
@@ -260,8 +265,8 @@ def explain(tokenizer: Any, completion: Completion, color: bool = False) -> str:
     for position in sorted(marks):
         pieces.append(tokenizer.decode(ids[cursor:position]))
         item = marks[position]
-        blocked = tokenizer.decode([item.blocked])
-        chosen = tokenizer.decode([item.chosen])
+        blocked = _visible(tokenizer.decode([item.blocked]))
+        chosen = _visible(tokenizer.decode([item.chosen]))
         if color:
             pieces.append(f"{_RED_STRIKE}{blocked}{_RESET}{_GREEN}{chosen}{_RESET}")
         else:

