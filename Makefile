@@ -36,6 +36,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_build.py
 	$(PY) bench/bench_query.py
+	$(PY) bench/bench_generate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis out

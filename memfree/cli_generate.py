@@ -51,9 +51,7 @@ def add_parser(commands: Any) -> None:
     decoding.add_argument("--top-k", type=int, default=None)
     decoding.add_argument("--top-p", type=float, default=None)
     decoding.add_argument("--num-beams", type=int, default=defaults.num_beams)
-    decoding.add_argument(
-        "--num-return-sequences", type=int, default=defaults.num_return_sequences
-    )
+    decoding.add_argument("--num-return-sequences", type=int, default=defaults.num_return_sequences)
     decoding.add_argument("--seed", type=int, default=defaults.seed)
     decoding.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--device", default=None, help="torch device (default: cpu)")
@@ -226,7 +224,9 @@ def side_by_side(left_title: str, left: str, right_title: str, right: str) -> st
 def _wrap(text: str, width: int) -> list[str]:
     lines: list[str] = []
     for line in text.expandtabs(4).split("\n"):
-        lines.extend(textwrap.wrap(line, width, drop_whitespace=False, replace_whitespace=False) or [""])
+        lines.extend(
+            textwrap.wrap(line, width, drop_whitespace=False, replace_whitespace=False) or [""]
+        )
     return lines
 
 

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for index in order[: args.show]:
         name = prompts[index][0]
         print(f"\n── {name} " + "─" * max(0, 70 - len(name)))
-        print("\n".join("  │ " + line for line in tokenizer.decode(ids[index]).split("\n")))
+        prompt_text = str(tokenizer.decode(ids[index]))
+        print("\n".join("  │ " + line for line in prompt_text.split("\n")))
         print(
             side_by_side(
                 f"unguarded: {plain[index].stored_ngrams} stored 10-grams",

