@@ -147,6 +147,26 @@ def test_pybloom_interchange_filter_guards_the_same(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu_without_host_synchronisation(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    filt = make_filter(tmp_path / "f.memfree", rng.integers(0, 50, size=(500, 4)).tolist())
+    cpu = MemFreeLogitsProcessor(filt, eos_token_id=63)
+    cuda = MemFreeLogitsProcessor(filt, eos_token_id=63)
+    input_ids = torch.from_numpy(rng.integers(0, 50, size=(16, 7)))
+    scores = torch.randn(16, 64)
+    ids_gpu, scores_gpu = input_ids.cuda(), scores.cuda()
+    cuda(ids_gpu, scores_gpu)  # the bit arrays move to the GPU once, here
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation in a step now raises
+    try:
+        on_gpu = cuda(ids_gpu, scores_gpu)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert on_gpu.device.type == "cuda"
+    assert torch.equal(on_gpu.cpu(), cpu(input_ids, scores))
+
+
 # ------------------------------------------------------------------------------------------------
 # Statistics
 
@@ -246,7 +266,7 @@ def emitted_windows(row: list[int], width: int, n: int, eos: int) -> list[tuple[
 
 @pytest.mark.parametrize("mode", list(MODES))
 @settings(
-    max_examples=40,
+    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
