@@ -147,14 +147,33 @@ def run(args: argparse.Namespace) -> int:
             for prompt in prompts
         ]
 
+    from tqdm import tqdm
+
     from memfree.generation import complete, explain
 
-    guarded = complete(model, tokenizer, prompts, settings, guard)
-    plain = (
-        complete(model, tokenizer, prompts, settings, None, ngram_filter=ngram_filter)
-        if args.compare
-        else None
-    )
+    total = len(prompts) * (2 if args.compare else 1)
+    with tqdm(
+        total=total,
+        desc="generate",
+        unit="prompt",
+        file=sys.stderr,
+        leave=False,
+        disable=None if total > 1 else True,
+    ) as bar:
+        guarded = complete(model, tokenizer, prompts, settings, guard, progress=bar.update)
+        plain = (
+            complete(
+                model,
+                tokenizer,
+                prompts,
+                settings,
+                None,
+                ngram_filter=ngram_filter,
+                progress=bar.update,
+            )
+            if args.compare
+            else None
+        )
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     if args.json:
         for index, completion in enumerate(guarded):
