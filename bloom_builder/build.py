@@ -280,6 +280,7 @@ def build_filter(
         "tokenizer": tokenizer_name(tokenizer, settings.tokenizer),
         "tokenizer_fingerprint": fingerprint,
         "vocab_size": tokenizer_vocab_size(tokenizer),
+        "special_token_ids": list(special_token_ids(tokenizer)),
         "hash_seed": settings.hash_seed,
         "num_ngrams": kept,
         "target_false_positive_rate": settings.false_positive_rate,

@@ -96,6 +96,25 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
+def check_device(name: str | None) -> None:
+    """Refuse a device torch cannot parse or this machine does not have, before any loading."""
+    if name is None:
+        return
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise ValueError(f"--device {name!r}: not a torch device ({error})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"--device {name!r}: no CUDA device is available to torch {torch.__version__}; "
+            "omit --device to run on the CPU"
+        )
+    if device.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ValueError(f"--device {name!r}: use cpu or cuda")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``memfree generate``; returns the exit status."""
     from memfree.cli import _fail
@@ -117,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
                 "--explain follows one sequence per row and cannot follow beams; drop --num-beams"
             )
         prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+        empty = [index + 1 for index, prompt in enumerate(prompts) if not prompt.strip()]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} is empty; give every prompt some text")
+        check_device(args.device)
     except ValueError as error:
         return _fail(str(error))
 

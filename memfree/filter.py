@@ -185,8 +185,10 @@ class NgramFilter:
                 offset=data_offset + num_words * 8,
                 shape=(prefix_words_count,),
             )
-            checksum = xxhash.xxh3_64_hexdigest(prefix_words.data.cast("B"))
-            if verify and checksum != prefix["bits_xxh3"]:
+            if (
+                verify
+                and xxhash.xxh3_64_hexdigest(prefix_words.data.cast("B")) != prefix["bits_xxh3"]
+            ):
                 raise damaged("prefix bit array checksum mismatch")
         return cls(path, words, metadata, prefix_words)
 
@@ -305,6 +307,8 @@ class NgramFilter:
                 f"prefixes must have shape (N, {self.n - 1}) for this {self.n}-gram filter, "
                 f"got {array.shape}"
             )
+        if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
+            raise ValueError("prefixes must hold non-negative integer token ids")
         if self._prefix_words is None or self.n == 1:
             return np.ones(array.shape[0], dtype=bool)
         return query_bits_np(
@@ -341,6 +345,12 @@ class NgramFilter:
     def prefix_words(self) -> np.ndarray | None:
         """The prefix section's uint64 words, or None when the file has none."""
         return self._prefix_words
+
+    @property
+    def special_token_ids(self) -> tuple[int, ...] | None:
+        """Ids the builder cut token sequences at (no stored n-gram holds one), if recorded."""
+        ids = self._metadata.get("special_token_ids")
+        return None if ids is None else tuple(int(i) for i in ids)
 
     @property
     def has_prefix_section(self) -> bool:
@@ -413,6 +423,12 @@ def _check_metadata(metadata: Any) -> str | None:
         return "hash_seed does not fit in 64 bits"
     if not isinstance(metadata.get("bits_xxh3"), str):
         return "metadata has no bit array checksum"
+    special = metadata.get("special_token_ids")
+    if special is not None and (
+        not isinstance(special, list)
+        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in special)
+    ):
+        return "metadata field 'special_token_ids' is not a list of token ids"
     prefix = metadata.get("prefix")
     if prefix is not None:
         if not isinstance(prefix, dict):

@@ -147,6 +147,11 @@ def complete(
     settings = settings or DecodingSettings()
     ngram_filter = ngram_filter or (guard.filter if guard is not None else None)
     encoded = [_encode(tokenizer, prompt) for prompt in prompts]
+    for index, ids in enumerate(encoded):
+        if not ids:
+            raise ValueError(
+                f"prompt {index + 1} is empty (no tokens); give every prompt some text"
+            )
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
@@ -231,7 +236,8 @@ def count_stored_ngrams(
 ) -> int:
     """Stored n-grams of ``prompt ‖ output`` that hold at least one output token.
 
-    Windows with a special token are not counted (the builder never stores them).
+    Windows with a special token the builder cut at (recorded in the filter; else the guard's)
+    are not counted: no such window is stored.
     """
     n = ngram_filter.n
     sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
@@ -239,8 +245,11 @@ def count_stored_ngrams(
     if len(output_ids) == 0 or sequence.shape[0] < n:
         return 0
     windows = np.lib.stride_tricks.sliding_window_view(sequence, n)[first:]
-    if guard is not None and guard.special_token_ids:
-        windows = windows[~np.isin(windows, guard.special_token_ids).any(axis=1)]
+    special = ngram_filter.special_token_ids
+    if special is None and guard is not None:
+        special = guard.special_token_ids
+    if special:
+        windows = windows[~np.isin(windows, special).any(axis=1)]
     if windows.shape[0] == 0:
         return 0
     return int(ngram_filter.contains(np.ascontiguousarray(windows)).sum())

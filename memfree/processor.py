@@ -196,17 +196,18 @@ class MemFreeLogitsProcessor(_Base):
             if pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
                 pad_token_id = int(tokenizer.pad_token_id)
         if eos_token_id is not None:
-            eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        for name, values in (
-            ("special_token_ids", list(special_token_ids or [])),
-            ("eos_token_id", eos_ids),
-            ("pad_token_id", [] if pad_token_id is None else [pad_token_id]),
-        ):
-            for value in values:
-                if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                    raise ValueError(f"{name} must hold non-negative token ids, got {value!r}")
-            special.update(int(value) for value in values)
-        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(int(i) for i in eos_ids))
+            eos_ids = _token_ids("eos_token_id", eos_token_id)
+        special.update(_token_ids("special_token_ids", special_token_ids))
+        special.update(eos_ids)
+        special.update(_token_ids("pad_token_id", pad_token_id))
+        # Only ids the builder also cut at may be exempt: exempting another id would let a stored
+        # n-gram that holds it through. Such an id is then an ordinary token for the guard.
+        recorded = ngram_filter.special_token_ids
+        if recorded is not None:
+            special &= set(recorded)
+        self.eos_token_ids: tuple[int, ...] = tuple(
+            i for i in dict.fromkeys(eos_ids) if i in special
+        )
         self.special_token_ids: tuple[int, ...] = tuple(sorted(special))
         self.skip_rows = bool(skip_rows)
         self.record_stats = bool(record_stats)
@@ -340,7 +341,9 @@ class MemFreeLogitsProcessor(_Base):
         assert words is not None
         window = input_ids[:, length - context :].to(compute_device).long()
         if tables.special.numel():
-            active = ~torch.isin(window, tables.special).any(dim=1)
+            # A broadcast comparison, not torch.isin: isin switches to a sort-based path for
+            # larger id sets, and on CUDA that waits for the host.
+            active = ~(window[:, :, None] == tables.special).any(dim=2).any(dim=1)
         else:
             active = torch.ones(batch, dtype=torch.bool, device=compute_device)
         multiplier = _signed(HORNER_MULTIPLIER)
@@ -493,6 +496,27 @@ class MemFreeLogitsProcessor(_Base):
             f"MemFreeLogitsProcessor(filter={str(self.filter.path)!r}, n={self.n}, "
             f"special_token_ids={list(self.special_token_ids)}, skip_rows={self.skip_rows})"
         )
+
+
+def _token_ids(name: str, value: Any) -> list[int]:
+    """Token ids from None, an int, a numpy or 0-d/1-d torch integer, or an iterable of them."""
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    values = [value] if isinstance(value, (int, np.integer)) else value
+    try:
+        values = list(values)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be a token id or a list of token ids, got {value!r}"
+        ) from None
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)) or item < 0:
+            raise ValueError(f"{name} must hold non-negative token ids, got {item!r}")
+    return [int(item) for item in values]
 
 
 def _as_tensor(words: np.ndarray | None) -> torch.Tensor | None:

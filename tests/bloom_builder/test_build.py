@@ -20,7 +20,7 @@ from bloom_builder.counting import Run, RunWriter, count_range
 from bloom_builder.settings import BuildSettings, parse_size
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
-from memfree.tokenizer import tokenizer_fingerprint
+from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
 
 WORDS = [
     "alpha",
@@ -99,6 +99,7 @@ def test_build_matches_exact_reference(
     metadata = filt.metadata
     assert metadata["tokenizer_fingerprint"] == tokenizer_fingerprint(tokenizer)
     assert metadata["min_count"] == min_count and metadata["n"] == 4
+    assert filt.special_token_ids == special_token_ids(tokenizer) == (0, 1)
     assert not (tmp_path / "f.memfree.work").exists()
     # Prefix section: the prefixes that begin at least min_count n-gram occurrences, a superset
     # of the prefixes of stored n-grams (exactly them when min_count is 1).

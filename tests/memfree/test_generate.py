@@ -216,6 +216,8 @@ def test_cli_generate_compare_explain_json(
         (["--prompt", "x", "--explain", "--num-beams", "2"], "cannot follow beams"),
         (["--prompts", "nowhere.txt"], "no such prompts file"),
         (["--prompt", "x", "--model", "/nonexistent/model"], "memfree never downloads"),
+        (["--prompt", "  "], "prompt 1 is empty"),
+        (["--prompt", "x", "--device", "nonsense"], "not a torch device"),
     ],
 )
 def test_cli_generate_refuses_bad_input(

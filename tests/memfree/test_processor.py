@@ -116,6 +116,30 @@ def test_refuses_wrong_tokenizer_and_wrong_n(
         MemFreeLogitsProcessor(good, tokenizer=tokenizer, ngram_size=10)
 
 
+def test_only_ids_the_builder_cut_at_are_exempt(tmp_path: Path) -> None:
+    # The filter records that the builder cut at 4 only; (0 1 3) is stored.
+    filt = make_filter(
+        tmp_path / "f.memfree", [[0, 1, 3], [3, 0, 1]], metadata={"special_token_ids": [4]}
+    )
+    assert filt.special_token_ids == (4,)
+    # 3 asked to be special (e.g. a user-chosen pad token) would exempt a stored n-gram: refused.
+    guard = MemFreeLogitsProcessor(filt, eos_token_id=np.int64(4), pad_token_id=3)
+    assert guard.special_token_ids == (4,) and guard.eos_token_ids == (4,)
+    out = guard(torch.tensor([[0, 1], [3, 0]]), torch.zeros(2, 5))
+    assert torch.isneginf(out).tolist() == [
+        [False, False, False, True, False],
+        [False, True, False, False, False],
+    ]
+
+
+def test_special_ids_in_many_forms(tmp_path: Path) -> None:
+    filt = make_filter(tmp_path / "f.memfree", [[0, 1, 3]])
+    for form in (5, np.int64(5), torch.tensor(5), [5], (5,), torch.tensor([5])):
+        assert MemFreeLogitsProcessor(filt, special_token_ids=form).special_token_ids == (5,)
+    with pytest.raises(ValueError, match="special_token_ids must be a token id or a list"):
+        MemFreeLogitsProcessor(filt, special_token_ids=object())  # type: ignore[arg-type]
+
+
 def test_bad_arguments(tmp_path: Path) -> None:
     filt = make_filter(tmp_path / "f.memfree", [[1, 2, 3]])
     with pytest.raises(ValueError, match="eos_token_id must hold non-negative"):
@@ -151,10 +175,11 @@ def test_pybloom_interchange_filter_guards_the_same(tmp_path: Path) -> None:
 def test_cuda_matches_cpu_without_host_synchronisation(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     filt = make_filter(tmp_path / "f.memfree", rng.integers(0, 50, size=(500, 4)).tolist())
-    cpu = MemFreeLogitsProcessor(filt, eos_token_id=63)
-    cuda = MemFreeLogitsProcessor(filt, eos_token_id=63)
-    input_ids = torch.from_numpy(rng.integers(0, 50, size=(16, 7)))
-    scores = torch.randn(16, 64)
+    special = list(range(50, 64))  # many ids: torch.isin would take its syncing sort path
+    cpu = MemFreeLogitsProcessor(filt, eos_token_id=63, special_token_ids=special)
+    cuda = MemFreeLogitsProcessor(filt, eos_token_id=63, special_token_ids=special)
+    input_ids = torch.from_numpy(rng.integers(0, 52, size=(1, 7)))
+    scores = torch.randn(1, 64)
     ids_gpu, scores_gpu = input_ids.cuda(), scores.cuda()
     cuda(ids_gpu, scores_gpu)  # the bit arrays move to the GPU once, here
     torch.cuda.synchronize()
