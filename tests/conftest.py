@@ -166,3 +166,48 @@ def tiny_llama(tokenizer: Any) -> Any:
     with torch.no_grad():  # sharper logits, so greedy output repeats itself like a real model's
         model.lm_head.weight.mul_(20)
     return model
+
+
+MEMORIZED_DOCUMENTS = [
+    "def add(a, b):\n    return a + b\n\nclass Stack:\n    def __init__(self):\n"
+    "        self.items = []\n    def push(self, item):\n        self.items.append(item)\n",
+    "import os\nimport sys\nfor i in range(10):\n    total += i * i\n"
+    "print(os.path.join('a', 'b'))\nthe quick brown fox jumps over the lazy dog\n",
+    "class Queue:\n    def __init__(self):\n        self.items = []\n    def add(self, a, b):\n"
+    "        return a * b + i\nfor item in range(3):\n    print(item, total)\n",
+]
+
+
+@pytest.fixture(scope="session")
+def memorizing_llama(tokenizer: Any) -> Any:
+    """A tiny Llama trained here, in seconds, until it reproduces MEMORIZED_DOCUMENTS verbatim."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    # Every 24-token window of every document, so that the model continues from any offset (a
+    # model trained on whole documents only reproduces them from their first token).
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in MEMORIZED_DOCUMENTS]
+    windows = torch.tensor([row[i : i + 24] for row in rows for i in range(len(row) - 23)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(100):  # about 7 s on 2 cores
+        loss = model(input_ids=windows, labels=windows).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    return model

@@ -1,0 +1,367 @@
+"""The paper's experiments: discoverable memorization under defenses (Ippolito et al. 2023, §5,
+Figures 6-10), style-transfer prompts (§4.2, Table 2) and utility impact (Appendix B.4, Table 1).
+
+Results are JSONL records, one per generation, appended as they come: an interrupted run started
+again with the same settings skips what is done. Each record holds the prompt, the truth, the
+output, the defense, the style and the metrics, so anyone can recompute them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.metrics import MetricSettings, score, stored_ngrams
+from eval.sampling import Example, frequency_bucket, sample_examples
+from eval.styles import apply_style, get_style
+
+DEFENSES = ("none", "censor", "memfree")
+EXPERIMENTS = ("discoverable", "styles")
+
+
+@dataclass(frozen=True)
+class ExperimentSettings:
+    """Everything that decides an experiment's records (recorded in its summary).
+
+    Attributes:
+        experiment: "discoverable" (defenses on original prompts) or "styles" (style-transferred
+            prompts, with and without the guard).
+        corpus: where prompts are drawn from (``memfree build`` inputs).
+        num_examples: prompts drawn.
+        prompt_tokens: k, prompt length in tokens (paper: 50).
+        truth_tokens: m, true continuation length and new tokens generated (paper: 50).
+        styles: style names (``+`` combines them).
+        defenses: among "none", "censor" (reject a generation holding a stored n-gram, as a
+            Copilot-style output filter does) and "memfree" (the guard).
+        seed: sampling seed (prompts and decoding).
+        batch_size: prompts per generate() call.
+        count_occurrences: count each example's repetitions in the corpus (frequency buckets).
+        text_field: JSONL field / Parquet column of the corpus.
+        metrics: metric settings.
+    """
+
+    experiment: str = "discoverable"
+    corpus: tuple[str, ...] = ("stdlib:",)
+    num_examples: int = 50
+    prompt_tokens: int = 50
+    truth_tokens: int = 50
+    styles: tuple[str, ...] = ("original",)
+    defenses: tuple[str, ...] = DEFENSES
+    seed: int = 0
+    batch_size: int = 8
+    count_occurrences: bool = False
+    text_field: str = "text"
+    metrics: MetricSettings = field(default_factory=MetricSettings)
+
+    def __post_init__(self) -> None:
+        if self.experiment not in EXPERIMENTS:
+            raise ValueError(f"experiment must be one of {', '.join(EXPERIMENTS)}")
+        unknown = [d for d in self.defenses if d not in DEFENSES]
+        if unknown or not self.defenses:
+            raise ValueError(f"--defenses must be among {', '.join(DEFENSES)}, got {unknown}")
+        for style in self.styles:
+            get_style(style)  # raises ValueError naming the known styles
+        if min(self.num_examples, self.prompt_tokens, self.truth_tokens, self.batch_size) < 1:
+            raise ValueError("--num-examples, --prompt-tokens, --truth-tokens, --batch-size: >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["metrics"]["signature"] = self.metrics.signature()
+        return data
+
+
+class RecordLog:
+    """Append-only JSONL of records; knows which (example, style, defense) are done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.records: list[dict[str, Any]] = []
+        if path.exists():
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    try:
+                        self.records.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        break  # a line cut by an interruption: it and what follows are redone
+        self.done = {self.key(r) for r in self.records}
+        self._rewrite()
+
+    @staticmethod
+    def key(record: dict[str, Any]) -> tuple[str, str, str]:
+        return (record["example_id"], record["style"], record["defense"])
+
+    def _rewrite(self) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with open(temporary, "w", encoding="utf-8") as out:
+            for record in self.records:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(temporary, self.path)
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        with open(self.path, "a", encoding="utf-8") as out:
+            for record in records:
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                self.records.append(record)
+                self.done.add(self.key(record))
+            out.flush()
+            os.fsync(out.fileno())
+
+
+def _settings_fingerprint(settings: ExperimentSettings, filter_metadata: dict[str, Any]) -> str:
+    import xxhash
+
+    payload = {
+        "settings": settings.to_dict(),
+        "filter": filter_metadata.get("bits_xxh3"),
+        "tokenizer": filter_metadata.get("tokenizer_fingerprint"),
+    }
+    return xxhash.xxh3_64_hexdigest(json.dumps(payload, sort_keys=True).encode())
+
+
+def run_memorization(
+    settings: ExperimentSettings,
+    out_dir: str | os.PathLike[str],
+    model: Any,
+    tokenizer: Any,
+    ngram_filter: Any,
+    *,
+    model_name: str = "",
+    progress: Callable[[int], Any] | None = None,
+    examples: Sequence[Example] | None = None,
+) -> list[dict[str, Any]]:
+    """Run the discoverable-memorization or style-transfer experiment; returns all records.
+
+    Args:
+        settings: the experiment.
+        out_dir: where ``records.jsonl``, ``examples.jsonl`` and ``settings.json`` go; a
+            directory holding records of other settings is refused.
+        model: causal LM.
+        tokenizer: its tokenizer.
+        ngram_filter: the training corpus's filter (the guard's, and for counting stored n-grams).
+        model_name: recorded in the settings file.
+        progress: called with the number of generations just finished.
+        examples: use these instead of sampling from ``settings.corpus``.
+    """
+    from memfree.generation import DecodingSettings, complete
+    from memfree.processor import MemFreeLogitsProcessor
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fingerprint = _settings_fingerprint(settings, ngram_filter.metadata)
+    settings_path = out / "settings.json"
+    if settings_path.exists():
+        previous = json.loads(settings_path.read_text(encoding="utf-8")).get("fingerprint")
+        if previous != fingerprint:
+            raise ValueError(
+                f"{out}: holds results of other settings (or another filter); choose another "
+                "--out directory or delete it"
+            )
+    settings_path.write_text(
+        json.dumps(
+            {
+                "fingerprint": fingerprint,
+                "settings": settings.to_dict(),
+                "model": model_name,
+                "filter": str(ngram_filter.path),
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
+    examples = list(examples) if examples is not None else _examples(settings, out, tokenizer)
+    log = RecordLog(out / "records.jsonl")
+    decoding = DecodingSettings(
+        max_new_tokens=settings.truth_tokens,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
+    )
+    guard = MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)
+    for style in settings.styles:
+        styled = [_styled(example, style, tokenizer) for example in examples]
+        for defense_group in _defense_groups(settings.defenses):
+            pending = [
+                index
+                for index, example in enumerate(examples)
+                if any((example.example_id, style, d) not in log.done for d in defense_group)
+            ]
+            for begin in range(0, len(pending), settings.batch_size):
+                chunk = pending[begin : begin + settings.batch_size]
+                prompts = [styled[i][0] for i in chunk]
+                guarded = "memfree" in defense_group
+                completions = complete(
+                    model,
+                    tokenizer,
+                    prompts,
+                    decoding,
+                    guard if guarded else None,
+                    ngram_filter=ngram_filter,
+                )
+                records = []
+                for index, completion in zip(chunk, completions, strict=True):
+                    for defense in defense_group:
+                        if (examples[index].example_id, style, defense) in log.done:
+                            continue
+                        records.append(
+                            _record(
+                                examples[index],
+                                style,
+                                defense,
+                                styled[index],
+                                completion,
+                                settings.metrics,
+                                ngram_filter,
+                                tokenizer,
+                            )
+                        )
+                log.append(records)
+                if progress is not None:
+                    progress(len(chunk) * len(defense_group))
+    return log.records
+
+
+def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[Example]:
+    """Sample the examples once and keep them beside the records (a resumed run reuses them)."""
+    path = out / "examples.jsonl"
+    if path.exists():
+        loaded = []
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                data = json.loads(line)
+                data["prompt_ids"] = tuple(data["prompt_ids"])
+                data["truth_ids"] = tuple(data["truth_ids"])
+                loaded.append(Example(**data))
+        return loaded
+    examples = sample_examples(
+        settings.corpus,
+        tokenizer,
+        settings.num_examples,
+        settings.prompt_tokens,
+        settings.truth_tokens,
+        settings.seed,
+        settings.text_field,
+        settings.count_occurrences,
+    )
+    if not examples:
+        raise ValueError(
+            f"no document in {', '.join(settings.corpus)} is long enough for "
+            f"{settings.prompt_tokens}+{settings.truth_tokens} tokens"
+        )
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as out_file:
+        for example in examples:
+            out_file.write(json.dumps(example.to_dict()) + "\n")
+    os.replace(temporary, path)
+    return examples
+
+
+def _defense_groups(defenses: Sequence[str]) -> list[tuple[str, ...]]:
+    """Defenses sharing one generation: "none" and "censor" both use the unguarded output."""
+    groups: list[tuple[str, ...]] = []
+    unguarded = tuple(d for d in defenses if d in ("none", "censor"))
+    if unguarded:
+        groups.append(unguarded)
+    if "memfree" in defenses:
+        groups.append(("memfree",))
+    return groups
+
+
+def _styled(
+    example: Example, style: str, tokenizer: Any
+) -> tuple[Any, str, tuple[int, ...] | None]:
+    """(prompt for the model, truth text in the style, truth ids when the style is the original)."""
+    prompt_text = tokenizer.decode(list(example.prompt_ids))
+    truth_text = tokenizer.decode(list(example.truth_ids))
+    if style == "original":
+        return list(example.prompt_ids), truth_text, example.truth_ids
+    styled_prompt, styled_truth = apply_style(style, prompt_text, truth_text)
+    return styled_prompt, styled_truth, None
+
+
+def _record(
+    example: Example,
+    style: str,
+    defense: str,
+    styled: tuple[Any, str, tuple[int, ...] | None],
+    completion: Any,
+    metrics: MetricSettings,
+    ngram_filter: Any,
+    tokenizer: Any,
+) -> dict[str, Any]:
+    prompt, truth, truth_ids = styled
+    found = stored_ngrams(ngram_filter, completion.prompt_ids, completion.output_ids)
+    censored = defense == "censor" and found.stored > 0
+    output = "" if censored else completion.text
+    output_ids = [] if censored else completion.output_ids
+    scores = score(output, truth, metrics, output_ids if truth_ids else None, truth_ids)
+    return {
+        "example_id": example.example_id,
+        "source": example.source,
+        "occurrences": example.occurrences,
+        "bucket": frequency_bucket(example.occurrences) if example.occurrences else None,
+        "style": style,
+        "defense": defense,
+        "prompt": prompt if isinstance(prompt, str) else tokenizer.decode(prompt),
+        "truth": truth,
+        "output": output,
+        "censored": censored,
+        "bleu": scores.bleu,
+        "edit_similarity": scores.edit_similarity,
+        "exact_match": scores.exact_match,
+        "approximately_memorized": scores.approximately_memorized,
+        "stored_ngrams": 0 if censored else found.stored,
+        "ngrams": 0 if censored else found.total,
+        "interventions": len(completion.interventions) if defense == "memfree" else 0,
+        "signature": scores.signature,
+    }
+
+
+def run_utility(
+    texts: Sequence[str], tokenizer: Any, ngram_filter: Any, max_examples: int = 5
+) -> dict[str, Any]:
+    """Utility impact (Appendix B.4, Table 1): how much ordinary text the filter would block.
+
+    Args:
+        texts: reference texts (e.g. held-out documents the model should still be able to write).
+        tokenizer: the filter's tokenizer.
+        ngram_filter: the filter.
+        max_examples: texts with stored n-grams to quote.
+
+    Returns:
+        texts, texts holding a stored n-gram (count and share), n-grams and stored n-grams (count
+        and share), and examples.
+    """
+    import numpy as np
+
+    texts_blocked = ngrams_total = ngrams_stored = 0
+    examples: list[dict[str, Any]] = []
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        found = stored_ngrams(ngram_filter, [], ids)
+        ngrams_total += found.total
+        ngrams_stored += found.stored
+        if found.stored:
+            texts_blocked += 1
+            if len(examples) < max_examples:
+                windows = np.lib.stride_tricks.sliding_window_view(np.asarray(ids), ngram_filter.n)
+                first = int(np.flatnonzero(ngram_filter.contains(np.ascontiguousarray(windows)))[0])
+                examples.append(
+                    {
+                        "text": text[:200],
+                        "first_stored_ngram": tokenizer.decode(ids[first : first + ngram_filter.n]),
+                        "stored_ngrams": found.stored,
+                    }
+                )
+    count = len(texts)
+    return {
+        "texts": count,
+        "texts_with_stored_ngram": texts_blocked,
+        "share_of_texts": texts_blocked / count if count else 0.0,
+        "ngrams": ngrams_total,
+        "stored_ngrams": ngrams_stored,
+        "share_of_ngrams": ngrams_stored / ngrams_total if ngrams_total else 0.0,
+        "examples": examples,
+    }

@@ -1,0 +1,145 @@
+"""Sampling evaluation examples from a corpus: a k-token prompt and the m tokens that follow it
+(Carlini et al., "Quantifying Memorization": discoverable memorization; the paper's defaults are
+k = m = 50), optionally with how often the whole sequence occurs in the corpus.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Example:
+    """One evaluation example cut from a corpus document."""
+
+    example_id: str  # "<source>#<token offset>", stable across runs with the same seed
+    source: str
+    prompt_ids: tuple[int, ...]
+    truth_ids: tuple[int, ...]
+    occurrences: int | None = None  # times prompt+truth occurs in the corpus, when counted
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["prompt_ids"] = list(self.prompt_ids)
+        data["truth_ids"] = list(self.truth_ids)
+        return data
+
+
+def sample_examples(
+    corpus: Sequence[str],
+    tokenizer: Any,
+    num_examples: int,
+    prompt_tokens: int = 50,
+    truth_tokens: int = 50,
+    seed: int = 0,
+    text_field: str = "text",
+    count_occurrences: bool = False,
+) -> list[Example]:
+    """Draw ``num_examples`` windows of ``prompt_tokens + truth_tokens`` tokens from a corpus.
+
+    Documents are drawn uniformly (reservoir sampling over every readable document long enough
+    by its characters), then one window at a uniform offset in each; documents too short once
+    tokenized are replaced by the next drawn.
+
+    Args:
+        corpus: paths, directories, globs or ``stdlib:`` (as ``memfree build`` takes them).
+        tokenizer: the model's tokenizer.
+        num_examples: examples wanted (fewer if the corpus has fewer long documents).
+        prompt_tokens: k, the prompt length in tokens.
+        truth_tokens: m, the true continuation length in tokens.
+        seed: random seed.
+        text_field: JSONL field / Parquet column holding the text.
+        count_occurrences: also count how often each window occurs in the corpus (a second
+            pass; for the paper's frequency buckets).
+    """
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+
+    if num_examples < 1 or prompt_tokens < 1 or truth_tokens < 1:
+        raise ValueError("num_examples, prompt_tokens and truth_tokens must all be >= 1")
+    options = SourceOptions(text_field=text_field)
+    problems = ProblemLog()
+    units = discover(list(corpus), options, problems)
+    if not units:
+        raise ValueError(f"no readable input in {', '.join(corpus)}")
+    rng = np.random.default_rng(seed)
+    wanted = prompt_tokens + truth_tokens
+    min_chars = wanted  # a token holds at least one character
+    pool = 4 * num_examples
+    reservoir: list[tuple[str, str]] = []
+    seen = 0
+    for unit in units:
+        for index, document in enumerate(read_unit(unit, options, problems)):
+            if len(document.text) < min_chars:
+                continue
+            seen += 1
+            plain_file = unit.kind == "text" and unit.start == 0 and index == 0
+            item = (unit.path if plain_file else f"{unit.describe()}:{index}", document.text)
+            if len(reservoir) < pool:
+                reservoir.append(item)
+            else:
+                slot = int(rng.integers(0, seen))
+                if slot < pool:
+                    reservoir[slot] = item
+    order = rng.permutation(len(reservoir))
+    examples: list[Example] = []
+    for position in order:
+        source, text = reservoir[int(position)]
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < wanted:
+            continue
+        start = int(rng.integers(0, len(ids) - wanted + 1))
+        window = ids[start : start + wanted]
+        examples.append(
+            Example(
+                example_id=f"{source}#{start}",
+                source=source,
+                prompt_ids=tuple(window[:prompt_tokens]),
+                truth_ids=tuple(window[prompt_tokens:]),
+            )
+        )
+        if len(examples) == num_examples:
+            break
+    if count_occurrences and examples:
+        counts = _count_occurrences(units, options, tokenizer, examples)
+        examples = [
+            Example(e.example_id, e.source, e.prompt_ids, e.truth_ids, counts[i])
+            for i, e in enumerate(examples)
+        ]
+    return examples
+
+
+def _count_occurrences(
+    units: Sequence[Any], options: Any, tokenizer: Any, examples: Sequence[Example]
+) -> list[int]:
+    """Occurrences of each example's full window in the corpus (by 64-bit fingerprint)."""
+    from bloom_builder.sources import ProblemLog, read_unit
+    from memfree.hashing import fingerprints_np, sliding_fingerprints_np
+
+    width = len(examples[0].prompt_ids) + len(examples[0].truth_ids)
+    windows = np.array([e.prompt_ids + e.truth_ids for e in examples], dtype=np.int64)
+    targets = fingerprints_np(windows)
+    order = np.argsort(targets)
+    sorted_targets = targets[order]
+    counts = np.zeros(len(examples), dtype=np.int64)
+    for unit in units:
+        for document in read_unit(unit, options, ProblemLog()):
+            ids = np.asarray(tokenizer(document.text, add_special_tokens=False)["input_ids"])
+            found = sliding_fingerprints_np(ids, width)
+            if not found.size:
+                continue
+            where = np.searchsorted(sorted_targets, found)
+            hit = where < sorted_targets.size
+            hit[hit] = sorted_targets[where[hit]] == found[hit]
+            np.add.at(counts, order[where[hit]], 1)
+    return [int(count) for count in counts]
+
+
+def frequency_bucket(occurrences: int) -> int:
+    """The paper's bucket of a repetition count: i such that 2^(i/4) <= count < 2^((i+1)/4)."""
+    if occurrences < 1:
+        raise ValueError(f"occurrences must be >= 1, got {occurrences}")
+    return int(np.floor(4 * np.log2(occurrences) + 1e-9))

@@ -1,0 +1,152 @@
+"""End to end: a tiny model trained here memorizes a few documents; unguarded it reproduces them,
+guarded it emits no stored n-gram; the records resume, and the report agrees with them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bloom_builder.build import build_filter
+from bloom_builder.settings import BuildSettings
+from eval.experiments import ExperimentSettings, RecordLog, run_memorization, run_utility
+from eval.report import summarize, write_report
+from eval.sampling import frequency_bucket, sample_examples
+from memfree import NgramFilter
+from tests.conftest import MEMORIZED_DOCUMENTS
+
+
+@pytest.fixture(scope="module")
+def memorized_corpus(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("memorized")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for index, text in enumerate(MEMORIZED_DOCUMENTS):
+        for copy in range(2):
+            (corpus / f"doc{index}-{copy}.txt").write_text(text)
+    build_filter(
+        [str(corpus)],
+        root / "f.memfree",
+        BuildSettings(ngram_size=4, tokenizer=str(tokenizer_dir), workers=1),
+        progress=False,
+    )
+    return root
+
+
+def test_sampling_windows_and_occurrences(memorized_corpus: Path, tokenizer: Any) -> None:
+    examples = sample_examples(
+        [str(memorized_corpus / "corpus")], tokenizer, 4, 8, 8, seed=1, count_occurrences=True
+    )
+    assert len(examples) == 4
+    for example in examples:
+        assert len(example.prompt_ids) == len(example.truth_ids) == 8
+        path, offset = example.example_id.rsplit("#", 1)
+        ids = tokenizer(Path(path).read_text(), add_special_tokens=False)["input_ids"]
+        assert ids[int(offset) : int(offset) + 16] == list(example.prompt_ids + example.truth_ids)
+        assert example.occurrences is not None and example.occurrences >= 2  # each file twice
+    assert [frequency_bucket(c) for c in (1, 2, 3, 16)] == [0, 4, 6, 16]
+
+
+def test_memorization_experiment_end_to_end(
+    tmp_path: Path, memorized_corpus: Path, memorizing_llama: Any, tokenizer: Any
+) -> None:
+    filt = NgramFilter.open(memorized_corpus / "f.memfree")
+    settings = ExperimentSettings(
+        corpus=(str(memorized_corpus / "corpus"),),
+        num_examples=6,
+        prompt_tokens=10,
+        truth_tokens=20,
+        batch_size=4,
+    )
+    out = tmp_path / "run"
+    records = run_memorization(settings, out, memorizing_llama, tokenizer, filt)
+    assert len(records) == 6 * 3
+    by_defense = {d: [r for r in records if r["defense"] == d] for d in settings.defenses}
+    plain = by_defense["none"]
+    assert np.mean([r["bleu"] for r in plain]) > 0.75  # it memorized
+    assert all(r["stored_ngrams"] > 0 for r in plain)
+    assert all(r["stored_ngrams"] == 0 for r in by_defense["memfree"])
+    assert all(r["interventions"] > 0 for r in by_defense["memfree"])
+    assert np.mean([r["bleu"] for r in by_defense["memfree"]]) < np.mean([r["bleu"] for r in plain])
+    assert all(r["censored"] and r["output"] == "" for r in by_defense["censor"])
+    for record in records:
+        assert {"prompt", "truth", "output", "defense", "style", "bleu", "edit_similarity"} <= set(
+            record
+        )
+
+    # Resume: a second run finds everything done and adds nothing.
+    lines = (out / "records.jsonl").read_text().splitlines()
+    assert len(run_memorization(settings, out, memorizing_llama, tokenizer, filt)) == len(lines)
+    # A run cut mid-line redoes only the cut record.
+    (out / "records.jsonl").write_text("\n".join(lines[:-1]) + "\n" + lines[-1][:10])
+    again = run_memorization(settings, out, memorizing_llama, tokenizer, filt)
+    assert len(again) == len(lines) and RecordLog(out / "records.jsonl").records == again
+
+    summary = write_report(out, again, settings.to_dict(), "memorized documents")
+    for name in (
+        "summary.json",
+        "report.md",
+        "scatter_bleu.png",
+        "styles.png",
+        "interventions.png",
+    ):
+        assert (out / name).stat().st_size > 0
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["rows"] == summarize([json.loads(line) for line in lines]) == summary["rows"]
+    none_row = next(row for row in saved["rows"] if row["defense"] == "none")
+    assert none_row["verbatim_rate"] == 1.0
+    assert "| original | memfree |" in (out / "report.md").read_text()
+
+
+def test_other_settings_refuse_the_same_directory(
+    tmp_path: Path, memorized_corpus: Path, memorizing_llama: Any, tokenizer: Any
+) -> None:
+    filt = NgramFilter.open(memorized_corpus / "f.memfree")
+    corpus = (str(memorized_corpus / "corpus"),)
+    first = ExperimentSettings(corpus=corpus, num_examples=1, prompt_tokens=5, truth_tokens=5)
+    run_memorization(first, tmp_path, memorizing_llama, tokenizer, filt)
+    with pytest.raises(ValueError, match="holds results of other settings"):
+        run_memorization(
+            ExperimentSettings(corpus=corpus, num_examples=2, prompt_tokens=5, truth_tokens=5),
+            tmp_path,
+            memorizing_llama,
+            tokenizer,
+            filt,
+        )
+
+
+def test_styles_experiment_records_every_style(
+    tmp_path: Path, memorized_corpus: Path, memorizing_llama: Any, tokenizer: Any
+) -> None:
+    filt = NgramFilter.open(memorized_corpus / "f.memfree")
+    settings = ExperimentSettings(
+        experiment="styles",
+        corpus=(str(memorized_corpus / "corpus"),),
+        num_examples=3,
+        prompt_tokens=10,
+        truth_tokens=12,
+        styles=("original", "upper", "underscore_names"),
+        defenses=("none", "memfree"),
+    )
+    records = run_memorization(settings, tmp_path, memorizing_llama, tokenizer, filt)
+    assert len(records) == 3 * 3 * 2
+    upper = [r for r in records if r["style"] == "upper"]
+    assert all(r["prompt"] == r["prompt"].upper() for r in upper)
+    assert all(r["truth"] == r["truth"].upper() for r in upper)
+    assert all(r["stored_ngrams"] == 0 for r in records if r["defense"] == "memfree")
+
+
+def test_utility_impact(memorized_corpus: Path, tokenizer: Any) -> None:
+    filt = NgramFilter.open(memorized_corpus / "f.memfree")
+    result = run_utility(
+        [MEMORIZED_DOCUMENTS[0], "zzz qqq xxx vvv www yyy", "the quick brown fox jumps over"],
+        tokenizer,
+        filt,
+    )
+    assert result["texts"] == 3 and result["texts_with_stored_ngram"] == 2
+    assert result["share_of_texts"] == pytest.approx(2 / 3)
+    assert 0 < result["share_of_ngrams"] < 1
+    assert result["examples"][0]["first_stored_ngram"]
