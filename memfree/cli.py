@@ -132,9 +132,10 @@ def _build_parser() -> argparse.ArgumentParser:
     info.add_argument("--no-verify", action="store_true", help="skip the bit-array checksum")
     info.add_argument("--json", action="store_true", help="print the metadata as JSON")
 
-    from memfree import cli_generate
+    from memfree import cli_eval, cli_generate
 
     cli_generate.add_parser(commands)
+    cli_eval.add_parser(commands)
     return parser
 
 
@@ -234,9 +235,15 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``memfree`` command line; returns the exit status."""
     args = _build_parser().parse_args(argv)
-    from memfree import cli_generate
+    from memfree import cli_eval, cli_generate
 
-    handler = {"build": _cmd_build, "info": _cmd_info, "generate": cli_generate.run}[args.command]
+    handlers = {
+        "build": _cmd_build,
+        "info": _cmd_info,
+        "generate": cli_generate.run,
+        "eval": cli_eval.run,
+    }
+    handler = handlers[args.command]
     return handler(args)
 
 

@@ -150,3 +150,81 @@ def test_utility_impact(memorized_corpus: Path, tokenizer: Any) -> None:
     assert result["share_of_texts"] == pytest.approx(2 / 3)
     assert 0 < result["share_of_ngrams"] < 1
     assert result["examples"][0]["first_stored_ngram"]
+
+
+def test_cli_eval_discoverable_styles_utility(
+    tmp_path: Path,
+    memorized_corpus: Path,
+    memorizing_llama: Any,
+    tokenizer: Any,
+    tokenizer_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from memfree.cli import main as cli_main
+
+    model_dir = tmp_path / "model"
+    memorizing_llama.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    common = [
+        "--model",
+        str(model_dir),
+        "--filter",
+        str(memorized_corpus / "f.memfree"),
+        "--corpus",
+        str(memorized_corpus / "corpus"),
+        "--num-examples",
+        "3",
+        "--prompt-tokens",
+        "10",
+        "--truth-tokens",
+        "12",
+    ]
+    out = tmp_path / "disc"
+    assert cli_main(["eval", "discoverable", *common, "--out", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [row["defense"] for row in summary["rows"]] == ["none", "censor", "memfree"]
+    assert (out / "report.md").exists() and (out / "records.jsonl").exists()
+
+    out = tmp_path / "styles"
+    assert (
+        cli_main(
+            [
+                "eval",
+                "styles",
+                *common,
+                "--out",
+                str(out),
+                "--styles",
+                "original",
+                "lower+python_comment",
+            ]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "lower+python_comment" in text and "memfree" in text
+
+    assert cli_main(["eval", "styles", "--list-styles"]) == 0
+    assert "underscore_names" in capsys.readouterr().out
+    assert cli_main(["eval", "styles", *common, "--styles", "nope"]) == 2
+    assert "unknown style 'nope'" in capsys.readouterr().err
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text(MEMORIZED_DOCUMENTS[1])
+    assert (
+        cli_main(
+            [
+                "eval",
+                "utility",
+                str(texts),
+                "--filter",
+                str(memorized_corpus / "f.memfree"),
+                "--tokenizer",
+                str(tokenizer_dir),
+                "--json",
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert result["texts"] == 1 and result["texts_with_stored_ngram"] == 1

@@ -1,0 +1,235 @@
+"""``memfree eval``: the paper's experiments (discoverable memorization under defenses, style-
+transfer prompts, utility impact) on any model, corpus and filter; the embedded defaults (SmolLM2,
+the standard library and its filter) when nothing else is given."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_FILTER = "out/stdlib.memfree"
+DEFAULT_STYLES = (
+    "original",
+    "two_spaces",
+    "lower",
+    "upper",
+    "python_comment",
+    "underscore_names",
+)
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``eval`` and its subcommands."""
+    parser = commands.add_parser(
+        "eval",
+        help="measure memorization the guard does and does not stop",
+        description="Run the MemFree paper's experiments. Without arguments: the default model, "
+        "prompts from this Python's standard library, and its filter (built if missing).",
+    )
+    experiments = parser.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
+    for name, help_text in (
+        ("discoverable", "prompt with k corpus tokens; compare the next m under each defense"),
+        ("styles", "the same prompts in other styles (case, spacing, comments, names)"),
+    ):
+        sub = experiments.add_parser(name, help=help_text, description=help_text)
+        _common(sub)
+        sub.add_argument("--num-examples", type=int, default=50)
+        sub.add_argument("--prompt-tokens", type=int, default=50, help="k (default 50)")
+        sub.add_argument("--truth-tokens", type=int, default=50, help="m (default 50)")
+        sub.add_argument("--batch-size", type=int, default=8)
+        sub.add_argument("--seed", type=int, default=0)
+        sub.add_argument("--bleu-threshold", type=float, default=0.75)
+        sub.add_argument(
+            "--defenses",
+            nargs="+",
+            default=["none", "censor", "memfree"]
+            if name == "discoverable"
+            else ["none", "memfree"],
+            choices=["none", "censor", "memfree"],
+        )
+        if name == "styles":
+            sub.add_argument(
+                "--styles",
+                nargs="+",
+                default=list(DEFAULT_STYLES),
+                help="style names, '+' to combine (see --list-styles)",
+            )
+            sub.add_argument("--list-styles", action="store_true", help="list styles and exit")
+        else:
+            sub.add_argument(
+                "--count-occurrences",
+                action="store_true",
+                help="count each example's repetitions in the corpus (frequency buckets)",
+            )
+    utility = experiments.add_parser(
+        "utility",
+        help="how much ordinary text the filter would block (Appendix B.4)",
+        description="Share of reference texts holding a stored n-gram, and share of their n-grams "
+        "stored.",
+    )
+    utility.add_argument(
+        "texts", nargs="+", metavar="TEXTS", help="reference texts: files, directories, globs"
+    )
+    utility.add_argument("--filter", default=DEFAULT_FILTER, metavar="FILTER")
+    utility.add_argument("--tokenizer", default=None, help="default: the filter's default model's")
+    utility.add_argument("--text-field", default="text")
+    utility.add_argument("--max-texts", type=int, default=10_000)
+    utility.add_argument("--json", action="store_true")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    parser.add_argument(
+        "--filter",
+        default=None,
+        metavar="FILTER",
+        help=f"the corpus's filter (default {DEFAULT_FILTER}, built from stdlib: if missing)",
+    )
+    parser.add_argument("--corpus", nargs="+", default=["stdlib:"], help="where prompts come from")
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--out", default=None, help="results directory (default out/eval/NAME)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``memfree eval``; returns the exit status."""
+    from memfree.cli import _fail
+
+    if args.experiment == "utility":
+        return _run_utility(args)
+    if getattr(args, "list_styles", False):
+        from eval.styles import available_styles
+
+        for name, description in available_styles().items():
+            print(f"{name:20s} {description}")
+        return 0
+    from eval.experiments import ExperimentSettings
+    from eval.metrics import MetricSettings
+
+    try:
+        settings = ExperimentSettings(
+            experiment=args.experiment,
+            corpus=tuple(args.corpus),
+            num_examples=args.num_examples,
+            prompt_tokens=args.prompt_tokens,
+            truth_tokens=args.truth_tokens,
+            styles=tuple(getattr(args, "styles", ("original",))),
+            defenses=tuple(args.defenses),
+            seed=args.seed,
+            batch_size=args.batch_size,
+            count_occurrences=getattr(args, "count_occurrences", False),
+            text_field=args.text_field,
+            metrics=MetricSettings(bleu_threshold=args.bleu_threshold),
+        )
+    except ValueError as error:
+        return _fail(str(error))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from memfree.errors import FilterError
+    from memfree.models import ModelNotFoundError, load_model
+
+    try:
+        model, tokenizer = load_model(args.model)
+        ngram_filter = _open_filter(args.filter, args.corpus, tokenizer)
+    except (ModelNotFoundError, FilterError, FileNotFoundError, ValueError) as error:
+        return _fail(str(error))
+
+    from tqdm import tqdm
+
+    from eval.experiments import run_memorization
+    from eval.report import write_report
+
+    out = Path(args.out or f"out/eval/{args.experiment}")
+    total = settings.num_examples * len(settings.styles) * len(settings.defenses)
+    try:
+        with tqdm(total=total, desc=args.experiment, unit="gen", file=sys.stderr) as bar:
+            records = run_memorization(
+                settings,
+                out,
+                model,
+                tokenizer,
+                ngram_filter,
+                model_name=args.model or "smollm2-135m-instruct",
+                progress=bar.update,
+            )
+    except ValueError as error:
+        return _fail(str(error))
+    except KeyboardInterrupt:
+        print("memfree: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    title = f"{args.experiment}: {args.model or 'SmolLM2-135M-Instruct'} on {' '.join(args.corpus)}"
+    summary = write_report(out, records, settings.to_dict(), title)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(
+        f"{'style':22s} {'defense':8s} {'verbatim':>9s} {'approx.':>8s} {'BLEU':>6s} {'edit':>6s}"
+    )
+    for row in summary["rows"]:
+        print(
+            f"{row['style']:22s} {row['defense']:8s} {row['verbatim_rate']:9.0%} "
+            f"{row['approximate_rate']:8.0%} {row['mean_bleu']:6.3f} "
+            f"{row['mean_edit_similarity']:6.3f}"
+        )
+    print(f"records, summary, report and plots in {out}/")
+    return 0
+
+
+def _open_filter(path: str | None, corpus: list[str], tokenizer: Any) -> Any:
+    from memfree.filter import NgramFilter
+
+    if path is None:
+        path = DEFAULT_FILTER
+        if not Path(path).exists():
+            if corpus != ["stdlib:"]:
+                raise ValueError("give --filter, the filter of your corpus (build it first)")
+            from bloom_builder.build import build_filter
+
+            print(f"building {path} from stdlib: ...", file=sys.stderr)
+            build_filter(["stdlib:"], path, tokenizer=tokenizer)
+    return NgramFilter.open(path)
+
+
+def _run_utility(args: argparse.Namespace) -> int:
+    from memfree.cli import _fail
+    from memfree.errors import FilterError
+    from memfree.filter import NgramFilter
+    from memfree.tokenizer import TokenizerNotFoundError, load_tokenizer
+
+    try:
+        ngram_filter = NgramFilter.open(args.filter)
+        tokenizer = load_tokenizer(args.tokenizer)
+    except (FileNotFoundError, FilterError, TokenizerNotFoundError) as error:
+        return _fail(str(error))
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+    from eval.experiments import run_utility
+
+    options = SourceOptions(text_field=args.text_field)
+    problems = ProblemLog()
+    texts: list[str] = []
+    for unit in discover(args.texts, options, problems):
+        for document in read_unit(unit, options, problems):
+            texts.append(document.text)
+            if len(texts) >= args.max_texts:
+                break
+        if len(texts) >= args.max_texts:
+            break
+    if not texts:
+        return _fail(f"no readable text in {', '.join(args.texts)}")
+    result = run_utility(texts, tokenizer, ngram_filter)
+    if args.json:
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+        return 0
+    print(
+        f"{result['texts_with_stored_ngram']:,} of {result['texts']:,} texts "
+        f"({result['share_of_texts']:.1%}) hold a stored {ngram_filter.n}-gram; "
+        f"{result['stored_ngrams']:,} of {result['ngrams']:,} n-grams stored "
+        f"({result['share_of_ngrams']:.2%})"
+    )
+    for example in result["examples"]:
+        print(f"  {example['first_stored_ngram']!r} in {example['text'][:80]!r}")
+    return 0
