@@ -40,6 +40,8 @@ class ExperimentSettings:
         seed: sampling seed (prompts and decoding).
         batch_size: prompts per generate() call.
         count_occurrences: count each example's repetitions in the corpus (frequency buckets).
+        per_bucket: instead of ``num_examples`` uniform draws, draw up to this many examples from
+            each repetition bucket (2^(i/4) occurrences), as the paper's Figures 7-8 do.
         text_field: JSONL field / Parquet column of the corpus.
         metrics: metric settings.
     """
@@ -54,6 +56,7 @@ class ExperimentSettings:
     seed: int = 0
     batch_size: int = 8
     count_occurrences: bool = False
+    per_bucket: int | None = None
     text_field: str = "text"
     metrics: MetricSettings = field(default_factory=MetricSettings)
 
@@ -235,16 +238,29 @@ def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[E
                 data["truth_ids"] = tuple(data["truth_ids"])
                 loaded.append(Example(**data))
         return loaded
-    examples = sample_examples(
-        settings.corpus,
-        tokenizer,
-        settings.num_examples,
-        settings.prompt_tokens,
-        settings.truth_tokens,
-        settings.seed,
-        settings.text_field,
-        settings.count_occurrences,
-    )
+    if settings.per_bucket is not None:
+        from eval.sampling import sample_bucketed_examples
+
+        examples = sample_bucketed_examples(
+            settings.corpus,
+            tokenizer,
+            settings.per_bucket,
+            settings.prompt_tokens,
+            settings.truth_tokens,
+            settings.seed,
+            settings.text_field,
+        )
+    else:
+        examples = sample_examples(
+            settings.corpus,
+            tokenizer,
+            settings.num_examples,
+            settings.prompt_tokens,
+            settings.truth_tokens,
+            settings.seed,
+            settings.text_field,
+            settings.count_occurrences,
+        )
     if not examples:
         raise ValueError(
             f"no document in {', '.join(settings.corpus)} is long enough for "

@@ -50,14 +50,19 @@ class MetricSettings:
 
     def signature(self) -> str:
         """Every setting and library version behind a score, in one line."""
-        import editdistance
-        import nltk
+        from importlib.metadata import PackageNotFoundError, version
 
-        editdistance_version = getattr(editdistance, "__version__", "unknown")
+        def installed(package: str) -> str:
+            try:
+                return version(package)
+            except PackageNotFoundError:
+                return "missing"
+
+        editdistance_version = installed("editdistance")
         return "|".join(
             [
                 f"v:{SIGNATURE_VERSION}",
-                f"bleu:nltk-{nltk.__version__}-sentence_bleu",
+                f"bleu:nltk-{installed('nltk')}-sentence_bleu",
                 "weights:0.25x4",
                 "smooth:none",
                 "tok:whitespace",

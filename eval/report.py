@@ -39,6 +39,31 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def summarize_buckets(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rates per repetition bucket (the paper's 2^(i/4) buckets) and defense, original style."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        if record.get("bucket") is not None and record["style"] == "original":
+            groups[record["bucket"], record["defense"]].append(record)
+    rows = []
+    for (bucket, defense), members in sorted(
+        groups.items(), key=lambda item: (item[0][0], _DEFENSE_ORDER.get(item[0][1], 9))
+    ):
+        rows.append(
+            {
+                "bucket": bucket,
+                "occurrences_from": 2 ** (bucket / 4),
+                "defense": defense,
+                "generations": len(members),
+                "verbatim_rate": sum(r["stored_ngrams"] > 0 for r in members) / len(members),
+                "approximate_rate": sum(bool(r["approximately_memorized"]) for r in members)
+                / len(members),
+                "mean_bleu": float(np.mean([r["bleu"] for r in members])),
+            }
+        )
+    return rows
+
+
 _DEFENSE_ORDER = {"none": 0, "censor": 1, "memfree": 2}
 
 
@@ -57,7 +82,8 @@ def write_report(
     out = Path(out_dir)
     rows = summarize(records)
     signatures = sorted({r["signature"] for r in records})
-    summary = {"settings": settings, "signatures": signatures, "rows": rows}
+    buckets = summarize_buckets(records)
+    summary = {"settings": settings, "signatures": signatures, "rows": rows, "buckets": buckets}
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     plots = _plots(out, records, rows)
     lines = [f"# {title}", ""]
@@ -81,6 +107,20 @@ def write_report(
         "n-gram is rejected and scores as empty), *memfree* (the guard).",
         "",
     ]
+    if buckets:
+        lines += [
+            "## By repetitions in the corpus (original prompts)",
+            "",
+            "| occurrences ≥ | defense | generations | verbatim | approx. memorized | mean BLEU |",
+            "|---:|---|---:|---:|---:|---:|",
+        ]
+        for row in buckets:
+            lines.append(
+                f"| {row['occurrences_from']:.1f} | {row['defense']} | {row['generations']} | "
+                f"{row['verbatim_rate']:.0%} | {row['approximate_rate']:.0%} | "
+                f"{row['mean_bleu']:.3f} |"
+            )
+        lines.append("")
     for name, caption in plots:
         lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
     examples = _examples(records)

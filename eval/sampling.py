@@ -112,6 +112,78 @@ def sample_examples(
     return examples
 
 
+def sample_bucketed_examples(
+    corpus: Sequence[str],
+    tokenizer: Any,
+    per_bucket: int,
+    prompt_tokens: int = 50,
+    truth_tokens: int = 50,
+    seed: int = 0,
+    text_field: str = "text",
+    max_tokens: int = 50_000_000,
+) -> list[Example]:
+    """Up to ``per_bucket`` examples from each repetition bucket (Carlini et al.'s and the MemFree
+    paper's 2^(i/4) buckets of how often a sequence occurs in the corpus).
+
+    One pass tokenizes the corpus (up to ``max_tokens`` tokens) and counts every window of
+    ``prompt_tokens + truth_tokens`` tokens by its 64-bit fingerprint; windows are then drawn
+    uniformly among the distinct windows of each bucket, so rare repeated sequences are found
+    without sampling millions of candidates.
+    """
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+    from memfree.hashing import sliding_fingerprints_np
+
+    if per_bucket < 1:
+        raise ValueError(f"per_bucket must be >= 1, got {per_bucket}")
+    width = prompt_tokens + truth_tokens
+    options = SourceOptions(text_field=text_field)
+    problems = ProblemLog()
+    documents: list[tuple[str, np.ndarray]] = []
+    fingerprints: list[np.ndarray] = []
+    total = 0
+    for unit in discover(list(corpus), options, problems):
+        for index, document in enumerate(read_unit(unit, options, problems)):
+            ids = np.asarray(tokenizer(document.text, add_special_tokens=False)["input_ids"])
+            if ids.shape[0] < width:
+                continue
+            plain_file = unit.kind == "text" and unit.start == 0 and index == 0
+            documents.append((unit.path if plain_file else f"{unit.describe()}:{index}", ids))
+            fingerprints.append(sliding_fingerprints_np(ids, width))
+            total += ids.shape[0]
+            if total >= max_tokens:
+                break
+        if total >= max_tokens:
+            break
+    if not documents:
+        return []
+    owners = np.concatenate([np.full(f.shape[0], i, np.int64) for i, f in enumerate(fingerprints)])
+    offsets = np.concatenate([np.arange(f.shape[0]) for f in fingerprints])
+    keys = np.concatenate(fingerprints)
+    distinct, first, counts = np.unique(keys, return_index=True, return_counts=True)
+    buckets = np.floor(4 * np.log2(counts) + 1e-9).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    examples: list[Example] = []
+    for bucket in np.unique(buckets):
+        members = np.flatnonzero(buckets == bucket)
+        chosen = rng.choice(members, size=min(per_bucket, members.size), replace=False)
+        for member in sorted(chosen.tolist()):
+            position = int(first[member])
+            source, ids = documents[int(owners[position])]
+            start = int(offsets[position])
+            window = ids[start : start + width].tolist()
+            examples.append(
+                Example(
+                    example_id=f"{source}#{start}",
+                    source=source,
+                    prompt_ids=tuple(window[:prompt_tokens]),
+                    truth_ids=tuple(window[prompt_tokens:]),
+                    occurrences=int(counts[member]),
+                )
+            )
+    del distinct
+    return examples
+
+
 def _count_occurrences(
     units: Sequence[Any], options: Any, tokenizer: Any, examples: Sequence[Example]
 ) -> list[int]:

@@ -64,6 +64,14 @@ def add_parser(commands: Any) -> None:
                 action="store_true",
                 help="count each example's repetitions in the corpus (frequency buckets)",
             )
+            sub.add_argument(
+                "--per-bucket",
+                type=int,
+                default=None,
+                metavar="N",
+                help="draw N examples from each repetition bucket (2^(i/4) occurrences) instead "
+                "of --num-examples uniform ones",
+            )
     utility = experiments.add_parser(
         "utility",
         help="how much ordinary text the filter would block (Appendix B.4)",
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             batch_size=args.batch_size,
             count_occurrences=getattr(args, "count_occurrences", False),
+            per_bucket=getattr(args, "per_bucket", None),
             text_field=args.text_field,
             metrics=MetricSettings(bleu_threshold=args.bleu_threshold),
         )
@@ -145,8 +154,10 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out or f"out/eval/{args.experiment}")
     total = settings.num_examples * len(settings.styles) * len(settings.defenses)
+    if settings.per_bucket is not None:
+        total = 0  # unknown until the corpus is counted
     try:
-        with tqdm(total=total, desc=args.experiment, unit="gen", file=sys.stderr) as bar:
+        with tqdm(total=total or None, desc=args.experiment, unit="gen", file=sys.stderr) as bar:
             records = run_memorization(
                 settings,
                 out,

@@ -96,9 +96,48 @@ def test_memorization_experiment_end_to_end(
         assert (out / name).stat().st_size > 0
     saved = json.loads((out / "summary.json").read_text())
     assert saved["rows"] == summarize([json.loads(line) for line in lines]) == summary["rows"]
+    assert saved["buckets"] == []  # occurrences were not counted
     none_row = next(row for row in saved["rows"] if row["defense"] == "none")
     assert none_row["verbatim_rate"] == 1.0
     assert "| original | memfree |" in (out / "report.md").read_text()
+
+
+def test_bucketed_sampling_counts_exactly(memorized_corpus: Path, tokenizer: Any) -> None:
+    from collections import Counter
+
+    from eval.sampling import sample_bucketed_examples
+
+    examples = sample_bucketed_examples(
+        [str(memorized_corpus / "corpus")], tokenizer, per_bucket=3, prompt_tokens=3, truth_tokens=3
+    )
+    windows: Counter[tuple[int, ...]] = Counter()
+    for path in sorted((memorized_corpus / "corpus").iterdir()):
+        ids = tokenizer(path.read_text(), add_special_tokens=False)["input_ids"]
+        windows.update(tuple(ids[i : i + 6]) for i in range(len(ids) - 5))
+    buckets = {frequency_bucket(count) for count in windows.values()}
+    found = Counter(frequency_bucket(e.occurrences or 0) for e in examples)
+    assert set(found) == buckets and max(found.values()) <= 3
+    for example in examples:
+        assert windows[example.prompt_ids + example.truth_ids] == example.occurrences
+
+
+def test_bucket_summary() -> None:
+    from eval.report import summarize_buckets
+
+    base = {"style": "original", "stored_ngrams": 0, "approximately_memorized": False, "bleu": 0.5}
+    records = [
+        {**base, "bucket": 4, "defense": "none", "stored_ngrams": 3, "bleu": 0.9},
+        {**base, "bucket": 4, "defense": "none"},
+        {**base, "bucket": 0, "defense": "memfree"},
+        {**base, "bucket": None, "defense": "none"},
+    ]
+    rows = summarize_buckets(records)
+    assert [(r["bucket"], r["defense"], r["generations"]) for r in rows] == [
+        (0, "memfree", 1),
+        (4, "none", 2),
+    ]
+    assert rows[1]["verbatim_rate"] == 0.5 and rows[1]["mean_bleu"] == pytest.approx(0.7)
+    assert rows[1]["occurrences_from"] == 2.0
 
 
 def test_other_settings_refuse_the_same_directory(
