@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +114,14 @@ class RecordLog:
             os.fsync(out.fileno())
 
 
-def _settings_fingerprint(settings: ExperimentSettings, filter_metadata: dict[str, Any]) -> str:
+def _settings_fingerprint(
+    settings: ExperimentSettings, filter_metadata: dict[str, Any], model_name: str
+) -> str:
     import xxhash
 
     payload = {
         "settings": settings.to_dict(),
+        "model": model_name,
         "filter": filter_metadata.get("bits_xxh3"),
         "tokenizer": filter_metadata.get("tokenizer_fingerprint"),
     }
@@ -154,14 +157,14 @@ def run_memorization(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint = _settings_fingerprint(settings, ngram_filter.metadata)
+    fingerprint = _settings_fingerprint(settings, ngram_filter.metadata, model_name)
     settings_path = out / "settings.json"
     if settings_path.exists():
         previous = json.loads(settings_path.read_text(encoding="utf-8")).get("fingerprint")
         if previous != fingerprint:
             raise ValueError(
-                f"{out}: holds results of other settings (or another filter); choose another "
-                "--out directory or delete it"
+                f"{out}: holds results of other settings (or another model or filter); choose "
+                "another --out directory or delete it"
             )
     settings_path.write_text(
         json.dumps(
@@ -195,14 +198,21 @@ def run_memorization(
                 chunk = pending[begin : begin + settings.batch_size]
                 prompts = [styled[i][0] for i in chunk]
                 guarded = "memfree" in defense_group
+                # A styled truth may take more tokens than the original: generate enough for
+                # the longest, then cut each output to its own truth's length.
+                budget = max(styled[i][3] for i in chunk)
                 completions = complete(
                     model,
                     tokenizer,
                     prompts,
-                    decoding,
+                    replace(decoding, max_new_tokens=budget),
                     guard if guarded else None,
                     ngram_filter=ngram_filter,
                 )
+                completions = [
+                    _cut(completion, styled[i][3], tokenizer)
+                    for i, completion in zip(chunk, completions, strict=True)
+                ]
                 records = []
                 for index, completion in zip(chunk, completions, strict=True):
                     for defense in defense_group:
@@ -287,27 +297,41 @@ def _defense_groups(defenses: Sequence[str]) -> list[tuple[str, ...]]:
 
 def _styled(
     example: Example, style: str, tokenizer: Any
-) -> tuple[Any, str, tuple[int, ...] | None]:
-    """(prompt for the model, truth text in the style, truth ids when the style is the original)."""
+) -> tuple[Any, str, tuple[int, ...] | None, int]:
+    """(prompt for the model, truth text in the style, truth ids when the style is the original,
+    tokens to generate: the styled truth's length in tokens)."""
     prompt_text = tokenizer.decode(list(example.prompt_ids))
     truth_text = tokenizer.decode(list(example.truth_ids))
     if style == "original":
-        return list(example.prompt_ids), truth_text, example.truth_ids
+        return list(example.prompt_ids), truth_text, example.truth_ids, len(example.truth_ids)
     styled_prompt, styled_truth = apply_style(style, prompt_text, truth_text)
-    return styled_prompt, styled_truth, None
+    length = len(tokenizer(styled_truth, add_special_tokens=False)["input_ids"])
+    return styled_prompt, styled_truth, None, max(length, 1)
+
+
+def _cut(completion: Any, length: int, tokenizer: Any) -> Any:
+    """The completion with its output cut to ``length`` tokens (interventions after dropped)."""
+    if len(completion.output_ids) <= length:
+        return completion
+    return replace(
+        completion,
+        output_ids=completion.output_ids[:length],
+        text=tokenizer.decode(completion.output_ids[:length]),
+        interventions=[item for item in completion.interventions if item.position < length],
+    )
 
 
 def _record(
     example: Example,
     style: str,
     defense: str,
-    styled: tuple[Any, str, tuple[int, ...] | None],
+    styled: tuple[Any, str, tuple[int, ...] | None, int],
     completion: Any,
     metrics: MetricSettings,
     ngram_filter: Any,
     tokenizer: Any,
 ) -> dict[str, Any]:
-    prompt, truth, truth_ids = styled
+    prompt, truth, truth_ids, _ = styled
     found = stored_ngrams(ngram_filter, completion.prompt_ids, completion.output_ids)
     censored = defense == "censor" and found.stored > 0
     output = "" if censored else completion.text

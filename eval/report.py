@@ -88,7 +88,8 @@ def write_report(
     plots = _plots(out, records, rows)
     lines = [f"# {title}", ""]
     lines += [
-        f"{len(records)} generations; metric signature `{signatures[0] if signatures else '-'}`.",
+        f"{len(records)} generations; metric signature"
+        f"{'s' if len(signatures) > 1 else ''} {', '.join(f'`{x}`' for x in signatures) or '-'}.",
         "",
         "| style | defense | generations | verbatim (≥1 stored n-gram) | exact match | "
         "approx. memorized (BLEU > threshold) | mean BLEU | mean edit sim. | interventions |",

@@ -77,7 +77,7 @@ def sample_examples(
                 continue
             seen += 1
             plain_file = unit.kind == "text" and unit.start == 0 and index == 0
-            item = (unit.path if plain_file else f"{unit.describe()}:{index}", document.text)
+            item = (_source_name(unit, index, plain_file), document.text)
             if len(reservoir) < pool:
                 reservoir.append(item)
             else:
@@ -147,7 +147,7 @@ def sample_bucketed_examples(
             if ids.shape[0] < width:
                 continue
             plain_file = unit.kind == "text" and unit.start == 0 and index == 0
-            documents.append((unit.path if plain_file else f"{unit.describe()}:{index}", ids))
+            documents.append((_source_name(unit, index, plain_file), ids))
             fingerprints.append(sliding_fingerprints_np(ids, width))
             total += ids.shape[0]
             if total >= max_tokens:
@@ -193,10 +193,9 @@ def _count_occurrences(
 
     width = len(examples[0].prompt_ids) + len(examples[0].truth_ids)
     windows = np.array([e.prompt_ids + e.truth_ids for e in examples], dtype=np.int64)
-    targets = fingerprints_np(windows)
-    order = np.argsort(targets)
-    sorted_targets = targets[order]
-    counts = np.zeros(len(examples), dtype=np.int64)
+    # Several examples may be the same window (duplicated documents): count each distinct one.
+    sorted_targets, inverse = np.unique(fingerprints_np(windows), return_inverse=True)
+    counts = np.zeros(sorted_targets.size, dtype=np.int64)
     for unit in units:
         for document in read_unit(unit, options, ProblemLog()):
             ids = np.asarray(tokenizer(document.text, add_special_tokens=False)["input_ids"])
@@ -206,8 +205,15 @@ def _count_occurrences(
             where = np.searchsorted(sorted_targets, found)
             hit = where < sorted_targets.size
             hit[hit] = sorted_targets[where[hit]] == found[hit]
-            np.add.at(counts, order[where[hit]], 1)
-    return [int(count) for count in counts]
+            np.add.at(counts, where[hit], 1)
+    return [int(count) for count in counts[inverse.reshape(-1)]]
+
+
+def _source_name(unit: Any, index: int, plain_file: bool) -> str:
+    """A name unique to one document of the corpus: the file path, plus where in it."""
+    if plain_file:
+        return str(unit.path)
+    return f"{unit.path}[{unit.kind} {unit.start}:{unit.stop}]:{index}"
 
 
 def frequency_bucket(occurrences: int) -> int:

@@ -83,16 +83,33 @@ def get_style(name: str) -> Callable[[str], str]:
 def apply_style(name: str, prompt: str, truth: str = "") -> tuple[str, str]:
     """Apply a style to a prompt and its true continuation as one text, then split them again.
 
+    The joined text is styled as a whole (so the continuation takes the form the styled prompt
+    asks for: a continued identifier is not renamed twice, a continued line is not commented
+    twice). It is split after the styled prompt when that is a prefix of it; otherwise at a
+    :data:`BOUNDARY` marker carried through the style; failing both, where the styled prompt and
+    the styled whole stop agreeing.
+
     Returns:
-        (styled prompt, styled continuation).
+        (styled prompt, styled continuation); joined, they equal the styled whole.
     """
-    if BOUNDARY in prompt or BOUNDARY in truth:
-        raise ValueError("the text holds U+E000, which style transfer reserves as a marker")
-    styled = get_style(name)(prompt + BOUNDARY + truth)
-    if styled.count(BOUNDARY) != 1:
-        raise RuntimeError(f"style {name!r} did not keep the prompt/continuation boundary")
-    styled_prompt, styled_truth = styled.split(BOUNDARY)
-    return styled_prompt, styled_truth
+    function = get_style(name)
+    whole = function(prompt + truth)
+    styled_prompt = function(prompt)
+    if whole.startswith(styled_prompt):
+        return styled_prompt, whole[len(styled_prompt) :]
+    if BOUNDARY not in prompt and BOUNDARY not in truth:
+        marked = function(prompt + BOUNDARY + truth)
+        if marked.count(BOUNDARY) != 1:
+            raise RuntimeError(f"style {name!r} did not keep the prompt/continuation boundary")
+        if marked.replace(BOUNDARY, "") == whole:
+            head, tail = marked.split(BOUNDARY)
+            return head, tail
+    common = 0
+    for left, right in zip(whole, styled_prompt, strict=False):
+        if left != right:
+            break
+        common += 1
+    return whole[:common], whole[common:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +166,7 @@ _KEYWORDS = frozenset(keyword.kwlist) | frozenset(keyword.softkwlist)
 # boundary marker counts as a word character so that an identifier cut by the prompt's end stays
 # one identifier.
 _LEXEME = re.compile(
-    r"""(?P<string>(?:[rRbBuUfF]{0,2})(?:'''[\s\S]*?(?:'''|$)|\"\"\"[\s\S]*?(?:\"\"\"|$)"""
+    r"""(?P<string>(?:[rRbBuUfF]{0,2})(?:'''[\s\S]*?(?:'''|\Z)|\"\"\"[\s\S]*?(?:\"\"\"|\Z)"""
     r"""|'(?:\\.|[^'\\\n])*(?:'|$)|"(?:\\.|[^"\\\n])*(?:"|$)))"""
     r"""|(?P<comment>\#[^\n]*)"""
     r"""|(?<![\w\ue000])(?P<name>[\w\ue000]+)""",

@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, tokenizer = load_model(args.model)
         ngram_filter = _open_filter(args.filter, args.corpus, tokenizer)
-    except (ModelNotFoundError, FilterError, FileNotFoundError, ValueError) as error:
+    except (ModelNotFoundError, FilterError, OSError, ValueError, ImportError) as error:
         return _fail(str(error))
 
     from tqdm import tqdm
@@ -167,13 +167,16 @@ def run(args: argparse.Namespace) -> int:
                 model_name=args.model or "smollm2-135m-instruct",
                 progress=bar.update,
             )
-    except ValueError as error:
+    except (ValueError, OSError, ImportError, FilterError) as error:
         return _fail(str(error))
     except KeyboardInterrupt:
         print("memfree: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     title = f"{args.experiment}: {args.model or 'SmolLM2-135M-Instruct'} on {' '.join(args.corpus)}"
-    summary = write_report(out, records, settings.to_dict(), title)
+    try:
+        summary = write_report(out, records, settings.to_dict(), title)
+    except (OSError, ImportError) as error:
+        return _fail(f"the records are in {out}/records.jsonl, but the report failed: {error}")
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
@@ -211,11 +214,21 @@ def _run_utility(args: argparse.Namespace) -> int:
     from memfree.filter import NgramFilter
     from memfree.tokenizer import TokenizerNotFoundError, load_tokenizer
 
+    if args.max_texts < 1:
+        return _fail(f"--max-texts must be >= 1, got {args.max_texts}")
     try:
         ngram_filter = NgramFilter.open(args.filter)
         tokenizer = load_tokenizer(args.tokenizer)
     except (FileNotFoundError, FilterError, TokenizerNotFoundError) as error:
         return _fail(str(error))
+    from memfree.tokenizer import tokenizer_fingerprint
+
+    expected = ngram_filter.metadata.get("tokenizer_fingerprint")
+    if expected is not None and tokenizer_fingerprint(tokenizer) != expected:
+        return _fail(
+            f"{args.filter}: built with tokenizer {ngram_filter.metadata.get('tokenizer')!r}, "
+            "not this one; pass that tokenizer with --tokenizer"
+        )
     from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
     from eval.experiments import run_utility
 

@@ -267,3 +267,16 @@ def test_cli_eval_discoverable_styles_utility(
     )
     result = json.loads(capsys.readouterr().out)
     assert result["texts"] == 1 and result["texts_with_stored_ngram"] == 1
+
+
+def test_identical_examples_are_each_counted(tmp_path: Path, tokenizer: Any) -> None:
+    text = "def add(a, b):\n    return a + b\n"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for copy in range(4):
+        (tmp_path / f"copy{copy}.txt").write_text(text)
+    half = len(ids) // 2
+    examples = sample_examples(
+        [str(tmp_path)], tokenizer, 4, half, len(ids) - half, count_occurrences=True
+    )
+    assert len(examples) == 4 and len({e.example_id for e in examples}) == 4
+    assert [e.occurrences for e in examples] == [4, 4, 4, 4]

@@ -50,7 +50,7 @@ def test_empty_and_unicode_text(name: str) -> None:
 
 def test_the_boundary_inside_a_word_keeps_one_identifier() -> None:
     assert apply_style("underscore_names", "x = foo", "bar(1)") == ("_x = _foo", "bar(1)")
-    assert apply_style("two_spaces", "a = ", "b + c") == ("a  =  ", "b  +  c")
+    assert apply_style("two_spaces", "a = ", "b + c") == ("a  = ", " b  +  c")
     assert apply_style("python_comment", "x = 1\ny", " = 2\nz") == ("# x = 1\n# y", " = 2\n# z")
     assert apply_style("lower+python_comment", "X\n", "Y") == ("# x\n# ", "y")
 
@@ -59,12 +59,8 @@ def test_the_boundary_inside_a_word_keeps_one_identifier() -> None:
 def test_styling_the_parts_joins_up_like_styling_the_whole(
     prompt: str, truth: str, name: str
 ) -> None:
-    prompt = prompt.replace("\ue000", "")
-    truth = truth.replace("\ue000", "")
     styled_prompt, styled_truth = apply_style(name, prompt, truth)
-    if name in ("upper", "lower", "original", "python_comment", "c_comment"):
-        # character-wise and line-prefix styles: the split changes nothing
-        assert styled_prompt + styled_truth == get_style(name)(prompt + truth)
+    assert styled_prompt + styled_truth == get_style(name)(prompt + truth)
 
 
 def test_registering_a_new_style() -> None:
@@ -78,8 +74,33 @@ def test_registering_a_new_style() -> None:
         register_style("reverse_words_test", "again")(lambda text: text)
     with pytest.raises(ValueError, match="unknown style 'nope'"):
         get_style("lower+nope")
-    register_style("drop_marker_test", "drops everything (test)")(lambda text: "")
+    register_style("twice_reversed_test", "the text twice, reversed (test)")(
+        lambda text: (text + text)[::-1]
+    )
     with pytest.raises(RuntimeError, match="did not keep"):
-        apply_style("drop_marker_test", "a", "b")
-    with pytest.raises(ValueError, match="reserves as a marker"):
-        apply_style("upper", "a\ue000", "b")
+        apply_style("twice_reversed_test", "ab", "cd")
+
+
+@pytest.mark.parametrize(
+    "name, prompt, truth, expected",
+    [
+        # a docstring is a string: its words are not identifiers
+        (
+            "underscore_names",
+            'def f():\n    """Doc line\n    more',
+            ' words\n    """\n',
+            ('def _f():\n    """Doc line\n    more', ' words\n    """\n'),
+        ),
+        # a keyword cut by the boundary becomes an identifier: "def" + "ault"
+        ("underscore_names", "x = def", "ault", ("_x = _def", "ault")),
+        # indentation split by the boundary
+        ("tab_indent", "if x:\n", "    y = 1", ("if x:\n", "\ty = 1")),
+        ("tab_indent", "if x:\n    ", "    y", ("if x:\n\t", "\ty")),
+        # two spaces already: left alone, wherever the boundary falls
+        ("two_spaces", "foo ", " bar", ("foo ", " bar")),
+        ("upper", "a\ue000", "b", ("A\ue000", "B")),  # the marker in the text itself
+    ],
+)
+def test_boundary_cases(name: str, prompt: str, truth: str, expected: tuple[str, str]) -> None:
+    assert apply_style(name, prompt, truth) == expected
+    assert "".join(expected) == get_style(name)(prompt + truth)
