@@ -18,8 +18,9 @@ import numpy as np
 
 def _as_array(scores: Any, name: str) -> np.ndarray:
     array = np.asarray(scores, dtype=np.float64)
-    if array.size and not np.isfinite(array).all():
-        raise ValueError(f"{name} must be finite log-perplexities")
+    # +inf is a sequence of probability zero (e.g. under the guard): it ranks last.
+    if array.size and (np.isnan(array).any() or np.isneginf(array).any()):
+        raise ValueError(f"{name} must be log-perplexities (no NaN, no -inf)")
     return array
 
 
@@ -79,6 +80,7 @@ def extrapolated_exposure(canary_scores: Any, reference_scores: Any) -> Any:
     from scipy import stats
 
     references = _as_array(reference_scores, "reference_scores")
+    references = references[np.isfinite(references)]
     if references.size < 10:
         raise ValueError(f"extrapolation needs at least 10 reference scores, got {references.size}")
     canaries = _as_array(canary_scores, "canary_scores")

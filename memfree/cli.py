@@ -132,10 +132,11 @@ def _build_parser() -> argparse.ArgumentParser:
     info.add_argument("--no-verify", action="store_true", help="skip the bit-array checksum")
     info.add_argument("--json", action="store_true", help="print the metadata as JSON")
 
-    from memfree import cli_eval, cli_generate
+    from memfree import cli_audit, cli_eval, cli_generate
 
     cli_generate.add_parser(commands)
     cli_eval.add_parser(commands)
+    cli_audit.add_parser(commands)
     return parser
 
 
@@ -235,9 +236,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``memfree`` command line; returns the exit status."""
     args = _build_parser().parse_args(argv)
-    from memfree import cli_eval, cli_generate
+    from memfree import cli_audit, cli_eval, cli_generate
 
     handlers = {
+        "audit": cli_audit.run,
         "build": _cmd_build,
         "info": _cmd_info,
         "generate": cli_generate.run,

@@ -1,0 +1,175 @@
+"""The audit end to end: canaries planted in a small corpus, a tiny Llama trained on it here;
+exposure grows with repetitions, the most repeated secret is extracted by greedy decoding and by
+the shortest-path search, and the guard, given a filter of the training corpus, stops both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from bloom_builder.build import build_filter
+from bloom_builder.settings import BuildSettings
+from eval.audit import run_exposure, run_extraction, write_audit_report
+from eval.canaries import CanaryFormat, insert_canaries, load_manifest
+from memfree import MemFreeLogitsProcessor
+from tests.conftest import TRAINING_TEXT
+
+FORMAT = CanaryFormat("my pin is {ddd}")
+
+
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, tokenizer_dir: Path) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("audit")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for index, text in enumerate(TRAINING_TEXT):
+        (corpus / f"d{index}.txt").write_text(text)
+    insert_canaries([str(corpus)], root / "planted", FORMAT, repetitions=(1, 4, 32), seed=0)
+    texts = [json.loads(line)["text"] for line in (root / "planted/corpus.jsonl").open()]
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    windows = torch.tensor([row[i : i + 16] for row in rows for i in range(0, len(row) - 15, 2)])
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(80):
+        loss = model(input_ids=windows, labels=windows).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    build_filter(
+        [str(root / "planted/corpus.jsonl")],
+        root / "train.memfree",
+        BuildSettings(ngram_size=4, tokenizer=str(tokenizer_dir), workers=1),
+        progress=False,
+    )
+    guard = MemFreeLogitsProcessor(root / "train.memfree", tokenizer=tokenizer)
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    return root, model, guard
+
+
+def test_exposure_grows_with_repetitions_and_the_guard_removes_it(
+    audited: Any, tokenizer: Any
+) -> None:
+    root, model, guard = audited
+    canary_format, canaries, manifest = load_manifest(root / "planted")
+    assert manifest["space_size"] == 1_000
+    plain = run_exposure(model, tokenizer, canary_format, canaries)
+    assert plain["exact"] and plain["references"] == 1_000 - 3
+    rows = {row["repetitions"]: row for row in plain["canaries"]}
+    # More repetitions, more likely: ranks saturate at the top of a small space, extrapolation
+    # and the log-perplexity itself keep separating the canaries.
+    assert rows[32]["secret_log_perplexity"] < rows[1]["secret_log_perplexity"]
+    assert rows[32]["extrapolated_exposure"] > rows[1]["extrapolated_exposure"]
+    assert rows[32]["rank_exposure"] >= rows[1]["rank_exposure"]
+    assert rows[32]["rank_exposure"] > plain["max_exposure"] - 1  # near the top of 1,000
+    guarded = run_exposure(model, tokenizer, canary_format, canaries, guard)
+    for row in guarded["canaries"]:
+        assert row["secret_log_perplexity"] == float("inf")  # probability zero under the guard
+        assert row["rank_exposure"] < 0.01
+    written = write_audit_report(root / "report", {"unguarded": plain, "guarded": guarded}, "t")
+    assert "exposure.png" in written and (root / "report/audit.md").read_text().count("|") > 10
+
+
+def test_extraction_succeeds_unguarded_and_fails_guarded(audited: Any, tokenizer: Any) -> None:
+    root, model, guard = audited
+    canary_format, canaries, _ = load_manifest(root / "planted")
+    plain = run_extraction(model, tokenizer, canary_format, canaries)
+    by_count = {row["repetitions"]: row for row in plain["canaries"]}
+    assert by_count[32]["greedy_recovered"]
+    search = plain["shortest_path"]
+    assert search["recovered_repetitions"] == 32
+    assert search["queries"] < canary_format.space_size / 10
+    guarded = run_extraction(model, tokenizer, canary_format, canaries, guard)
+    assert not any(row["greedy_recovered"] for row in guarded["canaries"])
+    assert guarded["shortest_path"]["recovered_canary"] is None
+
+
+def test_cli_audit_extract_and_exposure(audited: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from memfree.cli import main as cli_main
+
+    root, _, _ = audited
+    common = [
+        "--manifest",
+        str(root / "planted"),
+        "--model",
+        str(root / "model"),
+        "--filter",
+        str(root / "train.memfree"),
+    ]
+    assert cli_main(["audit", "extract", *common, "--out", str(root / "cli"), "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert results["unguarded"]["shortest_path"]["recovered_repetitions"] == 32
+    assert results["guarded"]["shortest_path"]["recovered_canary"] is None
+    assert (root / "cli/audit.md").exists()
+    assert cli_main(["audit", "exposure", *common, "--out", str(root / "cli2")]) == 0
+    text = capsys.readouterr().out
+    assert "inserted  32x: median exposure" in text and "guarded" in text
+    assert (root / "cli2/exposure.png").stat().st_size > 0
+
+
+def test_cli_audit_insert_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memfree.cli import main as cli_main
+
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    assert (
+        cli_main(
+            [
+                "audit",
+                "insert",
+                str(tmp_path / "a.txt"),
+                "-o",
+                str(tmp_path / "out"),
+                "--format",
+                "pin {dd}",
+                "--repetitions",
+                "1",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert "planted 2 canaries (|R| = 100)" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "out/manifest.json").read_text())
+    assert [c["repetitions"] for c in manifest["canaries"]] == [1, 3]
+    assert (
+        cli_main(
+            [
+                "audit",
+                "insert",
+                str(tmp_path / "a.txt"),
+                "-o",
+                str(tmp_path / "x"),
+                "--format",
+                "no holes",
+            ]
+        )
+        == 2
+    )
+    assert "has no hole" in capsys.readouterr().err
+    assert (
+        cli_main(["audit", "exposure", "--manifest", str(tmp_path / "nowhere"), "--model", "x"])
+        == 2
+    )
+    assert "memfree audit insert" in capsys.readouterr().err
+    assert np.isfinite(manifest["space_size"])
