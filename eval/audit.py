@@ -208,6 +208,30 @@ def write_audit_report(
                 ),
                 "",
             ]
+        if "by_k" in part:
+            lines += [
+                f"## k-extractability ({label}): greedy reproduces the next "
+                f"{part['truth_tokens']} tokens exactly",
+                "",
+                "| k (prompt tokens) | sequences | extractable |",
+                "|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {row['k']} | {row['sequences']} | {row['extractable']:.0%} |"
+                for row in part["by_k"]
+            ]
+            if part["by_bucket"]:
+                lines += [
+                    "",
+                    "| occurrences ≥ | sequences | extractable |",
+                    "|---:|---:|---:|",
+                ]
+                lines += [
+                    f"| {row['occurrences_from']:.1f} | {row['sequences']} | "
+                    f"{row['extractable']:.0%} |"
+                    for row in part["by_bucket"]
+                ]
+            lines.append("")
     exposure_parts = {
         k: v for k, v in results.items() if isinstance(v, dict) and "by_repetitions" in v
     }
@@ -242,3 +266,77 @@ def write_audit_report(
         written.append("exposure.png")
     (out / "audit.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return written
+
+
+def run_extractability(
+    model: Any,
+    tokenizer: Any,
+    corpus: list[str],
+    prompt_lengths: list[int],
+    truth_tokens: int = 50,
+    guard: Any = None,
+    num_examples: int = 50,
+    per_bucket: int | None = None,
+    seed: int = 0,
+    batch_size: int = 8,
+) -> dict[str, Any]:
+    """k-extractability (Carlini et al. 2022, Definition 3.1) of corpus sequences.
+
+    For each prompt length k, sequences of the corpus are cut into a k-token prompt and the next
+    ``truth_tokens`` tokens; a sequence is extractable when greedy decoding from the prompt
+    reproduces those tokens exactly. Reported by k and, with ``per_bucket``, by how often the
+    sequence occurs in the corpus; run it once without and once with the guard.
+    """
+    from eval.metrics import exact_match
+    from eval.sampling import frequency_bucket, sample_bucketed_examples, sample_examples
+    from memfree.generation import DecodingSettings, complete
+
+    rows: list[dict[str, Any]] = []
+    settings = DecodingSettings(max_new_tokens=truth_tokens, batch_size=batch_size)
+    for k in prompt_lengths:
+        if per_bucket is not None:
+            examples = sample_bucketed_examples(
+                corpus, tokenizer, per_bucket, k, truth_tokens, seed
+            )
+        else:
+            examples = sample_examples(
+                corpus, tokenizer, num_examples, k, truth_tokens, seed, count_occurrences=False
+            )
+        completions = complete(
+            model, tokenizer, [list(e.prompt_ids) for e in examples], settings, guard
+        )
+        for example, completion in zip(examples, completions, strict=True):
+            rows.append(
+                {
+                    "k": k,
+                    "example_id": example.example_id,
+                    "occurrences": example.occurrences,
+                    "bucket": frequency_bucket(example.occurrences)
+                    if example.occurrences
+                    else None,
+                    "extractable": exact_match(completion.output_ids, example.truth_ids),
+                }
+            )
+    by_k = []
+    for k in prompt_lengths:
+        members = [row for row in rows if row["k"] == k]
+        share = sum(row["extractable"] for row in members) / max(len(members), 1)
+        by_k.append({"k": k, "sequences": len(members), "extractable": share})
+    by_bucket = []
+    for bucket in sorted({row["bucket"] for row in rows if row["bucket"] is not None}):
+        members = [row for row in rows if row["bucket"] == bucket]
+        by_bucket.append(
+            {
+                "bucket": bucket,
+                "occurrences_from": 2 ** (bucket / 4),
+                "sequences": len(members),
+                "extractable": sum(row["extractable"] for row in members) / len(members),
+            }
+        )
+    return {
+        "guarded": guard is not None,
+        "truth_tokens": truth_tokens,
+        "by_k": by_k,
+        "by_bucket": by_bucket,
+        "sequences": rows,
+    }

@@ -35,6 +35,23 @@ def add_parser(commands: Any) -> None:
     insert.add_argument("--per-repetition", type=int, default=1, help="canaries per count")
     insert.add_argument("--seed", type=int, default=0)
     insert.add_argument("--text-field", default="text")
+    extractable = steps.add_parser(
+        "extractable",
+        help="k-extractability of corpus sequences (greedy reproduces the next m tokens)",
+        description="Quantifying Memorization, Definition 3.1: the share of corpus sequences "
+        "whose next m tokens greedy decoding reproduces from a k-token prompt, by k and by "
+        "repetition bucket; with --filter also guarded.",
+    )
+    extractable.add_argument("corpus", nargs="+", metavar="CORPUS")
+    extractable.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    extractable.add_argument("--filter", default=None, help="filter of the corpus: also guarded")
+    extractable.add_argument("--k", type=int, nargs="+", default=[10, 25, 50])
+    extractable.add_argument("--m", type=int, default=50)
+    extractable.add_argument("--num-examples", type=int, default=50)
+    extractable.add_argument("--per-bucket", type=int, default=None)
+    extractable.add_argument("--seed", type=int, default=0)
+    extractable.add_argument("--out", default="out/audit/extractable")
+    extractable.add_argument("--json", action="store_true")
     for name, help_text in (
         ("exposure", "exposure of each canary (rank and skew-normal extrapolation)"),
         ("extract", "greedy and shortest-path extraction of the secrets"),
@@ -60,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.step == "insert":
         return _insert(args)
+    if args.step == "extractable":
+        return _extractable(args)
     from eval.canaries import load_manifest
 
     try:
@@ -153,4 +172,56 @@ def _insert(args: argparse.Namespace) -> int:
         f"planted {len(manifest['canaries'])} canaries (|R| = {manifest['space_size']:,}) in "
         f"{manifest['documents']:,} documents: {args.output}/corpus.jsonl, manifest.json"
     )
+    return 0
+
+
+def _extractable(args: argparse.Namespace) -> int:
+    from memfree.cli import _fail
+
+    if min(args.k) < 1 or args.m < 1:
+        return _fail("--k and --m must be >= 1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    from memfree.errors import FilterError
+    from memfree.models import ModelNotFoundError, load_model
+
+    try:
+        model, tokenizer = load_model(args.model)
+        guard = None
+        if args.filter:
+            from memfree.processor import MemFreeLogitsProcessor
+
+            guard = MemFreeLogitsProcessor(args.filter, tokenizer=tokenizer)
+    except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
+        return _fail(str(error))
+    from eval.audit import run_extractability, write_audit_report
+
+    results: dict[str, Any] = {}
+    try:
+        for label, processor in (("unguarded", None), ("guarded", guard)):
+            if label == "guarded" and guard is None:
+                continue
+            print(f"extractable ({label}) ...", file=sys.stderr, flush=True)
+            results[label] = run_extractability(
+                model,
+                tokenizer,
+                args.corpus,
+                args.k,
+                args.m,
+                processor,
+                args.num_examples,
+                args.per_bucket,
+                args.seed,
+            )
+        write_audit_report(args.out, results, f"k-extractability: {args.model or 'default'}")
+    except (ValueError, OSError, ImportError) as error:
+        return _fail(str(error))
+    if args.json:
+        print(json.dumps({k: {**v, "sequences": None} for k, v in results.items()}, indent=2))
+        return 0
+    for label, part in results.items():
+        shares = ", ".join(f"k={row['k']}: {row['extractable']:.0%}" for row in part["by_k"])
+        print(f"{label}: extractable {shares}")
+    print(f"report in {args.out}/")
     return 0

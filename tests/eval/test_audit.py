@@ -128,6 +128,46 @@ def test_cli_audit_extract_and_exposure(audited: Any, capsys: pytest.CaptureFixt
     assert (root / "cli2/exposure.png").stat().st_size > 0
 
 
+def test_k_extractability_with_and_without_the_guard(
+    audited: Any, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eval.audit import run_extractability
+    from memfree.cli import main as cli_main
+
+    root, model, guard = audited
+    corpus = [str(root / "planted/corpus.jsonl")]
+    plain = run_extractability(model, tokenizer, corpus, [4, 8], 6, per_bucket=4)
+    assert [row["k"] for row in plain["by_k"]] == [4, 8]
+    assert plain["by_bucket"] and max(row["extractable"] for row in plain["by_k"]) > 0
+    guarded = run_extractability(model, tokenizer, corpus, [4, 8], 6, guard, per_bucket=4)
+    assert all(row["extractable"] == 0 for row in guarded["by_k"])  # every window is stored
+    out = root / "extractable"
+    assert (
+        cli_main(
+            [
+                "audit",
+                "extractable",
+                *corpus,
+                "--model",
+                str(root / "model"),
+                "--filter",
+                str(root / "train.memfree"),
+                "--k",
+                "4",
+                "--m",
+                "6",
+                "--num-examples",
+                "5",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "guarded: extractable k=4: 0%" in capsys.readouterr().out
+    assert "k-extractability" in (out / "audit.md").read_text()
+
+
 def test_cli_audit_insert_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from memfree.cli import main as cli_main
 
