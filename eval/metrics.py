@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from memfree.errors import require
 
 if TYPE_CHECKING:
@@ -154,19 +152,9 @@ def stored_ngrams(
 
     Windows with a special token the builder cut at are not counted, stored or not.
     """
-    n = ngram_filter.n
-    sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
-    if len(output_ids) == 0 or sequence.shape[0] < n:
-        return StoredNgrams(0, 0)
-    first = max(len(prompt_ids) - n + 1, 0)
-    windows = np.lib.stride_tricks.sliding_window_view(sequence, n)[first:]
-    special = ngram_filter.special_token_ids
-    if special:
-        windows = windows[~np.isin(windows, special).any(axis=1)]
-    if windows.shape[0] == 0:
-        return StoredNgrams(0, 0)
-    found = ngram_filter.contains(np.ascontiguousarray(windows))
-    return StoredNgrams(int(found.sum()), int(windows.shape[0]))
+    from memfree.generation import stored_ngram_counts
+
+    return StoredNgrams(*stored_ngram_counts(ngram_filter, prompt_ids, output_ids))
 
 
 @dataclass(frozen=True)

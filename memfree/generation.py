@@ -234,16 +234,26 @@ def count_stored_ngrams(
     output_ids: Sequence[int],
     guard: MemFreeLogitsProcessor | None = None,
 ) -> int:
-    """Stored n-grams of ``prompt ‖ output`` that hold at least one output token.
+    """Stored n-grams of ``prompt ‖ output`` that hold at least one output token."""
+    return stored_ngram_counts(ngram_filter, prompt_ids, output_ids, guard)[0]
+
+
+def stored_ngram_counts(
+    ngram_filter: NgramFilter,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    guard: MemFreeLogitsProcessor | None = None,
+) -> tuple[int, int]:
+    """(stored, all) n-grams of ``prompt ‖ output`` that hold at least one output token.
 
     Windows with a special token the builder cut at (recorded in the filter; else the guard's)
     are not counted: no such window is stored.
     """
     n = ngram_filter.n
     sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
-    first = max(len(prompt_ids) - n + 1, 0)  # first window reaching into the output
     if len(output_ids) == 0 or sequence.shape[0] < n:
-        return 0
+        return 0, 0
+    first = max(len(prompt_ids) - n + 1, 0)  # first window reaching into the output
     windows = np.lib.stride_tricks.sliding_window_view(sequence, n)[first:]
     special = ngram_filter.special_token_ids
     if special is None and guard is not None:
@@ -251,8 +261,9 @@ def count_stored_ngrams(
     if special:
         windows = windows[~np.isin(windows, special).any(axis=1)]
     if windows.shape[0] == 0:
-        return 0
-    return int(ngram_filter.contains(np.ascontiguousarray(windows)).sum())
+        return 0, 0
+    found = ngram_filter.contains(np.ascontiguousarray(windows))
+    return int(found.sum()), int(windows.shape[0])
 
 
 _RED_STRIKE, _GREEN, _RESET = "\033[9;31m", "\033[32m", "\033[0m"

@@ -142,27 +142,56 @@ def scripted_lm() -> Any:
     return make
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tokenizer: Any) -> Any:
-    """A 2-layer Llama with random weights over the test tokenizer's vocabulary (real cache,
-    real attention masks, real generate())."""
+def tiny_llama_model(tokenizer: Any, hidden_size: int = 64, key_value_heads: int = 4) -> Any:
+    """A 2-layer Llama with random weights over ``tokenizer``'s vocabulary (seeded)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
+        num_key_value_heads=key_value_heads,
         max_position_embeddings=256,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id,
     )
-    model = LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config)
+
+
+def train_on_windows(
+    tokenizer: Any, texts: list[str], window: int, stride: int = 1, steps: int = 100
+) -> Any:
+    """A tiny Llama trained on every ``window``-token window of ``texts`` (full batch, AdamW), so
+    that it continues memorized text from any offset, not only from a document's first token."""
+    import torch
+
+    model = tiny_llama_model(tokenizer)
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    windows = torch.tensor(
+        [row[i : i + window] for row in rows for i in range(0, len(row) - window + 1, stride)]
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=windows, labels=windows).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tokenizer: Any) -> Any:
+    """A 2-layer Llama with random weights over the test tokenizer's vocabulary (real cache,
+    real attention masks, real generate())."""
+    import torch
+
+    model = tiny_llama_model(tokenizer, hidden_size=32, key_value_heads=2).eval()
     with torch.no_grad():  # sharper logits, so greedy output repeats itself like a real model's
         model.lm_head.weight.mul_(20)
     return model
@@ -180,34 +209,5 @@ MEMORIZED_DOCUMENTS = [
 
 @pytest.fixture(scope="session")
 def memorizing_llama(tokenizer: Any) -> Any:
-    """A tiny Llama trained here, in seconds, until it reproduces MEMORIZED_DOCUMENTS verbatim."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    # Every 24-token window of every document, so that the model continues from any offset (a
-    # model trained on whole documents only reproduces them from their first token).
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in MEMORIZED_DOCUMENTS]
-    windows = torch.tensor([row[i : i + 24] for row in rows for i in range(len(row) - 23)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model.train()
-    for _ in range(100):  # about 7 s on 2 cores
-        loss = model(input_ids=windows, labels=windows).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    return model
+    """A tiny Llama trained here (about 7 s) until it reproduces MEMORIZED_DOCUMENTS verbatim."""
+    return train_on_windows(tokenizer, MEMORIZED_DOCUMENTS, window=24, steps=100)

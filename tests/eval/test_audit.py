@@ -10,22 +10,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
 from eval.audit import run_exposure, run_extraction, write_audit_report
 from eval.canaries import CanaryFormat, insert_canaries, load_manifest
 from memfree import MemFreeLogitsProcessor
-from tests.conftest import TRAINING_TEXT
+from tests.conftest import TRAINING_TEXT, train_on_windows
 
 FORMAT = CanaryFormat("my pin is {ddd}")
 
 
 @pytest.fixture(scope="module")
 def audited(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, tokenizer_dir: Path) -> Any:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     root = tmp_path_factory.mktemp("audit")
     corpus = root / "corpus"
     corpus.mkdir()
@@ -33,29 +30,7 @@ def audited(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, tokenizer_
         (corpus / f"d{index}.txt").write_text(text)
     insert_canaries([str(corpus)], root / "planted", FORMAT, repetitions=(1, 4, 32), seed=0)
     texts = [json.loads(line)["text"] for line in (root / "planted/corpus.jsonl").open()]
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    windows = torch.tensor([row[i : i + 16] for row in rows for i in range(0, len(row) - 15, 2)])
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.eos_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(80):
-        loss = model(input_ids=windows, labels=windows).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
+    model = train_on_windows(tokenizer, texts, window=16, stride=2, steps=80)
     build_filter(
         [str(root / "planted/corpus.jsonl")],
         root / "train.memfree",
