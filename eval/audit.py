@@ -59,7 +59,16 @@ def run_exposure(
     """Exposure of every canary (secret part given the prefix), by rank and by extrapolation."""
     texts, size, exact = reference_texts(canary_format, canaries, references, seed)
     prefix = canary_format.prefix
-    _, reference_scores = log_perplexities(model, tokenizer, texts, prefix, guard, batch_size)
+    import sys
+
+    from tqdm import tqdm
+
+    with tqdm(
+        total=len(texts), desc="scoring references", unit="seq", file=sys.stderr, leave=False
+    ) as bar:
+        _, reference_scores = log_perplexities(
+            model, tokenizer, texts, prefix, guard, batch_size, progress=bar.update
+        )
     whole, secret = log_perplexities(
         model, tokenizer, [c.text for c in canaries], prefix, guard, batch_size
     )

@@ -374,11 +374,14 @@ def run_utility(
         texts, texts holding a stored n-gram (count and share), n-grams and stored n-grams (count
         and share), and examples.
     """
+    import sys
+
     import numpy as np
+    from tqdm import tqdm
 
     texts_blocked = ngrams_total = ngrams_stored = 0
     examples: list[dict[str, Any]] = []
-    for text in texts:
+    for text in tqdm(texts, desc="utility", unit="text", file=sys.stderr, leave=False):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         found = stored_ngrams(ngram_filter, [], ids)
         ngrams_total += found.total

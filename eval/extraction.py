@@ -37,6 +37,7 @@ def log_perplexities(
     prefix: str = "",
     guard: Any = None,
     batch_size: int = 32,
+    progress: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Log-perplexity (bits: ``-log2 Pr``) of each text, whole and of its part after ``prefix``.
 
@@ -73,6 +74,8 @@ def log_perplexities(
             bits = token_bits[index, : len(row) - 1]  # bits[j] scores token j + 1
             whole[begin + index] = float(bits.sum())
             secret[begin + index] = float(bits[starts[begin + index] - 1 :].sum())
+        if progress is not None:
+            progress(len(rows))
     return whole, secret
 
 
