@@ -81,8 +81,9 @@ class BuildSummary:
     def to_text(self) -> str:
         counts = self.skipped.get("counts", {})
         lines = [
-            f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes, "
-            f"{self.size_bytes / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical minimum)",
+            f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes; n-gram bits "
+            f"{self.num_bits / 8 / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical "
+            "minimum)",
             f"  documents {self.documents:,}   tokens {self.tokens:,}   n-grams {self.ngrams:,}",
             f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}   "
             f"prefixes {self.kept_prefixes:,}",

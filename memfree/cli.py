@@ -246,7 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "eval": cli_eval.run,
     }
     handler = handlers[args.command]
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:  # `memfree info F | head`: the reader left; not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -154,7 +154,6 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_pybloom_interchange_filter_guards_the_same(tmp_path: Path) -> None:
-    pytest.importorskip("pybloomfilter")
     from memfree.pybloom import PybloomWriter
 
     stored = np.array([[0, 1, 2], [0, 1, 3], [3, 3, 0]])
