@@ -353,6 +353,11 @@ class NgramFilter:
         return None if ids is None else tuple(int(i) for i in ids)
 
     @property
+    def unit(self) -> str:
+        """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
+        return str(self._metadata.get("unit", "token"))
+
+    @property
     def has_prefix_section(self) -> bool:
         return self._prefix_words is not None
 
@@ -414,6 +419,11 @@ def _check_metadata(metadata: Any) -> str | None:
         return f"unknown hash scheme {metadata.get('hash_scheme')!r}, expected {HASH_SCHEME!r}"
     if metadata["n"] < 1:
         return f"n is {metadata['n']}, must be >= 1"
+    unit = metadata.get("unit", "token")
+    if unit not in ("token", "word"):
+        return f"unit is {unit!r}, expected 'token' or 'word'"
+    if unit == "word" and not isinstance(metadata.get("normalizer"), str):
+        return "a word filter's metadata names no normalizer"
     if not 1 <= metadata["num_probes"] <= MAX_PROBES:
         return f"num_probes is {metadata['num_probes']}, must be in [1, {MAX_PROBES}]"
     num_bits = metadata["num_bits"]

@@ -158,6 +158,19 @@ class MemFreeLogitsProcessor(_Base):
         array([3])
     """
 
+    def __new__(cls, ngram_filter: Any = None, *args: Any, **kwargs: Any) -> MemFreeLogitsProcessor:
+        """A word filter (``unit: "word"``) gives a :class:`MemFreeWordLogitsProcessor`."""
+        opened = None
+        if ngram_filter is not None and cls is MemFreeLogitsProcessor:
+            opened = _open_filter(ngram_filter)
+            if opened.unit == "word":
+                from memfree.word_guard import MemFreeWordLogitsProcessor
+
+                cls = MemFreeWordLogitsProcessor
+        instance = super().__new__(cls)
+        instance._opened = opened
+        return instance
+
     def __init__(
         self,
         ngram_filter: NgramFilter | str | os.PathLike[str],
@@ -170,13 +183,9 @@ class MemFreeLogitsProcessor(_Base):
         skip_rows: bool = True,
         record_stats: bool = True,
     ) -> None:
-        if not isinstance(ngram_filter, NgramFilter):
-            if not isinstance(ngram_filter, (str, os.PathLike)):
-                raise TypeError(
-                    "ngram_filter must be an NgramFilter or the path of a filter file, got "
-                    f"{type(ngram_filter).__name__}"
-                )
-            ngram_filter = NgramFilter.open(ngram_filter)
+        opened = getattr(self, "_opened", None)
+        ngram_filter = opened if opened is not None else _open_filter(ngram_filter)
+        self._opened = None
         self.filter = ngram_filter
         self.n = ngram_filter.n
         if ngram_size is not None and ngram_size != self.n:
@@ -496,6 +505,17 @@ class MemFreeLogitsProcessor(_Base):
             f"MemFreeLogitsProcessor(filter={str(self.filter.path)!r}, n={self.n}, "
             f"special_token_ids={list(self.special_token_ids)}, skip_rows={self.skip_rows})"
         )
+
+
+def _open_filter(ngram_filter: Any) -> NgramFilter:
+    if isinstance(ngram_filter, NgramFilter):
+        return ngram_filter
+    if not isinstance(ngram_filter, (str, os.PathLike)):
+        raise TypeError(
+            "ngram_filter must be an NgramFilter or the path of a filter file, got "
+            f"{type(ngram_filter).__name__}"
+        )
+    return NgramFilter.open(ngram_filter)
 
 
 def _token_ids(name: str, value: Any) -> list[int]:

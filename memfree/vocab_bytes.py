@@ -1,0 +1,148 @@
+"""The bytes each vocabulary token adds to decoded text, read from the tokenizer's decoder.
+
+The word guard reasons about text, so it needs, for every token id, the exact bytes the token
+appends when a sequence is decoded: concatenating them gives ``tokenizer.decode(ids)`` (up to the
+leading space a SentencePiece decoder strips at the start, and WordPiece's clean-up of spaces
+before punctuation, neither of which changes words).
+
+Supported decoders (Hugging Face ``tokenizers``): ``ByteLevel`` (GPT-2, Llama 3, SmolLM),
+``Metaspace`` and the SentencePiece sequence ``Replace("▁", " ")`` + ``ByteFallback`` (Llama 2,
+Mistral, Gemma), ``WordPiece`` (BERT), ``BPEDecoder`` (suffix-marked BPE), and no decoder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from memfree.errors import FilterError
+
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+class UnsupportedTokenizerError(FilterError):
+    """The tokenizer's decoder is not one whose token bytes memfree can read exactly."""
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, inverted."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    characters = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            characters.append(256 + extra)
+            extra += 1
+    return {chr(character): byte for byte, character in zip(printable, characters, strict=True)}
+
+
+def _step(spec: dict[str, Any]) -> Any:
+    """One decoder step as a function (token: bytes | str) -> bytes | str, or None to ignore."""
+    kind = spec.get("type")
+    if kind == "ByteLevel":
+        table = _byte_level_decoder()
+
+        def byte_level(token: bytes | str) -> bytes | str:
+            if isinstance(token, bytes) or any(char not in table for char in token):
+                return token  # an added token: its text, as written
+            return bytes(table[char] for char in token)
+
+        return byte_level
+    if kind == "Replace":
+        pattern = spec.get("pattern", {})
+        if "String" not in pattern:
+            raise UnsupportedTokenizerError(f"a Replace decoder with a regex pattern: {spec}")
+        old, new = pattern["String"], spec.get("content", "")
+        return lambda token: token.replace(old, new) if isinstance(token, str) else token
+    if kind == "ByteFallback":
+
+        def byte_fallback(token: bytes | str) -> bytes | str:
+            if isinstance(token, str):
+                match = _BYTE_FALLBACK.fullmatch(token)
+                if match:
+                    return bytes([int(match.group(1), 16)])
+            return token
+
+        return byte_fallback
+    if kind == "Metaspace":
+        replacement = spec.get("replacement", "▁")
+        return lambda token: token.replace(replacement, " ") if isinstance(token, str) else token
+    if kind == "WordPiece":
+        prefix = spec.get("prefix", "##")
+
+        def word_piece(token: bytes | str) -> bytes | str:
+            if isinstance(token, bytes):
+                return token
+            return token[len(prefix) :] if token.startswith(prefix) else " " + token
+
+        return word_piece
+    if kind == "BPEDecoder":
+        suffix = spec.get("suffix", "</w>")
+        return lambda token: token.replace(suffix, " ") if isinstance(token, str) else token
+    if kind in ("Fuse", "Strip"):
+        return None  # joins tokens / trims the start of the whole text: no change to words
+    raise UnsupportedTokenizerError(f"decoder type {kind!r}")
+
+
+def _steps(spec: dict[str, Any] | None) -> list[Any]:
+    if spec is None:
+        return []
+    if spec.get("type") == "Sequence":
+        return [step for inner in spec.get("decoders", []) for step in _steps(inner)]
+    step = _step(spec)
+    return [] if step is None else [step]
+
+
+def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> list[bytes | None]:
+    """The bytes each token id appends to decoded text; None for special tokens (no text).
+
+    Args:
+        tokenizer: a Hugging Face fast tokenizer.
+        vocab_size: how many ids (default ``len(tokenizer)``); ids the tokenizer does not know
+            (a model's padded embedding rows) decode to nothing and get ``b""``.
+
+    Raises:
+        UnsupportedTokenizerError: a slow tokenizer, or a decoder memfree cannot read exactly.
+    """
+    from memfree.tokenizer import special_token_ids
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+    if backend is None:
+        raise UnsupportedTokenizerError(
+            f"tokenizer {name!r} is a slow (Python) tokenizer; the word guard reads token bytes "
+            "from a fast tokenizer's decoder: load it with use_fast=True"
+        )
+    try:
+        steps = _steps(json.loads(backend.to_str()).get("decoder"))
+    except UnsupportedTokenizerError as error:
+        raise UnsupportedTokenizerError(
+            f"tokenizer {name!r}: the word guard cannot read token bytes from {error}; "
+            "supported: ByteLevel, Metaspace, SentencePiece byte fallback, WordPiece, BPEDecoder"
+        ) from None
+    size = len(tokenizer) if vocab_size is None else int(vocab_size)
+    special = set(special_token_ids(tokenizer))
+    pieces = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
+    table: list[bytes | None] = []
+    for token_id in range(size):
+        if token_id in special:
+            table.append(None)
+            continue
+        piece = pieces[token_id] if token_id < len(pieces) else None
+        if piece is None:
+            table.append(b"")
+            continue
+        value: bytes | str = piece
+        for step in steps:
+            value = step(value)
+        table.append(value if isinstance(value, bytes) else value.encode("utf-8"))
+    return table
+
+
+__all__ = ["UnsupportedTokenizerError", "token_bytes"]

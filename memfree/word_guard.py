@@ -1,0 +1,548 @@
+"""The word guard: MemFree decoding over normalized words instead of token ids.
+
+With a word filter (``memfree build --unit word``), :class:`MemFreeLogitsProcessor` becomes a
+:class:`MemFreeWordLogitsProcessor`. Its promise: after every step, the text of the row (prompt
+and generated tokens, special tokens skipped, read as complete text) holds no stored word n-gram
+that the generated tokens created. A token may extend the partial last word, complete it, carry
+whole words, or start new ones; each candidate is checked exactly, so a generation may be cut
+anywhere, and end-of-sequence is always allowed.
+
+How a step stays cheap. For each row, the guard keeps the text since a safe cut, its words and
+its partial last word ``P`` (recomputed exactly from the chosen tokens' bytes). Every vocabulary
+token was classified once (:class:`WordVocab`): the words its text adds, and whether its text
+starts with a letter (then it extends ``P``) or a separator. Unicode normalization never reaches
+back across a token that :func:`~memfree.words.starts_clean`, so for those tokens the n-grams a
+candidate creates are a multiply-add away from per-row Horner states: the same arithmetic as the
+token guard, with the prefix section skipping rows whose context begins no stored n-gram. The
+few other tokens (a combining mark first, or the continuation of a character split across tokens)
+are decoded and normalized exactly, one by one.
+"""
+
+from __future__ import annotations
+
+import codecs
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfree.errors import FilterMismatchError
+from memfree.hashing import (
+    _PROBE_SHIFT,
+    HORNER_MULTIPLIER,
+    PROBE_MULTIPLIERS,
+    WORDS_PER_BLOCK,
+    fmix64_reference,
+)
+from memfree.processor import MemFreeLogitsProcessor
+from memfree.words import (
+    NORMALIZER,
+    UNICODE_VERSION,
+    WORD_MULTIPLIER,
+    finish_word,
+    is_word_char,
+    normalize,
+    starts_clean,
+    word_hash,
+    word_pattern,
+    word_poly,
+    words,
+)
+
+_MASK64 = (1 << 64) - 1
+_U6, _U32, _U33, _U63, _U1 = (np.uint64(v) for v in (6, 32, 33, 63, 1))
+_USHIFT = np.uint64(_PROBE_SHIFT)
+_FMIX1, _FMIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_M = HORNER_MULTIPLIER
+
+
+def _fmix_np(values: np.ndarray) -> np.ndarray:
+    values = values ^ (values >> _U33)
+    values *= _FMIX1
+    values ^= values >> _U33
+    values *= _FMIX2
+    values ^= values >> _U33
+    return values
+
+
+def sparse_members(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
+    """Indices of the fingerprints whose probes are all set in a blocked bit array.
+
+    A candidate drops at its first unset probe (about half drop per probe), which gives the same
+    answer as testing every probe.
+    """
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    index = np.arange(fingerprints.shape[0])
+    if not index.size:
+        return index
+    with np.errstate(over="ignore"):
+        num_blocks = np.uint64(words.shape[0] // WORDS_PER_BLOCK)
+        base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
+        for probe in range(num_probes):
+            offset = (fingerprints * np.uint64(PROBE_MULTIPLIERS[probe])) >> _USHIFT
+            keep = np.flatnonzero((words[base + (offset >> _U6)] >> (offset & _U63)) & _U1)
+            fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
+            if not keep.size:
+                break
+    return index
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-vocabulary tables
+
+_NONE, _LEAD, _SEPARATOR = 0, 1, 2
+
+
+@dataclass
+class WordVocab:
+    """What each token adds to text, precomputed once per vocabulary and n.
+
+    ``kind``: 0 adds no text, 1 starts with a word character (extends the partial word),
+    2 starts with a separator. ``fast``: the token starts clean (normalization never reaches
+    back across it); ``fast_after_pending``: also clean after an unfinished UTF-8 character
+    (its first byte is not a continuation byte). ``later[j]`` (j = 1..n-1) lists the tokens that
+    carry at least j words after their first separator, with ``prefix_part[j]`` the Horner sum of
+    their first j-1 such words and ``last_word[j]`` the hash of word j.
+    """
+
+    data: list[bytes]
+    kind: np.ndarray
+    fast: np.ndarray
+    fast_after_pending: np.ndarray
+    lead_poly: np.ndarray
+    lead_power: np.ndarray
+    later: dict[int, np.ndarray]
+    prefix_part: dict[int, np.ndarray]
+    last_word: dict[int, np.ndarray]
+    inner_ngrams: dict[int, list[list[int]]]  # token -> its own word n-grams (hashes)
+
+    @classmethod
+    def build(cls, table: Sequence[bytes | None], ngram_size: int) -> WordVocab:
+        size = len(table)
+        kind = np.zeros(size, dtype=np.int8)
+        fast = np.zeros(size, dtype=bool)
+        after_pending = np.zeros(size, dtype=bool)
+        lead_poly = np.zeros(size, dtype=np.uint64)
+        lead_power = np.ones(size, dtype=np.uint64)
+        later_ids: dict[int, list[int]] = {j: [] for j in range(1, ngram_size)}
+        prefix_part: dict[int, list[int]] = {j: [] for j in range(1, ngram_size)}
+        last_word: dict[int, list[int]] = {j: [] for j in range(1, ngram_size)}
+        inner: dict[int, list[list[int]]] = {}
+        data = [item or b"" for item in table]
+        pattern = word_pattern()
+        for token, raw in enumerate(data):
+            if not raw:
+                continue
+            text = raw.decode("utf-8", "replace")
+            norm = normalize(text)
+            if not norm:
+                continue
+            clean = starts_clean(text)
+            fast[token] = clean
+            after_pending[token] = clean and not 0x80 <= raw[0] < 0xC0
+            rest = norm
+            if is_word_char(norm[0]):
+                kind[token] = _LEAD
+                lead = pattern.match(norm)
+                assert lead is not None
+                encoded = lead.group().encode("utf-8")
+                lead_poly[token] = word_poly(encoded)
+                lead_power[token] = pow(WORD_MULTIPLIER, len(encoded), 1 << 64)
+                rest = norm[lead.end() :]
+            else:
+                kind[token] = _SEPARATOR
+            hashes = [_cached_word_hash(word) for word in pattern.findall(rest)]
+            running = 0
+            for j, value in enumerate(hashes[: ngram_size - 1], start=1):
+                later_ids[j].append(token)
+                prefix_part[j].append(running)
+                last_word[j].append(value)
+                running = (running * _M + value + 1) & _MASK64
+            if len(hashes) >= ngram_size:
+                inner[token] = [
+                    hashes[i : i + ngram_size] for i in range(len(hashes) - ngram_size + 1)
+                ]
+        return cls(
+            data=data,
+            kind=kind,
+            fast=fast,
+            fast_after_pending=after_pending,
+            lead_poly=lead_poly,
+            lead_power=lead_power,
+            later={j: np.asarray(v, dtype=np.int64) for j, v in later_ids.items()},
+            prefix_part={j: np.asarray(v, dtype=np.uint64) for j, v in prefix_part.items()},
+            last_word={j: np.asarray(v, dtype=np.uint64) for j, v in last_word.items()},
+            inner_ngrams=inner,
+        )
+
+
+@lru_cache(maxsize=1 << 16)
+def _cached_word_hash(word: str) -> int:
+    return word_hash(word)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per-row text state
+
+
+@dataclass
+class RowText:
+    """A row's text since a safe cut: bytes, words of its complete reading, partial last word."""
+
+    data: bytes  # ends with ``pending`` (an unfinished UTF-8 character), if any
+    pending: bytes
+    hashes: list[int]  # hashes of the complete reading's words (without ``pending``)
+    partial: str  # the last word, if the text ends inside it; else ""
+
+    @classmethod
+    def of(cls, data: bytes, keep_words: int) -> RowText:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        text = decoder.decode(data, final=False)
+        pending = decoder.getstate()[0]
+        text, data = _trim(text, pending, keep_words)
+        norm = normalize(text)
+        found = word_pattern().findall(norm)
+        partial = found[-1] if found and is_word_char(norm[-1]) else ""
+        return cls(data, pending, [_cached_word_hash(word) for word in found], partial)
+
+    def extended(self, token_bytes: bytes, keep_words: int) -> RowText:
+        return RowText.of(self.data + token_bytes, keep_words) if token_bytes else self
+
+
+@lru_cache(maxsize=4096)
+def _safe_cut(char: str) -> bool:
+    """A cut just before ``char`` splits the words exactly (it starts clean, as a separator)."""
+    norm = normalize(char)
+    return bool(norm) and starts_clean(char) and not is_word_char(norm[0])
+
+
+def _trim(text: str, pending: bytes, keep_words: int) -> tuple[str, bytes]:
+    """Drop the start of a long text at a safe cut that keeps at least ``keep_words`` words."""
+    if len(text) < 8 * keep_words:
+        return text, text.encode("utf-8") + pending
+    found = len(words(text))
+    if found <= 2 * keep_words:
+        return text, text.encode("utf-8") + pending
+    cut = 0
+    for position in range(len(text) // 2, 0, -1):  # the latest safe cut in the first half
+        if _safe_cut(text[position]):
+            if len(words(text[position:])) >= keep_words:
+                cut = position
+            break
+    text = text[cut:]
+    return text, text.encode("utf-8") + pending
+
+
+# ------------------------------------------------------------------------------------------------
+# The guard
+
+
+class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
+    """Blocks every token after which the row's text would hold a new stored word n-gram.
+
+    Built by ``MemFreeLogitsProcessor(word_filter, tokenizer)``, or directly. Takes the same
+    arguments; ``tokenizer`` is required (the guard reads each token's bytes from it). Special
+    tokens add no text and are never blocked. Computed on the CPU: the rows' text lives on the
+    host, so each step reads the chosen tokens back; the mask goes to the scores' device.
+
+    Raises:
+        FilterMismatchError: the filter is not a word filter, or uses another normalizer.
+        UnsupportedTokenizerError: the tokenizer's decoder is not one memfree can read.
+    """
+
+    def __init__(self, ngram_filter: Any, tokenizer: Any = None, **kwargs: Any) -> None:
+        super().__init__(ngram_filter, tokenizer, **kwargs)
+        metadata = self.filter.metadata
+        if self.filter.unit != "word":
+            raise FilterMismatchError(
+                f"{self.filter.path}: is a {self.filter.unit} filter; the word guard needs one "
+                "built with `memfree build --unit word`"
+            )
+        if metadata.get("normalizer") != NORMALIZER:
+            raise FilterMismatchError(
+                f"{self.filter.path}: words were normalized with {metadata.get('normalizer')!r}, "
+                f"this memfree uses {NORMALIZER!r}; rebuild the filter with this version"
+            )
+        if metadata.get("unicode_version") not in (None, UNICODE_VERSION):
+            warnings.warn(
+                f"memfree: {self.filter.path} was built with Unicode "
+                f"{metadata.get('unicode_version')}, this Python has {UNICODE_VERSION}; words "
+                "that use characters added in between may split differently",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if tokenizer is None:
+            raise ValueError(
+                "the word guard needs the model's tokenizer (it reads each token's bytes): "
+                "MemFreeLogitsProcessor(word_filter, tokenizer=tok)"
+            )
+        from memfree.vocab_bytes import token_bytes
+
+        self.tokenizer = tokenizer
+        self._table = token_bytes(tokenizer)
+        self._vocabs: dict[int, WordVocab] = {}
+        self._static: dict[int, np.ndarray] = {}
+        self._rows_cache: dict[bytes, RowText] = {}
+        self._no_text = set(self.special_token_ids)
+
+    # -- tables -------------------------------------------------------------------------------------
+
+    def vocab(self, vocab_size: int) -> WordVocab:
+        """The per-vocabulary tables for scores with ``vocab_size`` columns (built once)."""
+        found = self._vocabs.get(vocab_size)
+        if found is None:
+            table: list[bytes | None] = list(self._table[:vocab_size])
+            table += [b""] * (vocab_size - len(table))
+            for token in self._no_text:
+                if token < vocab_size:
+                    table[token] = None
+            found = self._vocabs[vocab_size] = WordVocab.build(table, self.n)
+            static = np.zeros(vocab_size, dtype=bool)
+            if found.inner_ngrams:
+                tokens = list(found.inner_ngrams)
+                rows = [ngram for token in tokens for ngram in found.inner_ngrams[token]]
+                owner = np.repeat(tokens, [len(found.inner_ngrams[t]) for t in tokens])
+                hits = self.filter.contains(np.asarray(rows, dtype=np.uint64))
+                static[owner[hits]] = True
+            self._static[vocab_size] = static
+        return found
+
+    def _row_text(self, ids: np.ndarray) -> RowText:
+        """The row's text state, extended from the previous step's when it is cached."""
+        key = ids.tobytes()
+        cached = self._rows_cache.get(key)
+        if cached is not None:
+            return cached
+        keep = 2 * self.n + 2
+        parent = self._rows_cache.get(ids[:-1].tobytes()) if ids.shape[0] else None
+        if parent is not None:
+            return parent.extended(self._bytes_of(int(ids[-1])), keep)
+        return RowText.of(b"".join(self._bytes_of(int(token)) for token in ids), keep)
+
+    def _bytes_of(self, token: int) -> bytes:
+        if token in self._no_text or token >= len(self._table) or token < 0:
+            return b""
+        return self._table[token] or b""
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def blocked_mask(
+        self, input_ids: torch.Tensor, vocab_size: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which tokens would add a stored word n-gram to each row's text.
+
+        Returns:
+            (bool `(batch, vocab_size)` mask of blocked tokens, bool `(batch,)` rows where some
+            candidate's context could begin a stored n-gram, so candidates were hashed).
+        """
+        device = torch.device(device or input_ids.device)
+        ids_np = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+        vocab = self.vocab(vocab_size)
+        static = self._static[vocab_size]
+        batch = ids_np.shape[0]
+        mask = np.zeros((batch, vocab_size), dtype=bool)
+        checked = np.zeros(batch, dtype=bool)
+        cache: dict[bytes, RowText] = {}
+        for row in range(batch):
+            state = self._row_text(ids_np[row])
+            cache[ids_np[row].tobytes()] = state
+            checked[row] = self._row_mask(state, vocab, static, mask[row])
+        self._rows_cache = cache
+        mask[:, [t for t in self._no_text if t < vocab_size]] = False
+        result = torch.from_numpy(mask)
+        return result.to(device), torch.from_numpy(checked).to(device)
+
+    def _row_mask(
+        self, state: RowText, vocab: WordVocab, static: np.ndarray, out: np.ndarray
+    ) -> bool:
+        """Fill one row's blocked tokens; True when any candidate was hashed."""
+        pending = bool(state.pending)
+        fast = vocab.fast_after_pending if pending else vocab.fast
+        history = state.hashes  # H: complete reading's words, partial last word included
+        if state.partial and not pending:
+            before = history[:-1]  # W: the words before the partial one
+            partial = state.partial.encode("utf-8")
+            p_poly, p_power = word_poly(partial), pow(WORD_MULTIPLIER, len(partial), 1 << 64)
+        else:
+            before, p_poly, p_power = history, 0, 1
+        checked = self._fast(vocab, fast, history, before, p_poly, p_power, out)
+        out |= static & fast
+        slow = np.flatnonzero(~fast & (vocab.kind != _NONE))
+        if slow.size:
+            checked |= self._slow(state, vocab, slow, out)
+        return checked
+
+    def _fast(
+        self,
+        vocab: WordVocab,
+        fast: np.ndarray,
+        history: list[int],
+        before: list[int],
+        p_poly: int,
+        p_power: int,
+        out: np.ndarray,
+    ) -> bool:
+        n, seed = self.n, self.filter.hash_seed
+        groups: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
+        # (tokens, n-gram fingerprints, prefix fingerprints or None when checked per row)
+
+        def state_of(hashes: list[int]) -> int:
+            value = seed & _MASK64
+            for item in hashes:
+                value = (value * _M + item + 1) & _MASK64
+            return value
+
+        def prefix_stored(base: int) -> bool:
+            return self._prefix_found(np.array([fmix64_reference(base)], dtype=np.uint64))[0]
+
+        power = [pow(_M, k, 1 << 64) for k in range(n + 1)]
+        # Separator-first tokens: new words u_1..u_m after the history H.
+        for j in range(1, n):
+            if len(history) < n - j:
+                continue
+            tokens = vocab.later[j]
+            tokens = tokens[(vocab.kind[tokens] == _SEPARATOR) & fast[tokens]]
+            if not tokens.size:
+                continue
+            context = np.uint64(state_of(history[len(history) - (n - j) :]) * power[j - 1] & _MASK64)
+            if j == 1:
+                if not prefix_stored(int(context)):
+                    continue
+                base = np.full(tokens.shape[0], context, dtype=np.uint64)
+                prefixes = None
+            else:
+                with np.errstate(over="ignore"):
+                    base = context + vocab.prefix_part[j][np.searchsorted(vocab.later[j], tokens)]
+                prefixes = _fmix_np(base.copy())
+            groups.append((tokens, self._extend(base, vocab, j, tokens), prefixes))
+        # Word-first tokens: the partial word P becomes P' = P + lead, then u_1..u_m.
+        lead = np.flatnonzero((vocab.kind == _LEAD) & fast)
+        if lead.size:
+            with np.errstate(over="ignore"):
+                merged = _fmix_np(
+                    np.uint64(p_poly)
+                    + np.uint64(p_power) * vocab.lead_poly[lead]
+                    + np.uint64(_word_offset())
+                )
+            merged_plus = merged + _U1
+            if len(before) >= n - 1:
+                context = state_of(before[len(before) - (n - 1) :]) if n > 1 else seed & _MASK64
+                if n == 1 or prefix_stored(context):
+                    with np.errstate(over="ignore"):
+                        full = _fmix_np(np.uint64(context) * np.uint64(_M) + merged_plus)
+                    groups.append((lead, full, None))
+            for j in range(1, n):
+                if len(before) < n - 1 - j:
+                    continue
+                tokens = vocab.later[j]
+                position = np.searchsorted(tokens, lead)
+                position = np.minimum(position, max(tokens.shape[0] - 1, 0))
+                has = tokens.shape[0] > 0 and tokens[position] == lead
+                if not np.any(has):
+                    continue
+                chosen, where = lead[has], position[has]
+                start = state_of(before[len(before) - (n - 1 - j) :] if n - 1 - j else [])
+                with np.errstate(over="ignore"):
+                    base = (np.uint64(start) * np.uint64(_M) + merged_plus[has]) * np.uint64(
+                        power[j - 1]
+                    ) + vocab.prefix_part[j][where]
+                prefixes = _fmix_np(base.copy())
+                groups.append((chosen, self._extend(base, vocab, j, chosen, where), prefixes))
+        if not groups:
+            return False
+        tokens = np.concatenate([group[0] for group in groups])
+        full = np.concatenate([group[1] for group in groups])
+        keep = np.ones(tokens.shape[0], dtype=bool)
+        offset = 0
+        for group_tokens, _, prefixes in groups:
+            if prefixes is not None:
+                keep[offset : offset + group_tokens.shape[0]] = self._prefix_found(prefixes)
+            offset += group_tokens.shape[0]
+        words_np = self.filter.words
+        hits = sparse_members(words_np, full[keep], self.filter.num_probes)
+        out[tokens[keep][hits]] = True
+        return True
+
+    def _extend(
+        self,
+        base: np.ndarray,
+        vocab: WordVocab,
+        j: int,
+        tokens: np.ndarray,
+        where: np.ndarray | None = None,
+    ) -> np.ndarray:
+        if where is None:
+            where = np.searchsorted(vocab.later[j], tokens)
+        with np.errstate(over="ignore"):
+            return _fmix_np(base * np.uint64(_M) + vocab.last_word[j][where] + _U1)
+
+    def _prefix_found(self, fingerprints: np.ndarray) -> np.ndarray:
+        prefix_words = self.filter.prefix_words
+        if prefix_words is None or self.n == 1:
+            return np.ones(fingerprints.shape[0], dtype=bool)
+        found = np.zeros(fingerprints.shape[0], dtype=bool)
+        found[sparse_members(prefix_words, fingerprints, self.filter.prefix_num_probes)] = True
+        return found
+
+    def _slow(self, state: RowText, vocab: WordVocab, tokens: np.ndarray, out: np.ndarray) -> bool:
+        """Exact: decode and normalize the row's text with each token, compare the words."""
+        old = words(state.data.decode("utf-8", "replace"))
+        n = self.n
+        ngrams: list[list[str]] = []
+        owners: list[int] = []
+        for token in tokens.tolist():
+            new = words((state.data + vocab.data[token]).decode("utf-8", "replace"))
+            same = 0
+            for a, b in zip(old, new, strict=False):
+                if a != b:
+                    break
+                same += 1
+            for end in range(max(same, n - 1), len(new)):
+                ngrams.append(new[end - n + 1 : end + 1])
+                owners.append(token)
+        if not ngrams:
+            return False
+        from memfree.words import ngram_hash_rows
+
+        hits = self.filter.contains(ngram_hash_rows(ngrams))
+        out[np.asarray(owners, dtype=np.int64)[hits]] = True
+        return True
+
+    def __repr__(self) -> str:
+        return (
+            f"MemFreeWordLogitsProcessor(filter={str(self.filter.path)!r}, n={self.n}, "
+            f"normalizer={NORMALIZER!r}, special_token_ids={list(self.special_token_ids)})"
+        )
+
+
+def _word_offset() -> int:
+    from memfree.words import WORD_OFFSET
+
+    return WORD_OFFSET
+
+
+def text_blocked(
+    ngram_filter: Any, before: str, after: str
+) -> list[tuple[str, ...]]:  # pragma: no cover - thin helper, tested through the guard
+    """Stored word n-grams that ``after`` creates when appended to ``before`` (reference)."""
+    old, new = words(before), words(before + after)
+    n = ngram_filter.n
+    same = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        same += 1
+    from memfree.words import ngram_hash_rows
+
+    candidates = [tuple(new[end - n + 1 : end + 1]) for end in range(max(same, n - 1), len(new))]
+    if not candidates:
+        return []
+    hits = ngram_filter.contains(ngram_hash_rows(candidates))
+    return [ngram for ngram, hit in zip(candidates, hits, strict=True) if hit]
+
+
+__all__ = ["MemFreeWordLogitsProcessor", "RowText", "WordVocab", "sparse_members", "text_blocked"]
