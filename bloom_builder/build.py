@@ -27,6 +27,7 @@ from bloom_builder.stages import (
     MapTask,
     ReduceTask,
     TokenizerPayload,
+    WordPayload,
     map_shard,
     read_kept,
     reduce_partition,
@@ -39,6 +40,7 @@ from memfree.tokenizer import (
     tokenizer_name,
     tokenizer_vocab_size,
 )
+from memfree.words import NORMALIZER, word_metadata
 
 BUILDER_VERSION = "bloom_builder 0.1.0"
 # numpy's sort-based unique needs a few times the input's bytes.
@@ -54,6 +56,7 @@ class BuildSummary:
     """What a build did; printed at the end and available as JSON (``--json``)."""
 
     output: str
+    unit: str
     output_format: str
     documents: int
     tokens: int
@@ -84,12 +87,13 @@ class BuildSummary:
             f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes; n-gram bits "
             f"{self.num_bits / 8 / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical "
             "minimum)",
-            f"  documents {self.documents:,}   tokens {self.tokens:,}   n-grams {self.ngrams:,}",
+            f"  documents {self.documents:,}   {self.unit}s {self.tokens:,}   "
+            f"n-grams {self.ngrams:,}",
             f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}   "
             f"prefixes {self.kept_prefixes:,}",
             f"  bits {self.num_bits:,}   probes {self.num_probes}   "
             f"expected false-positive rate {self.expected_false_positive_rate:.3g}",
-            f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} tokens/s   "
+            f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} {self.unit}s/s   "
             f"workers {self.workers}   tasks {self.map_tasks} ({self.reused_tasks} reused)",
         ]
         if counts:
@@ -170,11 +174,15 @@ def build_filter(
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
     work = Path(work_dir) if work_dir else output.with_name(output.name + ".work")
 
-    if tokenizer is None:
+    words = settings.unit == "word"
+    if words and tokenizer is not None:
+        raise BuildError("--unit word needs no tokenizer (one filter serves every model)")
+    if tokenizer is None and not words:
         from memfree.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(settings.tokenizer)
-    fingerprint = tokenizer_fingerprint(tokenizer)
+    fingerprint = None if words else tokenizer_fingerprint(tokenizer)
+    special_ids = [] if words else list(special_token_ids(tokenizer))
     options = SourceOptions(
         text_field=settings.text_field, include=settings.include, exclude=settings.exclude
     )
@@ -196,13 +204,15 @@ def build_filter(
             for u in units
         ],
         "tokenizer_fingerprint": fingerprint,
+        "unit": settings.unit,
+        "normalizer": NORMALIZER if words else None,
         "ngram_size": settings.ngram_size,
         "hash_seed": settings.hash_seed,
         "shard_bytes": settings.shard_bytes,
         "num_partitions": settings.num_partitions,
         "options": asdict(options),
         "prefixes": use_prefixes,
-        "special_ids": list(special_token_ids(tokenizer)),
+        "special_ids": special_ids,
     }
     _prepare_work_dir(work, config)
 
@@ -222,11 +232,14 @@ def build_filter(
         )
         for index, shard in enumerate(shards)
     ]
-    payload = TokenizerPayload.from_tokenizer(tokenizer)
+    payload: TokenizerPayload | WordPayload = (
+        WordPayload(NORMALIZER) if words else TokenizerPayload.from_tokenizer(tokenizer)
+    )
     results: dict[int, dict[str, Any]] = {}
     with LocalExecutor(settings.workers, payload) as executor:
         total_bytes = sum(max(u.size_bytes, 1) for u in units)
-        with _progress(total_bytes, "tokenize+hash", "B", progress) as bar:
+        stage = "normalize+hash" if words else "tokenize+hash"
+        with _progress(total_bytes, stage, "B", progress) as bar:
             for task, result in executor.run(map_shard, map_tasks):
                 results[task.index] = result
                 bar.update(sum(max(u.size_bytes, 1) for u in task.units))
@@ -274,14 +287,21 @@ def build_filter(
         "input_units": len(units),
         "skipped": problems.to_dict()["counts"],
     }
+    unit_fields: dict[str, Any] = (
+        word_metadata()
+        if words
+        else {
+            "unit": "token",
+            "tokenizer": tokenizer_name(tokenizer, settings.tokenizer),
+            "tokenizer_fingerprint": fingerprint,
+            "vocab_size": tokenizer_vocab_size(tokenizer),
+            "special_token_ids": special_ids,
+        }
+    )
     metadata = {
-        "unit": "token",
+        **unit_fields,
         "n": settings.ngram_size,
         "min_count": settings.min_count,
-        "tokenizer": tokenizer_name(tokenizer, settings.tokenizer),
-        "tokenizer_fingerprint": fingerprint,
-        "vocab_size": tokenizer_vocab_size(tokenizer),
-        "special_token_ids": list(special_token_ids(tokenizer)),
         "hash_seed": settings.hash_seed,
         "num_ngrams": kept,
         "target_false_positive_rate": settings.false_positive_rate,
@@ -323,6 +343,7 @@ def build_filter(
     seconds = time.perf_counter() - started
     return BuildSummary(
         output=str(output),
+        unit=settings.unit,
         output_format=settings.output_format,
         documents=stats.documents,
         tokens=stats.tokens,

@@ -12,12 +12,17 @@ from memfree.hashing import DEFAULT_HASH_SEED
 FORMATS = ("memfree", "pybloomfiltermmap3")
 
 
+UNITS = ("token", "word")
+
+
 @dataclass(frozen=True)
 class BuildSettings:
     """Everything that decides what a build produces (and how fast).
 
     Attributes:
-        ngram_size: tokens per n-gram (the paper's n; 10 by default).
+        ngram_size: units per n-gram (the paper's n; 10 by default).
+        unit: "token" (n-grams of the tokenizer's ids) or "word" (n-grams of normalized words,
+            no tokenizer: one filter for every model; see :mod:`memfree.words`).
         min_count: keep n-grams seen at least this many times in the corpus.
         false_positive_rate: target false-positive rate the filter is sized for.
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
@@ -37,6 +42,7 @@ class BuildSettings:
     """
 
     ngram_size: int = 10
+    unit: str = "token"
     min_count: int = 1
     false_positive_rate: float = 1e-3
     tokenizer: str | None = None
@@ -63,6 +69,12 @@ class BuildSettings:
             return f"--n must be an integer >= 1, got {self.ngram_size!r}"
         if self.ngram_size > 64:
             return f"--n must be at most 64, got {self.ngram_size}"
+        if self.unit not in UNITS:
+            return f"--unit must be one of {', '.join(UNITS)}, got {self.unit!r}"
+        if self.unit == "word" and self.output_format != "memfree":
+            return "--unit word writes the memfree format only (pybloomfiltermmap3 hashes tokens)"
+        if self.unit == "word" and self.tokenizer is not None:
+            return "--unit word needs no tokenizer: drop --tokenizer (one filter serves every model)"
         if not isinstance(self.min_count, int) or self.min_count < 1:
             return f"--min-count must be an integer >= 1, got {self.min_count!r}"
         if not 0.0 < float(self.false_positive_rate) < 1.0:

@@ -116,10 +116,35 @@ class TokenizerPayload:
         return BatchEncoder(self.backend_json, self.pickled, self.special_ids)
 
 
-_ENCODER: BatchEncoder | None = None
+class WordEncoder:
+    """Turns documents into the hashes of their normalized words (no tokenizer)."""
+
+    special_ids = np.empty(0, dtype=np.uint32)
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        from memfree.words import text_word_hashes
+
+        return [text_word_hashes(text) for text in texts]
 
 
-def init_worker(payload: TokenizerPayload) -> None:
+@dataclass(frozen=True)
+class WordPayload:
+    """What a worker needs for the word unit: nothing but the normalizer's version."""
+
+    normalizer: str
+
+    def encoder(self) -> WordEncoder:
+        from memfree.words import NORMALIZER
+
+        if self.normalizer != NORMALIZER:  # pragma: no cover - one process tree, one memfree
+            raise RuntimeError(f"worker normalizer {NORMALIZER} != {self.normalizer}")
+        return WordEncoder()
+
+
+_ENCODER: BatchEncoder | WordEncoder | None = None
+
+
+def init_worker(payload: TokenizerPayload | WordPayload) -> None:
     """Process-pool initializer: build the tokenizer once per worker."""
     global _ENCODER
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -246,13 +271,13 @@ def map_shard(task: MapTask) -> dict[str, Any]:
 def _map_unit(
     unit: WorkUnit,
     task: MapTask,
-    encoder: BatchEncoder,
+    encoder: BatchEncoder | WordEncoder,
     writer: RunWriter,
     prefix_writer: RunWriter | None,
     stats: MapStats,
     problems: ProblemLog,
 ) -> None:
-    carry = np.empty(0, dtype=np.uint32)  # last n-1 ids of a document continued in a next segment
+    carry = np.empty(0, dtype=np.uint32)  # last n-1 ids (words) of a document continued later
     continuing = False
     documents = read_unit(unit, task.options, problems)
     while True:
@@ -374,7 +399,7 @@ class LocalExecutor:
     callers sort by task index where order matters.
     """
 
-    def __init__(self, workers: int, payload: TokenizerPayload) -> None:
+    def __init__(self, workers: int, payload: TokenizerPayload | WordPayload) -> None:
         self.workers = workers
         self.payload = payload
         self._pool: ProcessPoolExecutor | None = None

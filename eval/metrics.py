@@ -146,15 +146,21 @@ class StoredNgrams:
 
 
 def stored_ngrams(
-    ngram_filter: NgramFilter, prompt_ids: Sequence[int], output_ids: Sequence[int]
+    ngram_filter: NgramFilter,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    tokenizer: Any = None,
 ) -> StoredNgrams:
     """How many of the n-grams holding at least one output token the filter stores.
 
-    Windows with a special token the builder cut at are not counted, stored or not.
+    Windows with a special token the builder cut at are not counted, stored or not. A word
+    filter counts the word n-grams the output created in the decoded text (needs ``tokenizer``).
     """
     from memfree.generation import stored_ngram_counts
 
-    return StoredNgrams(*stored_ngram_counts(ngram_filter, prompt_ids, output_ids))
+    return StoredNgrams(
+        *stored_ngram_counts(ngram_filter, prompt_ids, output_ids, tokenizer=tokenizer)
+    )
 
 
 @dataclass(frozen=True)

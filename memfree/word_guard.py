@@ -43,8 +43,10 @@ from memfree.words import (
     NORMALIZER,
     UNICODE_VERSION,
     WORD_MULTIPLIER,
-    finish_word,
+    WORD_OFFSET,
     is_word_char,
+    ngram_hash_rows,
+    new_word_ngrams,
     normalize,
     starts_clean,
     word_hash,
@@ -426,7 +428,7 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 merged = _fmix_np(
                     np.uint64(p_poly)
                     + np.uint64(p_power) * vocab.lead_poly[lead]
-                    + np.uint64(_word_offset())
+                    + np.uint64(WORD_OFFSET)
                 )
             merged_plus = merged + _U1
             if len(before) >= n - 1:
@@ -506,8 +508,6 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 owners.append(token)
         if not ngrams:
             return False
-        from memfree.words import ngram_hash_rows
-
         hits = self.filter.contains(ngram_hash_rows(ngrams))
         out[np.asarray(owners, dtype=np.int64)[hits]] = True
         return True
@@ -519,26 +519,9 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         )
 
 
-def _word_offset() -> int:
-    from memfree.words import WORD_OFFSET
-
-    return WORD_OFFSET
-
-
-def text_blocked(
-    ngram_filter: Any, before: str, after: str
-) -> list[tuple[str, ...]]:  # pragma: no cover - thin helper, tested through the guard
-    """Stored word n-grams that ``after`` creates when appended to ``before`` (reference)."""
-    old, new = words(before), words(before + after)
-    n = ngram_filter.n
-    same = 0
-    for a, b in zip(old, new, strict=False):
-        if a != b:
-            break
-        same += 1
-    from memfree.words import ngram_hash_rows
-
-    candidates = [tuple(new[end - n + 1 : end + 1]) for end in range(max(same, n - 1), len(new))]
+def text_blocked(ngram_filter: Any, before: str, after: str) -> list[tuple[str, ...]]:
+    """Stored word n-grams that ``after`` creates when appended to ``before`` (the reference)."""
+    candidates = new_word_ngrams(before, before + after, ngram_filter.n)
     if not candidates:
         return []
     hits = ngram_filter.contains(ngram_hash_rows(candidates))

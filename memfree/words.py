@@ -91,6 +91,22 @@ def word_ngrams(text: str, ngram_size: int) -> list[tuple[str, ...]]:
     return [tuple(found[i : i + ngram_size]) for i in range(len(found) - ngram_size + 1)]
 
 
+def new_word_ngrams(before: str, after: str, ngram_size: int) -> list[tuple[str, ...]]:
+    """The word n-grams of ``after`` that ``before`` (a prefix of it) does not already end with.
+
+    Those are the n-grams ending at a word that changed or was added when the text grew from
+    ``before`` to ``after``: what a generation created, the prompt's own n-grams excluded.
+    """
+    old, new = words(before), words(after)
+    same = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        same += 1
+    first = max(same, ngram_size - 1)
+    return [tuple(new[end - ngram_size + 1 : end + 1]) for end in range(first, len(new))]
+
+
 # ------------------------------------------------------------------------------------------------
 # Word hashes
 
@@ -247,6 +263,7 @@ __all__ = [
     "finish_word",
     "is_word_char",
     "ngram_hash_rows",
+    "new_word_ngrams",
     "normalize",
     "starts_clean",
     "text_word_hashes",
