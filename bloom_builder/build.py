@@ -334,6 +334,7 @@ def build_filter(
     else:
         from bloom_builder.interchange import write_pybloom_filter
 
+        assert isinstance(payload, TokenizerPayload)  # settings refuse --unit word here
         num_bits, num_probes, rate = write_pybloom_filter(
             output, shards, reduce_tasks, settings, payload, metadata, options
         )

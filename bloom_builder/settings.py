@@ -74,7 +74,9 @@ class BuildSettings:
         if self.unit == "word" and self.output_format != "memfree":
             return "--unit word writes the memfree format only (pybloomfiltermmap3 hashes tokens)"
         if self.unit == "word" and self.tokenizer is not None:
-            return "--unit word needs no tokenizer: drop --tokenizer (one filter serves every model)"
+            return (
+                "--unit word needs no tokenizer: drop --tokenizer (one filter serves every model)"
+            )
         if not isinstance(self.min_count, int) or self.min_count < 1:
             return f"--min-count must be an integer >= 1, got {self.min_count!r}"
         if not 0.0 < float(self.false_positive_rate) < 1.0:

@@ -260,7 +260,7 @@ def stored_ngram_counts(
             raise ValueError("counting stored word n-grams needs the tokenizer to decode the text")
         if len(output_ids) == 0:
             return 0, 0
-        from memfree.words import ngram_hash_rows, new_word_ngrams
+        from memfree.words import new_word_ngrams, ngram_hash_rows
 
         before = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
         after = tokenizer.decode(list(prompt_ids) + list(output_ids), skip_special_tokens=True)

@@ -160,7 +160,7 @@ class MemFreeLogitsProcessor(_Base):
 
     def __new__(cls, ngram_filter: Any = None, *args: Any, **kwargs: Any) -> MemFreeLogitsProcessor:
         """A word filter (``unit: "word"``) gives a :class:`MemFreeWordLogitsProcessor`."""
-        opened = None
+        opened: NgramFilter | None = None
         if ngram_filter is not None and cls is MemFreeLogitsProcessor:
             opened = _open_filter(ngram_filter)
             if opened.unit == "word":
@@ -168,7 +168,7 @@ class MemFreeLogitsProcessor(_Base):
 
                 cls = MemFreeWordLogitsProcessor
         instance = super().__new__(cls)
-        instance._opened = opened
+        instance._opened = opened  # type: ignore[assignment]
         return instance
 
     def __init__(

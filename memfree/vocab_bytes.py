@@ -145,4 +145,17 @@ def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> list[bytes | N
     return table
 
 
-__all__ = ["UnsupportedTokenizerError", "token_bytes"]
+def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
+    """Ids of ``<0xNN>`` byte tokens when the decoder has a ``ByteFallback`` step, else empty.
+
+    ``tokenizers`` decodes a run of consecutive byte tokens as one UTF-8 string when it is valid,
+    and as one U+FFFD per token when it is not; the word guard reads such runs the same way.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or '"ByteFallback"' not in backend.to_str():
+        return frozenset()
+    vocab = tokenizer.get_vocab()
+    return frozenset(i for piece, i in vocab.items() if _BYTE_FALLBACK.fullmatch(piece))
+
+
+__all__ = ["UnsupportedTokenizerError", "byte_fallback_ids", "token_bytes"]

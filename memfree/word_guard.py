@@ -45,8 +45,8 @@ from memfree.words import (
     WORD_MULTIPLIER,
     WORD_OFFSET,
     is_word_char,
-    ngram_hash_rows,
     new_word_ngrams,
+    ngram_hash_rows,
     normalize,
     starts_clean,
     word_hash,
@@ -191,28 +191,67 @@ def _cached_word_hash(word: str) -> int:
 # Per-row text state
 
 
+def _run_text(run: bytes, tokens: int) -> str:
+    """How ``tokenizers`` reads a run of byte-fallback tokens: UTF-8, or U+FFFD per token."""
+    try:
+        return run.decode("utf-8")
+    except UnicodeDecodeError:
+        return "\ufffd" * tokens
+
+
 @dataclass
 class RowText:
-    """A row's text since a safe cut: bytes, words of its complete reading, partial last word."""
+    """A row's text since a safe cut: bytes, words of its complete reading, partial last word.
 
-    data: bytes  # ends with ``pending`` (an unfinished UTF-8 character), if any
+    ``head`` holds the bytes of the text (for byte-level tokenizers it may end with ``pending``,
+    an unfinished UTF-8 character); ``run`` the bytes of a trailing run of byte-fallback tokens
+    (SentencePiece), whose reading is only known once the run ends.
+    """
+
+    head: bytes
     pending: bytes
+    run: bytes
+    run_tokens: int
     hashes: list[int]  # hashes of the complete reading's words (without ``pending``)
     partial: str  # the last word, if the text ends inside it; else ""
 
     @classmethod
-    def of(cls, data: bytes, keep_words: int) -> RowText:
+    def of(cls, head: bytes, keep_words: int, run: bytes = b"", run_tokens: int = 0) -> RowText:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        text = decoder.decode(data, final=False)
+        text = decoder.decode(head, final=False)
         pending = decoder.getstate()[0]
-        text, data = _trim(text, pending, keep_words)
+        text, head = _trim(text, pending, keep_words)
+        if run:
+            text += ("\ufffd" if pending else "") + _run_text(run, run_tokens)
         norm = normalize(text)
         found = word_pattern().findall(norm)
         partial = found[-1] if found and is_word_char(norm[-1]) else ""
-        return cls(data, pending, [_cached_word_hash(word) for word in found], partial)
+        hashes = [_cached_word_hash(word) for word in found]
+        return cls(head, pending, run, run_tokens, hashes, partial)
 
-    def extended(self, token_bytes: bytes, keep_words: int) -> RowText:
-        return RowText.of(self.data + token_bytes, keep_words) if token_bytes else self
+    def reading(self, token: bytes = b"", byte_token: bool = False) -> str:
+        """The complete text, with ``token`` appended (a byte-fallback token if ``byte_token``)."""
+        if byte_token:
+            return self.head.decode("utf-8", "replace") + _run_text(
+                self.run + token, self.run_tokens + 1
+            )
+        return (
+            self._closed() + token.decode("utf-8", "replace")
+            if self.run
+            else ((self.head + token).decode("utf-8", "replace"))
+        )
+
+    def _closed(self) -> str:
+        return self.head.decode("utf-8", "replace") + _run_text(self.run, self.run_tokens)
+
+    def extended(self, token: bytes, keep_words: int, byte_token: bool = False) -> RowText:
+        if byte_token:
+            return RowText.of(self.head, keep_words, self.run + token, self.run_tokens + 1)
+        if not token:
+            return self
+        if self.run:
+            return RowText.of(self._closed().encode("utf-8") + token, keep_words)
+        return RowText.of(self.head + token, keep_words)
 
 
 @lru_cache(maxsize=4096)
@@ -282,10 +321,11 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 "the word guard needs the model's tokenizer (it reads each token's bytes): "
                 "MemFreeLogitsProcessor(word_filter, tokenizer=tok)"
             )
-        from memfree.vocab_bytes import token_bytes
+        from memfree.vocab_bytes import byte_fallback_ids, token_bytes
 
         self.tokenizer = tokenizer
         self._table = token_bytes(tokenizer)
+        self._byte_ids = byte_fallback_ids(tokenizer)
         self._vocabs: dict[int, WordVocab] = {}
         self._static: dict[int, np.ndarray] = {}
         self._rows_cache: dict[bytes, RowText] = {}
@@ -322,8 +362,19 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         keep = 2 * self.n + 2
         parent = self._rows_cache.get(ids[:-1].tobytes()) if ids.shape[0] else None
         if parent is not None:
-            return parent.extended(self._bytes_of(int(ids[-1])), keep)
-        return RowText.of(b"".join(self._bytes_of(int(token)) for token in ids), keep)
+            last = int(ids[-1])
+            return parent.extended(self._bytes_of(last), keep, last in self._byte_ids)
+        if not self._byte_ids:
+            return RowText.of(b"".join(self._bytes_of(int(token)) for token in ids), keep)
+        state = RowText.of(b"", keep)
+        for token in ids.tolist():
+            state = state.extended(self._bytes_of(token), keep, token in self._byte_ids)
+        return state
+
+    def _byte_mask(self, vocab_size: int) -> np.ndarray:
+        mask = np.zeros(vocab_size, dtype=bool)
+        mask[[i for i in self._byte_ids if i < vocab_size]] = True
+        return mask
 
     def _bytes_of(self, token: int) -> bytes:
         if token in self._no_text or token >= len(self._table) or token < 0:
@@ -364,6 +415,8 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         """Fill one row's blocked tokens; True when any candidate was hashed."""
         pending = bool(state.pending)
         fast = vocab.fast_after_pending if pending else vocab.fast
+        if state.run:  # a byte token would extend the run, whose reading may then change
+            fast = fast & ~self._byte_mask(vocab.kind.shape[0])
         history = state.hashes  # H: complete reading's words, partial last word included
         if state.partial and not pending:
             before = history[:-1]  # W: the words before the partial one
@@ -410,7 +463,9 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
             tokens = tokens[(vocab.kind[tokens] == _SEPARATOR) & fast[tokens]]
             if not tokens.size:
                 continue
-            context = np.uint64(state_of(history[len(history) - (n - j) :]) * power[j - 1] & _MASK64)
+            context = np.uint64(
+                state_of(history[len(history) - (n - j) :]) * power[j - 1] & _MASK64
+            )
             if j == 1:
                 if not prefix_stored(int(context)):
                     continue
@@ -432,10 +487,10 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 )
             merged_plus = merged + _U1
             if len(before) >= n - 1:
-                context = state_of(before[len(before) - (n - 1) :]) if n > 1 else seed & _MASK64
-                if n == 1 or prefix_stored(context):
+                start = state_of(before[len(before) - (n - 1) :] if n > 1 else [])
+                if n == 1 or prefix_stored(start):
                     with np.errstate(over="ignore"):
-                        full = _fmix_np(np.uint64(context) * np.uint64(_M) + merged_plus)
+                        full = _fmix_np(np.uint64(start) * np.uint64(_M) + merged_plus)
                     groups.append((lead, full, None))
             for j in range(1, n):
                 if len(before) < n - 1 - j:
@@ -492,12 +547,12 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
 
     def _slow(self, state: RowText, vocab: WordVocab, tokens: np.ndarray, out: np.ndarray) -> bool:
         """Exact: decode and normalize the row's text with each token, compare the words."""
-        old = words(state.data.decode("utf-8", "replace"))
+        old = words(state.reading())
         n = self.n
         ngrams: list[list[str]] = []
         owners: list[int] = []
         for token in tokens.tolist():
-            new = words((state.data + vocab.data[token]).decode("utf-8", "replace"))
+            new = words(state.reading(vocab.data[token], token in self._byte_ids))
             same = 0
             for a, b in zip(old, new, strict=False):
                 if a != b:

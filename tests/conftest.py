@@ -211,3 +211,92 @@ MEMORIZED_DOCUMENTS = [
 def memorizing_llama(tokenizer: Any) -> Any:
     """A tiny Llama trained here (about 7 s) until it reproduces MEMORIZED_DOCUMENTS verbatim."""
     return train_on_windows(tokenizer, MEMORIZED_DOCUMENTS, window=24, steps=100)
+
+
+# ------------------------------------------------------------------------------------------------
+# More tokenizer families for the word guard: SentencePiece-style BPE with byte fallback (Llama 2,
+# Mistral) and WordPiece (BERT). Trained here; real `tokenizers` objects.
+
+WORD_TEXTS = [
+    *TRAINING_TEXT,
+    "Café crème brûlée, naïve coöperation: résumé!",
+    "The Quick Brown Fox said: hello, WORLD.",
+]
+
+
+def train_sentencepiece(vocab_size: int = 320) -> Any:
+    """A Llama-style tokenizer: ▁ for spaces, BPE, <0xNN> byte-fallback tokens."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    base = Tokenizer(models.BPE(unk_token="<unk>"))
+    base.normalizer = normalizer
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], max_token_length=8
+    )
+    base.train_from_iterator(WORD_TEXTS, trainer)
+    spec = json.loads(base.to_str())["model"]
+    vocab = dict(spec["vocab"])
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
+    backend = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True))
+    backend.normalizer = normalizer
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("▁", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="</s>",
+    )
+
+
+def train_wordpiece(vocab_size: int = 300) -> Any:
+    """A BERT-style WordPiece tokenizer (## continuations), case kept."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(cleanup=False)
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=["[UNK]", "[PAD]", "[SEP]"]
+    )
+    backend.train_from_iterator(WORD_TEXTS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        eos_token="[SEP]",
+        clean_up_tokenization_spaces=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def word_tokenizers(tokenizer: Any) -> dict[str, Any]:
+    """The small tokenizer families the word guard is tested with, by name."""
+    return {
+        "byte_bpe": tokenizer,
+        "sentencepiece": train_sentencepiece(),
+        "wordpiece": train_wordpiece(),
+    }
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer() -> Any:
+    """The embedded default model's tokenizer (SmolLM2, byte-level BPE, 49,152 tokens)."""
+    from memfree.tokenizer import load_tokenizer
+
+    return load_tokenizer(None)

@@ -454,3 +454,52 @@ def test_pybloomfiltermmap3_format_opens_in_the_library(
     assert ours.contains(others).tolist() == [
         row.astype("<u4").tobytes() in library for row in others
     ]
+
+
+def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: Path) -> None:
+    """`--unit word`: words from text (JSONL, gzip, a huge file in segments), min-count, resume,
+    and the same bits as the in-memory helper for the same texts."""
+    import gzip
+
+    from memfree.words import word_filter_from_texts, word_ngrams
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [
+        "The quick brown fox jumps over the lazy dog.",
+        "# THE QUICK BROWN FOX\n",
+        "def q_sqrt(number):\n    return number ** 0.5\n",
+    ]
+    (corpus / "a.jsonl").write_text(
+        "".join(json.dumps({"text": text}) + "\n" for text in texts[:2]), encoding="utf-8"
+    )
+    with gzip.open(corpus / "b.txt.gz", "wt", encoding="utf-8") as handle:
+        handle.write(texts[2])
+    settings = BuildSettings(ngram_size=3, unit="word", min_count=1, workers=2)
+    summary = build_filter([str(corpus)], tmp_path / "w.memfree", settings, progress=False)
+    built = NgramFilter.open(tmp_path / "w.memfree")
+    assert built.unit == "word" and "tokenizer_fingerprint" not in built.metadata
+    assert summary.unit == "word" and "words" in summary.to_text()
+    exact = {g for text in texts for g in word_ngrams(text, 3)}
+    assert summary.kept_ngrams == len(exact) and summary.tokens == sum(
+        len(t.split())
+        for t in [
+            "the quick brown fox jumps over the lazy dog",
+            "the quick brown fox",
+            "def q sqrt number return number 0 5",
+        ]
+    )
+    helper = word_filter_from_texts(tmp_path / "h.memfree", texts, 3)
+    assert np.array_equal(built.words, helper.words)
+    assert np.array_equal(built.prefix_words, helper.prefix_words)
+    twice = build_filter(
+        [str(corpus)],
+        tmp_path / "w2.memfree",
+        BuildSettings(ngram_size=3, unit="word", min_count=2, workers=1),
+        progress=False,
+    )
+    assert twice.kept_ngrams == 2  # "the quick brown", "quick brown fox"
+    with pytest.raises(ValueError, match="needs no tokenizer"):
+        BuildSettings(unit="word", tokenizer="x")
+    with pytest.raises(ValueError, match="--unit"):
+        BuildSettings(unit="sentence")
