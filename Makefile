@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_build.py
 	$(PY) bench/bench_query.py
 	$(PY) bench/bench_generate.py
+	$(PY) bench/bench_word_guard.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis out

@@ -121,6 +121,7 @@ class WordVocab:
     prefix_part: dict[int, np.ndarray]
     last_word: dict[int, np.ndarray]
     inner_ngrams: dict[int, list[list[int]]]  # token -> its own word n-grams (hashes)
+    later_by_kind: dict[tuple[int, int], np.ndarray]  # (kind, j) -> later[j] of that kind
 
     @classmethod
     def build(cls, table: Sequence[bytes | None], ngram_size: int) -> WordVocab:
@@ -168,14 +169,21 @@ class WordVocab:
                 inner[token] = [
                     hashes[i : i + ngram_size] for i in range(len(hashes) - ngram_size + 1)
                 ]
+        later = {j: np.asarray(v, dtype=np.int64) for j, v in later_ids.items()}
+        by_kind = {
+            (which, j): tokens[kind[tokens] == which]
+            for j, tokens in later.items()
+            for which in (_LEAD, _SEPARATOR)
+        }
         return cls(
+            later_by_kind=by_kind,
             data=data,
             kind=kind,
             fast=fast,
             fast_after_pending=after_pending,
             lead_poly=lead_poly,
             lead_power=lead_power,
-            later={j: np.asarray(v, dtype=np.int64) for j, v in later_ids.items()},
+            later=later,
             prefix_part={j: np.asarray(v, dtype=np.uint64) for j, v in prefix_part.items()},
             last_word={j: np.asarray(v, dtype=np.uint64) for j, v in last_word.items()},
             inner_ngrams=inner,
@@ -326,6 +334,7 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         self.tokenizer = tokenizer
         self._table = token_bytes(tokenizer)
         self._byte_ids = byte_fallback_ids(tokenizer)
+        self._powers = [pow(_M, k, 1 << 64) for k in range(self.n + 1)]
         self._vocabs: dict[int, WordVocab] = {}
         self._static: dict[int, np.ndarray] = {}
         self._rows_cache: dict[bytes, RowText] = {}
@@ -454,13 +463,13 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         def prefix_stored(base: int) -> bool:
             return self._prefix_found(np.array([fmix64_reference(base)], dtype=np.uint64))[0]
 
-        power = [pow(_M, k, 1 << 64) for k in range(n + 1)]
+        power = self._powers
         # Separator-first tokens: new words u_1..u_m after the history H.
         for j in range(1, n):
             if len(history) < n - j:
                 continue
-            tokens = vocab.later[j]
-            tokens = tokens[(vocab.kind[tokens] == _SEPARATOR) & fast[tokens]]
+            tokens = vocab.later_by_kind[_SEPARATOR, j]
+            tokens = tokens[fast[tokens]]
             if not tokens.size:
                 continue
             context = np.uint64(
@@ -495,13 +504,12 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
             for j in range(1, n):
                 if len(before) < n - 1 - j:
                     continue
-                tokens = vocab.later[j]
-                position = np.searchsorted(tokens, lead)
-                position = np.minimum(position, max(tokens.shape[0] - 1, 0))
-                has = tokens.shape[0] > 0 and tokens[position] == lead
-                if not np.any(has):
+                candidates = vocab.later_by_kind[_LEAD, j]
+                candidates = candidates[fast[candidates]]
+                if not candidates.size:
                     continue
-                chosen, where = lead[has], position[has]
+                has = np.searchsorted(lead, candidates)  # lead holds every fast word-first token
+                chosen, where = candidates, np.searchsorted(vocab.later[j], candidates)
                 start = state_of(before[len(before) - (n - 1 - j) :] if n - 1 - j else [])
                 with np.errstate(over="ignore"):
                     base = (np.uint64(start) * np.uint64(_M) + merged_plus[has]) * np.uint64(
