@@ -1,7 +1,8 @@
 """Benchmark: the word guard against the token guard, per step, with the default model on CPU.
 
-Both filters hold the standard library's 10-grams (token unit: the default tokenizer's ids; word
-unit: normalized words). Prompts are 50-token windows of standard-library code (the demo's), which
+Both filters hold the standard library's n-grams: 10-grams of the default tokenizer's ids, and
+6-grams of normalized words (the eval's default word filter: about as much text, and about the
+same share of held-out code blocked). Prompts are 50-token windows of standard-library code (the demo's), which
 the model partly memorized. Prints the time spent inside each processor per step, the share of
 generation time that is, and the word build's throughput.
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from memfree.cli_eval import DEFAULT_WORD_FILTER, DEFAULT_WORD_N
 
 
 class Timed:
@@ -34,7 +37,11 @@ class Timed:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--token-filter", default="out/stdlib.memfree")
-    parser.add_argument("--word-filter", default="out/stdlib-words.memfree")
+    parser.add_argument(
+        "--word-filter",
+        default=DEFAULT_WORD_FILTER,
+        help=f"default: the eval's stdlib word filter ({DEFAULT_WORD_N}-grams), built if missing",
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
@@ -51,7 +58,9 @@ def main() -> None:
             summary = build_filter(
                 ["stdlib:"],
                 path,
-                BuildSettings(ngram_size=10, unit=unit, workers=2),
+                BuildSettings(
+                    ngram_size=10 if unit == "token" else DEFAULT_WORD_N, unit=unit, workers=2
+                ),
                 progress=False,
             )
             print(

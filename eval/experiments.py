@@ -19,7 +19,8 @@ from eval.metrics import MetricSettings, score, stored_ngrams
 from eval.sampling import Example, frequency_bucket, sample_examples
 from eval.styles import apply_style, get_style
 
-DEFENSES = ("none", "censor", "memfree")
+DEFENSES = ("none", "censor", "memfree", "word")
+GUARDS = ("memfree", "word")  # defenses that generate with a guard
 EXPERIMENTS = ("discoverable", "styles")
 
 
@@ -36,7 +37,8 @@ class ExperimentSettings:
         truth_tokens: m, true continuation length and new tokens generated (paper: 50).
         styles: style names (``+`` combines them).
         defenses: among "none", "censor" (reject a generation holding a stored n-gram, as a
-            Copilot-style output filter does) and "memfree" (the guard).
+            Copilot-style output filter does), "memfree" (the token guard) and "word" (the word
+            guard, with a word filter: robust to case, spacing and punctuation).
         seed: sampling seed (prompts and decoding).
         batch_size: prompts per generate() call.
         count_occurrences: count each example's repetitions in the corpus (frequency buckets).
@@ -52,7 +54,7 @@ class ExperimentSettings:
     prompt_tokens: int = 50
     truth_tokens: int = 50
     styles: tuple[str, ...] = ("original",)
-    defenses: tuple[str, ...] = DEFENSES
+    defenses: tuple[str, ...] = ("none", "censor", "memfree")
     seed: int = 0
     batch_size: int = 8
     count_occurrences: bool = False
@@ -115,7 +117,10 @@ class RecordLog:
 
 
 def _settings_fingerprint(
-    settings: ExperimentSettings, filter_metadata: dict[str, Any], model_name: str
+    settings: ExperimentSettings,
+    filter_metadata: dict[str, Any],
+    model_name: str,
+    word_metadata: dict[str, Any] | None = None,
 ) -> str:
     import xxhash
 
@@ -125,6 +130,8 @@ def _settings_fingerprint(
         "filter": filter_metadata.get("bits_xxh3"),
         "tokenizer": filter_metadata.get("tokenizer_fingerprint"),
     }
+    if word_metadata is not None:  # absent before word filters existed: old runs still resume
+        payload["word_filter"] = word_metadata.get("bits_xxh3")
     return xxhash.xxh3_64_hexdigest(json.dumps(payload, sort_keys=True).encode())
 
 
@@ -138,6 +145,7 @@ def run_memorization(
     model_name: str = "",
     progress: Callable[[int], Any] | None = None,
     examples: Sequence[Example] | None = None,
+    word_filter: Any = None,
 ) -> list[dict[str, Any]]:
     """Run the discoverable-memorization or style-transfer experiment; returns all records.
 
@@ -151,13 +159,39 @@ def run_memorization(
         model_name: recorded in the settings file.
         progress: called with the number of generations just finished.
         examples: use these instead of sampling from ``settings.corpus``.
+        word_filter: the corpus's word filter (``memfree build --unit word``): the "word"
+            defense's guard; when given, every record also counts the stored word n-grams of
+            its output.
+
+    Raises:
+        ValueError: the "word" defense without a word filter, or a filter of the wrong unit.
     """
     from memfree.generation import DecodingSettings, complete
     from memfree.processor import MemFreeLogitsProcessor
 
+    if ngram_filter.unit != "token":
+        raise ValueError(
+            f"{ngram_filter.path}: a word filter given as the token filter; pass it as the word "
+            "filter (--word-filter) and the corpus's token filter as the filter"
+        )
+    if word_filter is not None and word_filter.unit != "word":
+        raise ValueError(
+            f"{word_filter.path}: not a word filter (unit {word_filter.unit!r}); build one with "
+            "`memfree build --unit word`"
+        )
+    if "word" in settings.defenses and word_filter is None:
+        raise ValueError(
+            "the 'word' defense needs a word filter (memfree build CORPUS --unit word); give it "
+            "with --word-filter"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint = _settings_fingerprint(settings, ngram_filter.metadata, model_name)
+    fingerprint = _settings_fingerprint(
+        settings,
+        ngram_filter.metadata,
+        model_name,
+        word_filter.metadata if word_filter is not None else None,
+    )
     settings_path = out / "settings.json"
     if settings_path.exists():
         previous = json.loads(settings_path.read_text(encoding="utf-8")).get("fingerprint")
@@ -173,6 +207,7 @@ def run_memorization(
                 "settings": settings.to_dict(),
                 "model": model_name,
                 "filter": str(ngram_filter.path),
+                "word_filter": str(word_filter.path) if word_filter is not None else None,
             },
             indent=2,
         ),
@@ -185,7 +220,9 @@ def run_memorization(
         batch_size=settings.batch_size,
         seed=settings.seed,
     )
-    guard = MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)
+    guards = {"memfree": MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)}
+    if "word" in settings.defenses:
+        guards["word"] = MemFreeLogitsProcessor(word_filter, tokenizer=tokenizer)
     for style in settings.styles:
         styled = [_styled(example, style, tokenizer) for example in examples]
         for defense_group in _defense_groups(settings.defenses):
@@ -197,7 +234,7 @@ def run_memorization(
             for begin in range(0, len(pending), settings.batch_size):
                 chunk = pending[begin : begin + settings.batch_size]
                 prompts = [styled[i][0] for i in chunk]
-                guarded = "memfree" in defense_group
+                guard = next((guards[d] for d in defense_group if d in GUARDS), None)
                 # A styled truth may take more tokens than the original: generate enough for
                 # the longest, then cut each output to its own truth's length.
                 budget = max(styled[i][3] for i in chunk)
@@ -206,7 +243,7 @@ def run_memorization(
                     tokenizer,
                     prompts,
                     replace(decoding, max_new_tokens=budget),
-                    guard if guarded else None,
+                    guard,
                     ngram_filter=ngram_filter,
                 )
                 completions = [
@@ -228,6 +265,7 @@ def run_memorization(
                                 settings.metrics,
                                 ngram_filter,
                                 tokenizer,
+                                word_filter,
                             )
                         )
                 log.append(records)
@@ -290,8 +328,7 @@ def _defense_groups(defenses: Sequence[str]) -> list[tuple[str, ...]]:
     unguarded = tuple(d for d in defenses if d in ("none", "censor"))
     if unguarded:
         groups.append(unguarded)
-    if "memfree" in defenses:
-        groups.append(("memfree",))
+    groups.extend((guard,) for guard in GUARDS if guard in defenses)
     return groups
 
 
@@ -330,6 +367,7 @@ def _record(
     metrics: MetricSettings,
     ngram_filter: Any,
     tokenizer: Any,
+    word_filter: Any = None,
 ) -> dict[str, Any]:
     prompt, truth, truth_ids, _ = styled
     found = stored_ngrams(ngram_filter, completion.prompt_ids, completion.output_ids)
@@ -337,6 +375,9 @@ def _record(
     output = "" if censored else completion.text
     output_ids = [] if censored else completion.output_ids
     scores = score(output, truth, metrics, output_ids if truth_ids else None, truth_ids)
+    words = None
+    if word_filter is not None:
+        words = stored_ngrams(word_filter, completion.prompt_ids, output_ids, tokenizer=tokenizer)
     return {
         "example_id": example.example_id,
         "source": example.source,
@@ -354,8 +395,13 @@ def _record(
         "approximately_memorized": scores.approximately_memorized,
         "stored_ngrams": 0 if censored else found.stored,
         "ngrams": 0 if censored else found.total,
-        "interventions": len(completion.interventions) if defense == "memfree" else 0,
+        "interventions": len(completion.interventions) if defense in GUARDS else 0,
         "signature": scores.signature,
+        **(
+            {"stored_word_ngrams": words.stored, "word_ngrams": words.total}
+            if words is not None
+            else {}
+        ),
     }
 
 
@@ -366,7 +412,8 @@ def run_utility(
 
     Args:
         texts: reference texts (e.g. held-out documents the model should still be able to write).
-        tokenizer: the filter's tokenizer.
+        tokenizer: the filter's tokenizer (unused for a word filter, whose n-grams are those of
+            the text's normalized words).
         ngram_filter: the filter.
         max_examples: texts with stored n-grams to quote.
 
@@ -379,25 +426,45 @@ def run_utility(
     import numpy as np
     from tqdm import tqdm
 
+    from memfree.words import word_hashes_np, words
+
+    n = ngram_filter.n
     texts_blocked = ngrams_total = ngrams_stored = 0
     examples: list[dict[str, Any]] = []
     for text in tqdm(texts, desc="utility", unit="text", file=sys.stderr, leave=False):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        found = stored_ngrams(ngram_filter, [], ids)
-        ngrams_total += found.total
-        ngrams_stored += found.stored
-        if found.stored:
-            texts_blocked += 1
-            if len(examples) < max_examples:
-                windows = np.lib.stride_tricks.sliding_window_view(np.asarray(ids), ngram_filter.n)
-                first = int(np.flatnonzero(ngram_filter.contains(np.ascontiguousarray(windows)))[0])
-                examples.append(
-                    {
-                        "text": text[:200],
-                        "first_stored_ngram": tokenizer.decode(ids[first : first + ngram_filter.n]),
-                        "stored_ngrams": found.stored,
-                    }
+        if ngram_filter.unit == "word":
+            found_words = words(text)
+            stored = (
+                ngram_filter.contains(
+                    np.ascontiguousarray(
+                        np.lib.stride_tricks.sliding_window_view(word_hashes_np(found_words), n)
+                    )
                 )
+                if len(found_words) >= n
+                else np.zeros(0, dtype=bool)
+            )
+            total = int(stored.shape[0])
+        else:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            counted = stored_ngrams(ngram_filter, [], ids)
+            total = counted.total
+            stored = None
+        hits = int(stored.sum()) if stored is not None else counted.stored
+        ngrams_total += total
+        ngrams_stored += hits
+        if not hits:
+            continue
+        texts_blocked += 1
+        if len(examples) >= max_examples:
+            continue
+        if stored is not None:
+            first = int(np.flatnonzero(stored)[0])
+            shown = " ".join(found_words[first : first + n])
+        else:
+            windows = np.lib.stride_tricks.sliding_window_view(np.asarray(ids), n)
+            first = int(np.flatnonzero(ngram_filter.contains(np.ascontiguousarray(windows)))[0])
+            shown = tokenizer.decode(ids[first : first + n])
+        examples.append({"text": text[:200], "first_stored_ngram": shown, "stored_ngrams": hits})
     count = len(texts)
     return {
         "texts": count,

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from memfree.filter import NgramFilter
 
 EDIT_UNITS = ("char", "whitespace")
+NORMALIZATIONS = ("none", "casefold", "words")
 SIGNATURE_VERSION = "1"
 
 
@@ -30,15 +31,25 @@ class MetricSettings:
         bleu_threshold: a continuation with BLEU above this is approximately memorized (paper:
             0.75).
         edit_unit: edit similarity over characters ("char") or whitespace tokens ("whitespace").
-        normalize: compare case-folded text with runs of whitespace collapsed (off in the paper;
-            used for style-transferred outputs, whose case and spacing differ by design).
+        normalize: what both texts go through before they are compared. "none" (the paper);
+            "casefold" (case-folded, runs of whitespace collapsed); "words" (the word unit's
+            normalization, :func:`memfree.words.words`: NFKC, case-folded, only the runs of
+            letters and digits, joined by one space; so case, spacing, punctuation, comment
+            markers and ``_`` vanish, as they do for the word guard). ``True``/``False`` are read
+            as "casefold"/"none".
     """
 
     bleu_threshold: float = 0.75
     edit_unit: str = "char"
-    normalize: bool = False
+    normalize: str = "none"
 
     def __post_init__(self) -> None:
+        if isinstance(self.normalize, bool):
+            object.__setattr__(self, "normalize", "casefold" if self.normalize else "none")
+        if self.normalize not in NORMALIZATIONS:
+            raise ValueError(
+                f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}"
+            )
         if not 0.0 <= self.bleu_threshold <= 1.0:
             raise ValueError(f"bleu_threshold must be in [0, 1], got {self.bleu_threshold!r}")
         if self.edit_unit not in EDIT_UNITS:
@@ -65,17 +76,34 @@ class MetricSettings:
                 "smooth:none",
                 "tok:whitespace",
                 f"edit:editdistance-{editdistance_version}-{self.edit_unit}",
-                f"norm:{'casefold+spaces' if self.normalize else 'none'}",
+                f"norm:{_NORM_SIGNATURES[self.normalize]}",
                 f"threshold:{self.bleu_threshold:g}",
             ]
         )
 
 
-def _prepare(text: str, normalize: bool) -> str:
-    return " ".join(text.casefold().split()) if normalize else text
+def _norm_signatures() -> dict[str, str]:
+    from memfree.words import NORMALIZER
+
+    return {"none": "none", "casefold": "casefold+spaces", "words": f"words-{NORMALIZER}"}
 
 
-def bleu(output: str, truth: str, normalize: bool = False) -> float:
+_NORM_SIGNATURES = _norm_signatures()
+
+
+def _prepare(text: str, normalize: str | bool) -> str:
+    if normalize is True or normalize == "casefold":
+        return " ".join(text.casefold().split())
+    if normalize == "words":
+        from memfree.words import words
+
+        return " ".join(words(text))
+    if normalize is False or normalize == "none":
+        return text
+    raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
+
+
+def bleu(output: str, truth: str, normalize: str | bool = "none") -> float:
     """BLEU of ``output`` against ``truth`` as the paper computes it.
 
     NLTK's ``sentence_bleu`` with its default weights (BLEU-1..4 averaged geometrically with equal
@@ -84,7 +112,7 @@ def bleu(output: str, truth: str, normalize: bool = False) -> float:
     Args:
         output: the generated continuation.
         truth: the true continuation.
-        normalize: case-fold and collapse whitespace first.
+        normalize: "none", "casefold" or "words" (see :class:`MetricSettings`).
     """
     require("nltk", "eval")
     from nltk.translate.bleu_score import sentence_bleu
@@ -99,14 +127,16 @@ def bleu(output: str, truth: str, normalize: bool = False) -> float:
         return float(sentence_bleu([reference], hypothesis))
 
 
-def edit_similarity(output: str, truth: str, unit: str = "char", normalize: bool = False) -> float:
+def edit_similarity(
+    output: str, truth: str, unit: str = "char", normalize: str | bool = "none"
+) -> float:
     """``1 - editdistance(output, truth) / max(len(output), len(truth))``; 1.0 for two empty texts.
 
     Args:
         output: the generated continuation.
         truth: the true continuation.
         unit: "char" (Levenshtein over characters) or "whitespace" (over whitespace tokens).
-        normalize: case-fold and collapse whitespace first.
+        normalize: "none", "casefold" or "words" (see :class:`MetricSettings`).
     """
     require("editdistance", "eval")
     import editdistance

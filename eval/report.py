@@ -36,6 +36,11 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "censored_rate": sum(bool(r.get("censored")) for r in members) / count,
             }
         )
+        counted = [r for r in members if "stored_word_ngrams" in r]
+        if counted:  # the run had a word filter: the share holding a stored word n-gram
+            rows[-1]["word_verbatim_rate"] = sum(
+                r["stored_word_ngrams"] > 0 for r in counted
+            ) / len(counted)
     return rows
 
 
@@ -64,7 +69,7 @@ def summarize_buckets(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     return rows
 
 
-_DEFENSE_ORDER = {"none": 0, "censor": 1, "memfree": 2}
+_DEFENSE_ORDER = {"none": 0, "censor": 1, "memfree": 2, "word": 3}
 
 
 def _group_order(item: tuple[tuple[str, str], Any]) -> tuple[int, str, int]:
@@ -87,25 +92,32 @@ def write_report(
     (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     plots = _plots(out, records, rows)
     lines = [f"# {title}", ""]
+    has_words = any("word_verbatim_rate" in row for row in rows)
     lines += [
         f"{len(records)} generations; metric signature"
         f"{'s' if len(signatures) > 1 else ''} {', '.join(f'`{x}`' for x in signatures) or '-'}.",
         "",
-        "| style | defense | generations | verbatim (≥1 stored n-gram) | exact match | "
-        "approx. memorized (BLEU > threshold) | mean BLEU | mean edit sim. | interventions |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| style | defense | generations | verbatim (≥1 stored n-gram) | "
+        + ("≥1 stored word n-gram | " if has_words else "")
+        + "exact match | approx. memorized (BLEU > threshold) | mean BLEU | mean edit sim. | "
+        "interventions |",
+        "|---|---|---:|---:|" + ("---:|" if has_words else "") + "---:|---:|---:|---:|---:|",
     ]
     for row in rows:
+        words = row.get("word_verbatim_rate")
         lines.append(
             f"| {row['style']} | {row['defense']} | {row['generations']} | "
-            f"{row['verbatim_rate']:.0%} | {row['exact_match_rate']:.0%} | "
+            f"{row['verbatim_rate']:.0%} | "
+            + (f"{words:.0%} | " if words is not None else "- | " if has_words else "")
+            + f"{row['exact_match_rate']:.0%} | "
             f"{row['approximate_rate']:.0%} | {row['mean_bleu']:.3f} | "
             f"{row['mean_edit_similarity']:.3f} | {row['mean_interventions']:.2f} |"
         )
     lines += [
         "",
         "Defenses: *none* (the model as is), *censor* (a generation holding a stored "
-        "n-gram is rejected and scores as empty), *memfree* (the guard).",
+        "n-gram is rejected and scores as empty), *memfree* (the token guard), *word* (the word "
+        "guard: n-grams of normalized words, whatever their case, spacing or punctuation).",
         "",
     ]
     if buckets:
@@ -129,7 +141,8 @@ def write_report(
         lines += ["## Examples: guarded outputs that still copy approximately", ""]
         for record in examples:
             lines += [
-                f"**{record['example_id']}** ({record['style']}, BLEU {record['bleu']:.2f}, "
+                f"**{record['example_id']}** ({record['style']}, {record['defense']} guard, "
+                f"BLEU {record['bleu']:.2f}, "
                 f"{record['interventions']} interventions)",
                 "",
                 "```",
@@ -143,7 +156,9 @@ def write_report(
 
 
 def _examples(records: Sequence[dict[str, Any]], count: int = 3) -> list[dict[str, Any]]:
-    guarded = [r for r in records if r["defense"] == "memfree" and r["approximately_memorized"]]
+    guarded = [
+        r for r in records if r["defense"] in ("memfree", "word") and r["approximately_memorized"]
+    ]
     return sorted(guarded, key=lambda r: -r["bleu"])[:count]
 
 
@@ -199,7 +214,7 @@ def _plots(
         figure.savefig(out / "styles.png", dpi=120)
         plt.close(figure)
         made.append(("styles.png", "Share of approximately memorized continuations"))
-    interventions = [r["interventions"] for r in records if r["defense"] == "memfree"]
+    interventions = [r["interventions"] for r in records if r["defense"] in ("memfree", "word")]
     if interventions:
         figure, axis = plt.subplots(figsize=(4.5, 3.2))
         axis.hist(interventions, bins=[i - 0.5 for i in range(max(interventions) + 2)])

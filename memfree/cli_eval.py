@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_FILTER = "out/stdlib.memfree"
+DEFAULT_WORD_FILTER = "out/stdlib-words.memfree"
+DEFAULT_WORD_N = 6
 DEFAULT_STYLES = (
     "original",
     "two_spaces",
@@ -43,12 +45,23 @@ def add_parser(commands: Any) -> None:
         sub.add_argument("--seed", type=int, default=0)
         sub.add_argument("--bleu-threshold", type=float, default=0.75)
         sub.add_argument(
+            "--normalize",
+            choices=["none", "casefold", "words"],
+            default="none" if name == "discoverable" else "words",
+            help="what outputs and truths go through before BLEU and edit similarity: none (the "
+            "paper), casefold (case and spacing), words (the word unit's normalized words: case, "
+            "spacing, punctuation, comment markers and _ vanish); default: "
+            + ("none" if name == "discoverable" else "words"),
+        )
+        sub.add_argument(
             "--defenses",
             nargs="+",
             default=["none", "censor", "memfree"]
             if name == "discoverable"
-            else ["none", "memfree"],
-            choices=["none", "censor", "memfree"],
+            else ["none", "memfree", "word"],
+            choices=["none", "censor", "memfree", "word"],
+            help="none; censor (reject outputs holding a stored n-gram); memfree (the token "
+            "guard); word (the word guard, needs --word-filter)",
         )
         if name == "styles":
             sub.add_argument(
@@ -58,20 +71,19 @@ def add_parser(commands: Any) -> None:
                 help="style names, '+' to combine (see --list-styles)",
             )
             sub.add_argument("--list-styles", action="store_true", help="list styles and exit")
-        else:
-            sub.add_argument(
-                "--count-occurrences",
-                action="store_true",
-                help="count each example's repetitions in the corpus (frequency buckets)",
-            )
-            sub.add_argument(
-                "--per-bucket",
-                type=int,
-                default=None,
-                metavar="N",
-                help="draw N examples from each repetition bucket (2^(i/4) occurrences) instead "
-                "of --num-examples uniform ones",
-            )
+        sub.add_argument(
+            "--count-occurrences",
+            action="store_true",
+            help="count each example's repetitions in the corpus (frequency buckets)",
+        )
+        sub.add_argument(
+            "--per-bucket",
+            type=int,
+            default=None,
+            metavar="N",
+            help="draw N examples from each repetition bucket (2^(i/4) occurrences) instead "
+            "of --num-examples uniform ones",
+        )
     utility = experiments.add_parser(
         "utility",
         help="how much ordinary text the filter would block (Appendix B.4)",
@@ -82,7 +94,11 @@ def add_parser(commands: Any) -> None:
         "texts", nargs="+", metavar="TEXTS", help="reference texts: files, directories, globs"
     )
     utility.add_argument("--filter", default=DEFAULT_FILTER, metavar="FILTER")
-    utility.add_argument("--tokenizer", default=None, help="default: the filter's default model's")
+    utility.add_argument(
+        "--tokenizer",
+        default=None,
+        help="a token filter's tokenizer (default: the default model's); a word filter needs none",
+    )
     utility.add_argument("--text-field", default="text")
     utility.add_argument("--max-texts", type=int, default=10_000)
     utility.add_argument("--json", action="store_true")
@@ -95,6 +111,14 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILTER",
         help=f"the corpus's filter (default {DEFAULT_FILTER}, built from stdlib: if missing)",
+    )
+    parser.add_argument(
+        "--word-filter",
+        default=None,
+        metavar="FILTER",
+        help="the corpus's word filter (memfree build --unit word), for the word defense; also "
+        "counts each output's stored word n-grams (default with the word defense: "
+        f"{DEFAULT_WORD_FILTER}, {DEFAULT_WORD_N}-grams built from stdlib: if missing)",
     )
     parser.add_argument("--corpus", nargs="+", default=["stdlib:"], help="where prompts come from")
     parser.add_argument("--text-field", default="text")
@@ -131,8 +155,10 @@ def run(args: argparse.Namespace) -> int:
             count_occurrences=getattr(args, "count_occurrences", False),
             per_bucket=getattr(args, "per_bucket", None),
             text_field=args.text_field,
-            metrics=MetricSettings(bleu_threshold=args.bleu_threshold),
+            metrics=MetricSettings(bleu_threshold=args.bleu_threshold, normalize=args.normalize),
         )
+        if settings.per_bucket is not None and settings.per_bucket < 1:
+            raise ValueError(f"--per-bucket must be >= 1, got {settings.per_bucket}")
     except ValueError as error:
         return _fail(str(error))
     from transformers.utils import logging as hf_logging
@@ -141,9 +167,20 @@ def run(args: argparse.Namespace) -> int:
     from memfree.errors import FilterError
     from memfree.models import ModelNotFoundError, load_model
 
+    if args.corpus != ["stdlib:"]:  # the default filters are the standard library's
+        if args.filter is None:
+            return _fail("give --filter, the filter of your corpus (build it first)")
+        if args.word_filter is None and "word" in settings.defenses:
+            return _fail(
+                "the word defense needs --word-filter, the word filter of your corpus (memfree "
+                "build CORPUS --unit word), or leave 'word' out of --defenses"
+            )
     try:
         model, tokenizer = load_model(args.model)
         ngram_filter = _open_filter(args.filter, args.corpus, tokenizer)
+        word_filter = None
+        if args.word_filter is not None or "word" in settings.defenses:
+            word_filter = _open_word_filter(args.word_filter, args.corpus)
     except (ModelNotFoundError, FilterError, OSError, ValueError, ImportError) as error:
         return _fail(str(error))
 
@@ -166,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
                 ngram_filter,
                 model_name=args.model or "smollm2-135m-instruct",
                 progress=bar.update,
+                word_filter=word_filter,
             )
     except (ValueError, OSError, ImportError, FilterError) as error:
         return _fail(str(error))
@@ -180,14 +218,24 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
         return 0
+    words = word_filter is not None
     print(
-        f"{'style':22s} {'defense':8s} {'verbatim':>9s} {'approx.':>8s} {'BLEU':>6s} {'edit':>6s}"
+        f"{'style':22s} {'defense':8s} {'verbatim':>9s} "
+        + (f"{'words':>6s} " if words else "")
+        + f"{'approx.':>8s} {'BLEU':>6s} {'edit':>6s}"
     )
     for row in summary["rows"]:
         print(
             f"{row['style']:22s} {row['defense']:8s} {row['verbatim_rate']:9.0%} "
-            f"{row['approximate_rate']:8.0%} {row['mean_bleu']:6.3f} "
+            + (f"{row.get('word_verbatim_rate', 0.0):6.0%} " if words else "")
+            + f"{row['approximate_rate']:8.0%} {row['mean_bleu']:6.3f} "
             f"{row['mean_edit_similarity']:6.3f}"
+        )
+    if words:
+        print(
+            "verbatim: holds a stored token n-gram; words: holds a stored word n-gram; approx.: "
+            f"BLEU > {settings.metrics.bleu_threshold:g} ({settings.metrics.normalize} "
+            "normalization)"
         )
     print(f"records, summary, report and plots in {out}/")
     return 0
@@ -197,14 +245,33 @@ def _open_filter(path: str | None, corpus: list[str], tokenizer: Any) -> Any:
     from memfree.filter import NgramFilter
 
     if path is None:
+        if corpus != ["stdlib:"]:  # the default filter is the standard library's
+            raise ValueError("give --filter, the filter of your corpus (build it first)")
         path = DEFAULT_FILTER
         if not Path(path).exists():
-            if corpus != ["stdlib:"]:
-                raise ValueError("give --filter, the filter of your corpus (build it first)")
             from bloom_builder.build import build_filter
 
             print(f"building {path} from stdlib: ...", file=sys.stderr)
             build_filter(["stdlib:"], path, tokenizer=tokenizer)
+    return NgramFilter.open(path)
+
+
+def _open_word_filter(path: str | None, corpus: list[str]) -> Any:
+    from memfree.filter import NgramFilter
+
+    if path is None:
+        if corpus != ["stdlib:"]:  # the default word filter is the standard library's
+            raise ValueError(
+                "the word defense needs --word-filter, the word filter of your corpus (memfree "
+                "build CORPUS --unit word)"
+            )
+        path = DEFAULT_WORD_FILTER
+        if not Path(path).exists():
+            from bloom_builder.build import build_filter
+            from bloom_builder.settings import BuildSettings
+
+            print(f"building {path} from stdlib: ...", file=sys.stderr)
+            build_filter(["stdlib:"], path, BuildSettings(unit="word", ngram_size=DEFAULT_WORD_N))
     return NgramFilter.open(path)
 
 
@@ -218,13 +285,18 @@ def _run_utility(args: argparse.Namespace) -> int:
         return _fail(f"--max-texts must be >= 1, got {args.max_texts}")
     try:
         ngram_filter = NgramFilter.open(args.filter)
-        tokenizer = load_tokenizer(args.tokenizer)
+        # A word filter's n-grams are those of the text's normalized words: no tokenizer.
+        tokenizer = load_tokenizer(args.tokenizer) if ngram_filter.unit == "token" else None
     except (FileNotFoundError, FilterError, TokenizerNotFoundError) as error:
         return _fail(str(error))
     from memfree.tokenizer import tokenizer_fingerprint
 
     expected = ngram_filter.metadata.get("tokenizer_fingerprint")
-    if expected is not None and tokenizer_fingerprint(tokenizer) != expected:
+    if (
+        tokenizer is not None
+        and expected is not None
+        and tokenizer_fingerprint(tokenizer) != expected
+    ):
         return _fail(
             f"{args.filter}: built with tokenizer {ngram_filter.metadata.get('tokenizer')!r}, "
             "not this one; pass that tokenizer with --tokenizer"

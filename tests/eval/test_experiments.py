@@ -236,6 +236,9 @@ def test_cli_eval_discoverable_styles_utility(
                 "--styles",
                 "original",
                 "lower+python_comment",
+                "--defenses",
+                "none",
+                "memfree",
             ]
         )
         == 0

@@ -74,6 +74,25 @@ def test_normalized_comparison_ignores_case_and_spacing() -> None:
     assert bleu("RETURN  A + B", "return a + b") < 0.75
     assert bleu("RETURN  A + B", "return a + b", normalize=True) == 1.0
     assert edit_similarity("X  =  1", "x = 1", normalize=True) == 1.0
+    assert MetricSettings(normalize=True).normalize == "casefold"
+    assert MetricSettings(normalize=False).signature() == MetricSettings().signature()
+
+
+def test_word_normalized_comparison_is_the_word_units() -> None:
+    """ "words": the styles vanish (case, spacing, comment markers, `_` names), as they do for the
+    word filter; the words themselves still count."""
+    truth = "def brew_tea(kettle, leaves):\n    return cup.steep(seconds=180)"
+    styled = "# DEF _BREW_TEA(_KETTLE,  _LEAVES):\n#     RETURN _CUP.STEEP(SECONDS=180)"
+    assert bleu(styled, truth, normalize="casefold") < 0.75
+    assert bleu(styled, truth, normalize="words") == 1.0
+    assert edit_similarity(styled, truth, normalize="words") == 1.0
+    assert bleu("def brew coffee kettle leaves return cup steep seconds 180", truth, "words") < 0.75
+    settings = MetricSettings(normalize="words")
+    assert "norm:words-nfkc-casefold-alnum-marks-v1" in settings.signature()
+    assert score(styled, truth, settings).approximately_memorized
+    assert not score(styled, truth).approximately_memorized
+    with pytest.raises(ValueError, match="normalize must be one of"):
+        MetricSettings(normalize="stem")
 
 
 def test_exact_match_and_score_signature() -> None:
