@@ -78,6 +78,7 @@ def sparse_members(words: np.ndarray, fingerprints: np.ndarray, num_probes: int)
     answer as testing every probe.
     """
     fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    words = words.view(np.ndarray)  # a memmap's __getitem__ costs more than the lookup
     index = np.arange(fingerprints.shape[0])
     if not index.size:
         return index
@@ -286,6 +287,20 @@ def _trim(text: str, pending: bytes, keep_words: int) -> tuple[str, bytes]:
     return text, text.encode("utf-8") + pending
 
 
+@dataclass
+class _Plan:
+    """One row's step: its text state and words, and which candidates take the fast path."""
+
+    state: RowText
+    fast: np.ndarray
+    history: list[int]  # hashes of the words of the complete reading (partial word included)
+    before: list[int]  # the words before the partial one (all of them when there is none)
+    p_poly: int  # the partial word's polynomial and multiplier power (0 and 1 when none)
+    p_power: int
+    sep_gate: int = -1  # index of this row's context lookups among the step's gates
+    lead_gate: int = -1
+
+
 # ------------------------------------------------------------------------------------------------
 # The guard
 
@@ -409,19 +424,23 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         mask = np.zeros((batch, vocab_size), dtype=bool)
         checked = np.zeros(batch, dtype=bool)
         cache: dict[bytes, RowText] = {}
+        plans = []
         for row in range(batch):
             state = self._row_text(ids_np[row])
             cache[ids_np[row].tobytes()] = state
-            checked[row] = self._row_mask(state, vocab, static, mask[row])
+            plans.append(self._plan(state, vocab))
         self._rows_cache = cache
+        # Every row's lookups go to the filter together: one pass per kind of lookup.
+        self._fast(plans, vocab, mask, checked)
+        for row, plan in enumerate(plans):
+            mask[row] |= static & plan.fast
+        self._slow(plans, vocab, mask, checked)
         mask[:, [t for t in self._no_text if t < vocab_size]] = False
         result = torch.from_numpy(mask)
         return result.to(device), torch.from_numpy(checked).to(device)
 
-    def _row_mask(
-        self, state: RowText, vocab: WordVocab, static: np.ndarray, out: np.ndarray
-    ) -> bool:
-        """Fill one row's blocked tokens; True when any candidate was hashed."""
+    def _plan(self, state: RowText, vocab: WordVocab) -> _Plan:
+        """A row's words and which candidates take the fast path."""
         pending = bool(state.pending)
         fast = vocab.fast_after_pending if pending else vocab.fast
         if state.run:  # a byte token would extend the run, whose reading may then change
@@ -433,74 +452,91 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
             p_poly, p_power = word_poly(partial), pow(WORD_MULTIPLIER, len(partial), 1 << 64)
         else:
             before, p_poly, p_power = history, 0, 1
-        checked = self._fast(vocab, fast, history, before, p_poly, p_power, out)
-        out |= static & fast
-        slow = np.flatnonzero(~fast & (vocab.kind != _NONE))
-        if slow.size:
-            checked |= self._slow(state, vocab, slow, out)
-        return checked
+        return _Plan(state, fast, history, before, p_poly, p_power)
+
+    def _state_of(self, hashes: list[int]) -> int:
+        value = self.filter.hash_seed & _MASK64
+        for item in hashes:
+            value = (value * _M + item + 1) & _MASK64
+        return value
 
     def _fast(
-        self,
-        vocab: WordVocab,
-        fast: np.ndarray,
-        history: list[int],
-        before: list[int],
-        p_poly: int,
-        p_power: int,
-        out: np.ndarray,
-    ) -> bool:
-        n, seed = self.n, self.filter.hash_seed
-        groups: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]] = []
-        # (tokens, n-gram fingerprints, prefix fingerprints or None when checked per row)
+        self, plans: list[_Plan], vocab: WordVocab, mask: np.ndarray, checked: np.ndarray
+    ) -> None:
+        """The candidates that start clean, for every row, by the token guard's arithmetic."""
+        n, power = self.n, self._powers
+        # Gates: contexts shared by a whole group of candidates (the last n-1 history words
+        # before a separator-first token; the n-1 words before a partial word), looked up once.
+        gates: list[int] = []
+        for plan in plans:
+            plan.sep_gate = plan.lead_gate = -1
+            if n > 1 and len(plan.history) >= n - 1:
+                plan.sep_gate = len(gates)
+                gates.append(
+                    fmix64_reference(self._state_of(plan.history[len(plan.history) - (n - 1) :]))
+                )
+            if n > 1 and len(plan.before) >= n - 1:
+                plan.lead_gate = len(gates)
+                gates.append(
+                    fmix64_reference(self._state_of(plan.before[len(plan.before) - (n - 1) :]))
+                )
+        open_gate = self._prefix_found(np.asarray(gates, dtype=np.uint64))
+        rows: list[np.ndarray] = []
+        tokens_list: list[np.ndarray] = []
+        fulls: list[np.ndarray] = []
+        prefix_at: list[tuple[int, np.ndarray]] = []  # (offset, prefix fingerprints)
+        offset = 0
 
-        def state_of(hashes: list[int]) -> int:
-            value = seed & _MASK64
-            for item in hashes:
-                value = (value * _M + item + 1) & _MASK64
-            return value
+        def add(row: int, tokens: np.ndarray, full: np.ndarray, prefixes: Any) -> None:
+            nonlocal offset
+            rows.append(np.full(tokens.shape[0], row, dtype=np.int64))
+            tokens_list.append(tokens)
+            fulls.append(full)
+            if prefixes is not None:
+                prefix_at.append((offset, prefixes))
+            offset += tokens.shape[0]
+            checked[row] = True
 
-        def prefix_stored(base: int) -> bool:
-            return self._prefix_found(np.array([fmix64_reference(base)], dtype=np.uint64))[0]
-
-        power = self._powers
-        # Separator-first tokens: new words u_1..u_m after the history H.
-        for j in range(1, n):
-            if len(history) < n - j:
-                continue
-            tokens = vocab.later_by_kind[_SEPARATOR, j]
-            tokens = tokens[fast[tokens]]
-            if not tokens.size:
-                continue
-            context = np.uint64(
-                state_of(history[len(history) - (n - j) :]) * power[j - 1] & _MASK64
-            )
-            if j == 1:
-                if not prefix_stored(int(context)):
+        for row, plan in enumerate(plans):
+            fast, history, before = plan.fast, plan.history, plan.before
+            # Separator-first tokens: new words u_1..u_m after the history H.
+            for j in range(1, n):
+                if len(history) < n - j:
                     continue
-                base = np.full(tokens.shape[0], context, dtype=np.uint64)
-                prefixes = None
-            else:
-                with np.errstate(over="ignore"):
-                    base = context + vocab.prefix_part[j][np.searchsorted(vocab.later[j], tokens)]
-                prefixes = _fmix_np(base.copy())
-            groups.append((tokens, self._extend(base, vocab, j, tokens), prefixes))
-        # Word-first tokens: the partial word P becomes P' = P + lead, then u_1..u_m.
-        lead = np.flatnonzero((vocab.kind == _LEAD) & fast)
-        if lead.size:
+                if j == 1 and not (n == 1 or open_gate[plan.sep_gate]):
+                    continue
+                tokens = vocab.later_by_kind[_SEPARATOR, j]
+                tokens = tokens[fast[tokens]]
+                if not tokens.size:
+                    continue
+                context = np.uint64(
+                    self._state_of(history[len(history) - (n - j) :]) * power[j - 1] & _MASK64
+                )
+                where = np.searchsorted(vocab.later[j], tokens)
+                if j == 1:
+                    base = np.full(tokens.shape[0], context, dtype=np.uint64)
+                    prefixes = None
+                else:
+                    with np.errstate(over="ignore"):
+                        base = context + vocab.prefix_part[j][where]
+                    prefixes = _fmix_np(base.copy())
+                add(row, tokens, self._extend(base, vocab, j, where), prefixes)
+            # Word-first tokens: the partial word P becomes P' = P + lead, then u_1..u_m.
+            lead = np.flatnonzero((vocab.kind == _LEAD) & fast)
+            if not lead.size:
+                continue
             with np.errstate(over="ignore"):
                 merged = _fmix_np(
-                    np.uint64(p_poly)
-                    + np.uint64(p_power) * vocab.lead_poly[lead]
+                    np.uint64(plan.p_poly)
+                    + np.uint64(plan.p_power) * vocab.lead_poly[lead]
                     + np.uint64(WORD_OFFSET)
                 )
             merged_plus = merged + _U1
-            if len(before) >= n - 1:
-                start = state_of(before[len(before) - (n - 1) :] if n > 1 else [])
-                if n == 1 or prefix_stored(start):
-                    with np.errstate(over="ignore"):
-                        full = _fmix_np(np.uint64(start) * np.uint64(_M) + merged_plus)
-                    groups.append((lead, full, None))
+            if len(before) >= n - 1 and (n == 1 or open_gate[plan.lead_gate]):
+                start = self._state_of(before[len(before) - (n - 1) :] if n > 1 else [])
+                with np.errstate(over="ignore"):
+                    full = _fmix_np(np.uint64(start) * np.uint64(_M) + merged_plus)
+                add(row, lead, full, None)
             for j in range(1, n):
                 if len(before) < n - 1 - j:
                     continue
@@ -509,39 +545,32 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 if not candidates.size:
                     continue
                 has = np.searchsorted(lead, candidates)  # lead holds every fast word-first token
-                chosen, where = candidates, np.searchsorted(vocab.later[j], candidates)
-                start = state_of(before[len(before) - (n - 1 - j) :] if n - 1 - j else [])
+                where = np.searchsorted(vocab.later[j], candidates)
+                start = self._state_of(before[len(before) - (n - 1 - j) :] if n - 1 - j else [])
                 with np.errstate(over="ignore"):
                     base = (np.uint64(start) * np.uint64(_M) + merged_plus[has]) * np.uint64(
                         power[j - 1]
                     ) + vocab.prefix_part[j][where]
                 prefixes = _fmix_np(base.copy())
-                groups.append((chosen, self._extend(base, vocab, j, chosen, where), prefixes))
-        if not groups:
-            return False
-        tokens = np.concatenate([group[0] for group in groups])
-        full = np.concatenate([group[1] for group in groups])
+                add(row, candidates, self._extend(base, vocab, j, where), prefixes)
+        if not tokens_list:
+            return
+        row_of = np.concatenate(rows)
+        tokens = np.concatenate(tokens_list)
+        full = np.concatenate(fulls)
         keep = np.ones(tokens.shape[0], dtype=bool)
-        offset = 0
-        for group_tokens, _, prefixes in groups:
-            if prefixes is not None:
-                keep[offset : offset + group_tokens.shape[0]] = self._prefix_found(prefixes)
-            offset += group_tokens.shape[0]
-        words_np = self.filter.words
-        hits = sparse_members(words_np, full[keep], self.filter.num_probes)
-        out[tokens[keep][hits]] = True
-        return True
+        if prefix_at:
+            found = self._prefix_found(np.concatenate([p for _, p in prefix_at]))
+            position = 0
+            for start_at, prefixes in prefix_at:
+                size = prefixes.shape[0]
+                keep[start_at : start_at + size] = found[position : position + size]
+                position += size
+        hits = sparse_members(self.filter.words, full[keep], self.filter.num_probes)
+        mask[row_of[keep][hits], tokens[keep][hits]] = True
 
-    def _extend(
-        self,
-        base: np.ndarray,
-        vocab: WordVocab,
-        j: int,
-        tokens: np.ndarray,
-        where: np.ndarray | None = None,
-    ) -> np.ndarray:
-        if where is None:
-            where = np.searchsorted(vocab.later[j], tokens)
+    def _extend(self, base: np.ndarray, vocab: WordVocab, j: int, where: np.ndarray) -> np.ndarray:
+        """Fingerprints of the n-grams ending at each candidate's j-th new word."""
         with np.errstate(over="ignore"):
             return _fmix_np(base * np.uint64(_M) + vocab.last_word[j][where] + _U1)
 
@@ -553,27 +582,37 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         found[sparse_members(prefix_words, fingerprints, self.filter.prefix_num_probes)] = True
         return found
 
-    def _slow(self, state: RowText, vocab: WordVocab, tokens: np.ndarray, out: np.ndarray) -> bool:
-        """Exact: decode and normalize the row's text with each token, compare the words."""
-        old = words(state.reading())
+    def _slow(
+        self, plans: list[_Plan], vocab: WordVocab, mask: np.ndarray, checked: np.ndarray
+    ) -> None:
+        """Exact, for the candidates that do not start clean: decode and normalize the row's
+        text with each token and compare the words."""
         n = self.n
         ngrams: list[list[str]] = []
-        owners: list[int] = []
-        for token in tokens.tolist():
-            new = words(state.reading(vocab.data[token], token in self._byte_ids))
-            same = 0
-            for a, b in zip(old, new, strict=False):
-                if a != b:
-                    break
-                same += 1
-            for end in range(max(same, n - 1), len(new)):
-                ngrams.append(new[end - n + 1 : end + 1])
-                owners.append(token)
+        owners: list[tuple[int, int]] = []
+        unclean = vocab.kind != _NONE
+        for row, plan in enumerate(plans):
+            tokens = np.flatnonzero(~plan.fast & unclean)
+            if not tokens.size:
+                continue
+            state = plan.state
+            old = words(state.reading())
+            for token in tokens.tolist():
+                new = words(state.reading(vocab.data[token], token in self._byte_ids))
+                same = 0
+                for a, b in zip(old, new, strict=False):
+                    if a != b:
+                        break
+                    same += 1
+                for end in range(max(same, n - 1), len(new)):
+                    ngrams.append(new[end - n + 1 : end + 1])
+                    owners.append((row, token))
+                    checked[row] = True
         if not ngrams:
-            return False
+            return
         hits = self.filter.contains(ngram_hash_rows(ngrams))
-        out[np.asarray(owners, dtype=np.int64)[hits]] = True
-        return True
+        found = np.asarray(owners, dtype=np.int64)[hits]
+        mask[found[:, 0], found[:, 1]] = True
 
     def __repr__(self) -> str:
         return (
