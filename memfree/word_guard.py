@@ -123,6 +123,14 @@ class WordVocab:
     last_word: dict[int, np.ndarray]
     inner_ngrams: dict[int, list[list[int]]]  # token -> its own word n-grams (hashes)
     later_by_kind: dict[tuple[int, int], np.ndarray]  # (kind, j) -> later[j] of that kind
+    # Tokens that share a word share a lookup (" foo", "(foo" and ".foo" add the word "foo"):
+    # the distinct first words of the separator-first tokens and the distinct leading pieces of
+    # the word-first ones, with each token's index among them.
+    sep_words: np.ndarray
+    sep_inverse: np.ndarray
+    lead_tokens: np.ndarray
+    lead_keys: np.ndarray  # distinct lead_poly values (the merged word depends on nothing else)
+    lead_inverse: np.ndarray
 
     @classmethod
     def build(cls, table: Sequence[bytes | None], ngram_size: int) -> WordVocab:
@@ -176,7 +184,21 @@ class WordVocab:
             for j, tokens in later.items()
             for which in (_LEAD, _SEPARATOR)
         }
+        separators = by_kind[_SEPARATOR, 1] if ngram_size > 1 else np.zeros(0, dtype=np.int64)
+        first_words = (
+            np.asarray(last_word[1], dtype=np.uint64)[np.searchsorted(later[1], separators)]
+            if ngram_size > 1
+            else np.zeros(0, dtype=np.uint64)
+        )
+        sep_words, sep_inverse = np.unique(first_words, return_inverse=True)
+        lead_tokens = np.flatnonzero(kind == _LEAD)
+        lead_keys, lead_inverse = np.unique(lead_poly[lead_tokens], return_inverse=True)
         return cls(
+            sep_words=sep_words,
+            sep_inverse=sep_inverse.reshape(-1),
+            lead_tokens=lead_tokens,
+            lead_keys=lead_keys,
+            lead_inverse=lead_inverse.reshape(-1),
             later_by_kind=by_kind,
             data=data,
             kind=kind,
@@ -487,15 +509,22 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         prefix_at: list[tuple[int, np.ndarray]] = []  # (offset, prefix fingerprints)
         offset = 0
 
+        shared: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # (row, offset, tokens, inverse)
+
         def add(row: int, tokens: np.ndarray, full: np.ndarray, prefixes: Any) -> None:
             nonlocal offset
-            rows.append(np.full(tokens.shape[0], row, dtype=np.int64))
+            rows.append(np.full(full.shape[0], row, dtype=np.int64))
             tokens_list.append(tokens)
             fulls.append(full)
             if prefixes is not None:
                 prefix_at.append((offset, prefixes))
-            offset += tokens.shape[0]
+            offset += full.shape[0]
             checked[row] = True
+
+        def add_shared(row: int, tokens: np.ndarray, inverse: np.ndarray, full: np.ndarray) -> None:
+            """Lookups of distinct keys; token i's answer is that of key ``inverse[i]``."""
+            shared.append((row, offset, tokens, inverse))
+            add(row, np.full(full.shape[0], -1, dtype=np.int64), full, None)
 
         for row, plan in enumerate(plans):
             fast, history, before = plan.fast, plan.history, plan.before
@@ -506,12 +535,17 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 if j == 1 and not (n == 1 or open_gate[plan.sep_gate]):
                     continue
                 tokens = vocab.later_by_kind[_SEPARATOR, j]
-                tokens = tokens[fast[tokens]]
-                if not tokens.size:
-                    continue
                 context = np.uint64(
                     self._state_of(history[len(history) - (n - j) :]) * power[j - 1] & _MASK64
                 )
+                if j == 1 and bool(fast[tokens].all()):  # one lookup per distinct word
+                    with np.errstate(over="ignore"):
+                        full = _fmix_np(context * np.uint64(_M) + vocab.sep_words + _U1)
+                    add_shared(row, tokens, vocab.sep_inverse, full)
+                    continue
+                tokens = tokens[fast[tokens]]
+                if not tokens.size:
+                    continue
                 where = np.searchsorted(vocab.later[j], tokens)
                 if j == 1:
                     base = np.full(tokens.shape[0], context, dtype=np.uint64)
@@ -522,21 +556,34 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                     prefixes = _fmix_np(base.copy())
                 add(row, tokens, self._extend(base, vocab, j, where), prefixes)
             # Word-first tokens: the partial word P becomes P' = P + lead, then u_1..u_m.
-            lead = np.flatnonzero((vocab.kind == _LEAD) & fast)
+            every_lead = bool(fast[vocab.lead_tokens].all())
+            if every_lead:  # one lookup per distinct leading piece
+                lead = vocab.lead_tokens
+                poly = vocab.lead_keys
+            else:
+                lead = np.flatnonzero((vocab.kind == _LEAD) & fast)
+                poly = vocab.lead_poly[lead]
             if not lead.size:
                 continue
             with np.errstate(over="ignore"):
-                merged = _fmix_np(
-                    np.uint64(plan.p_poly)
-                    + np.uint64(plan.p_power) * vocab.lead_poly[lead]
-                    + np.uint64(WORD_OFFSET)
+                merged_plus = (
+                    _fmix_np(
+                        np.uint64(plan.p_poly)
+                        + np.uint64(plan.p_power) * poly
+                        + np.uint64(WORD_OFFSET)
+                    )
+                    + _U1
                 )
-            merged_plus = merged + _U1
             if len(before) >= n - 1 and (n == 1 or open_gate[plan.lead_gate]):
                 start = self._state_of(before[len(before) - (n - 1) :] if n > 1 else [])
                 with np.errstate(over="ignore"):
                     full = _fmix_np(np.uint64(start) * np.uint64(_M) + merged_plus)
-                add(row, lead, full, None)
+                if every_lead:
+                    add_shared(row, lead, vocab.lead_inverse, full)
+                else:
+                    add(row, lead, full, None)
+            if every_lead:
+                merged_plus = merged_plus[vocab.lead_inverse]  # per token, for the groups below
             for j in range(1, n):
                 if len(before) < n - 1 - j:
                     continue
@@ -566,8 +613,16 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 size = prefixes.shape[0]
                 keep[start_at : start_at + size] = found[position : position + size]
                 position += size
-        hits = sparse_members(self.filter.words, full[keep], self.filter.num_probes)
-        mask[row_of[keep][hits], tokens[keep][hits]] = True
+        hits = np.flatnonzero(keep)[
+            sparse_members(self.filter.words, full[keep], self.filter.num_probes)
+        ]
+        own = hits[tokens[hits] >= 0]
+        mask[row_of[own], tokens[own]] = True
+        if shared:
+            hit = np.zeros(full.shape[0], dtype=bool)
+            hit[hits] = True
+            for row, start_at, group_tokens, inverse in shared:
+                mask[row, group_tokens[hit[start_at + inverse]]] = True
 
     def _extend(self, base: np.ndarray, vocab: WordVocab, j: int, where: np.ndarray) -> np.ndarray:
         """Fingerprints of the n-grams ending at each candidate's j-th new word."""
