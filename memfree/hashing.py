@@ -90,12 +90,46 @@ def probe_positions_reference(fingerprint: int, num_blocks: int, num_probes: int
 # numpy twin (builder, NgramFilter.contains). uint64 arithmetic wraps modulo 2**64.
 
 
-def _fmix64_np(values: np.ndarray) -> np.ndarray:
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(_FMIX_C1)
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(_FMIX_C2)
-    return values ^ (values >> np.uint64(33))
+_U1, _U6, _U32, _U33, _U63 = (np.uint64(v) for v in (1, 6, 32, 33, 63))
+_FMIX1, _FMIX2 = np.uint64(_FMIX_C1), np.uint64(_FMIX_C2)
+
+
+def fmix64_np(values: np.ndarray) -> np.ndarray:
+    """The murmur3 finalizer of each uint64 value (a new array; the input is left as it is)."""
+    with np.errstate(over="ignore"):
+        values = values ^ (values >> _U33)
+        values *= _FMIX1
+        values ^= values >> _U33
+        values *= _FMIX2
+        values ^= values >> _U33
+    return values
+
+
+_fmix64_np = fmix64_np
+
+
+def sparse_members_np(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
+    """Indices of the fingerprints whose probes are all set in a blocked bit array.
+
+    The same answer as :func:`query_bits_np`, faster for many candidates: a candidate drops at
+    its first unset probe (about half drop per probe), so later probes look at fewer.
+    """
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    words = words.view(np.ndarray)  # a memmap's __getitem__ costs more than the lookup
+    index = np.arange(fingerprints.shape[0])
+    if not index.size:
+        return index
+    shift = np.uint64(_PROBE_SHIFT)
+    with np.errstate(over="ignore"):
+        num_blocks = np.uint64(words.shape[0] // WORDS_PER_BLOCK)
+        base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
+        for probe in range(num_probes):
+            offset = (fingerprints * np.uint64(PROBE_MULTIPLIERS[probe])) >> shift
+            keep = np.flatnonzero((words[base + (offset >> _U6)] >> (offset & _U63)) & _U1)
+            fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
+            if not keep.size:
+                break
+    return index
 
 
 def _powers_np(count: int) -> list[np.uint64]:

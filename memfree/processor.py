@@ -20,27 +20,18 @@ import torch
 from memfree.errors import FilterError, FilterMismatchError
 from memfree.filter import LAYOUT, NgramFilter
 from memfree.hashing import (
-    _FMIX_C1,
-    _FMIX_C2,
-    _PROBE_SHIFT,
     HORNER_MULTIPLIER,
-    PROBE_MULTIPLIERS,
-    WORDS_PER_BLOCK,
     _fmix64_torch,
     _signed,
+    fmix64_np,
     query_bits_torch,
+    sparse_members_np,
 )
 
 try:  # a plain base class keeps the guard importable (and testable) without transformers
     from transformers import LogitsProcessor as _Base
 except ImportError:  # pragma: no cover - transformers is a hard dependency
     _Base = object  # type: ignore[assignment,misc]
-
-
-_U1, _U6, _U32, _U33, _U63 = (np.uint64(v) for v in (1, 6, 32, 33, 63))
-_USHIFT = np.uint64(_PROBE_SHIFT)
-_FMIX1, _FMIX2 = np.uint64(_FMIX_C1), np.uint64(_FMIX_C2)
-_PROBES_NP = [np.uint64(multiplier) for multiplier in PROBE_MULTIPLIERS]
 
 
 @dataclass
@@ -394,21 +385,7 @@ class MemFreeLogitsProcessor(_Base):
             candidates = self._candidates_np(vocab_size)
             with np.errstate(over="ignore"):
                 fingerprints = (states[:, None] + candidates[None, :]).reshape(-1)
-                fingerprints ^= fingerprints >> _U33
-                fingerprints *= _FMIX1
-                fingerprints ^= fingerprints >> _U33
-                fingerprints *= _FMIX2
-                fingerprints ^= fingerprints >> _U33
-                num_blocks = np.uint64(words_np.shape[0] // WORDS_PER_BLOCK)
-                base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
-                index = np.arange(fingerprints.shape[0])
-                for probe in range(self.filter.num_probes):
-                    offset = (fingerprints * _PROBES_NP[probe]) >> _USHIFT
-                    hit = (words_np[base + (offset >> _U6)] >> (offset & _U63)) & _U1
-                    keep = np.flatnonzero(hit)
-                    fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
-                    if not keep.size:
-                        break
+            index = sparse_members_np(words_np, fmix64_np(fingerprints), self.filter.num_probes)
             rows_of, tokens = np.divmod(index, vocab_size)
             mask[rows[rows_of], tokens] = True
         return torch.from_numpy(mask)

@@ -32,11 +32,10 @@ import torch
 
 from memfree.errors import FilterMismatchError
 from memfree.hashing import (
-    _PROBE_SHIFT,
     HORNER_MULTIPLIER,
-    PROBE_MULTIPLIERS,
-    WORDS_PER_BLOCK,
+    fmix64_np,
     fmix64_reference,
+    sparse_members_np,
 )
 from memfree.processor import MemFreeLogitsProcessor
 from memfree.words import (
@@ -56,42 +55,9 @@ from memfree.words import (
 )
 
 _MASK64 = (1 << 64) - 1
-_U6, _U32, _U33, _U63, _U1 = (np.uint64(v) for v in (6, 32, 33, 63, 1))
-_USHIFT = np.uint64(_PROBE_SHIFT)
-_FMIX1, _FMIX2 = np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)
+_U1 = np.uint64(1)
 _M = HORNER_MULTIPLIER
-
-
-def _fmix_np(values: np.ndarray) -> np.ndarray:
-    values = values ^ (values >> _U33)
-    values *= _FMIX1
-    values ^= values >> _U33
-    values *= _FMIX2
-    values ^= values >> _U33
-    return values
-
-
-def sparse_members(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
-    """Indices of the fingerprints whose probes are all set in a blocked bit array.
-
-    A candidate drops at its first unset probe (about half drop per probe), which gives the same
-    answer as testing every probe.
-    """
-    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
-    words = words.view(np.ndarray)  # a memmap's __getitem__ costs more than the lookup
-    index = np.arange(fingerprints.shape[0])
-    if not index.size:
-        return index
-    with np.errstate(over="ignore"):
-        num_blocks = np.uint64(words.shape[0] // WORDS_PER_BLOCK)
-        base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
-        for probe in range(num_probes):
-            offset = (fingerprints * np.uint64(PROBE_MULTIPLIERS[probe])) >> _USHIFT
-            keep = np.flatnonzero((words[base + (offset >> _U6)] >> (offset & _U63)) & _U1)
-            fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
-            if not keep.size:
-                break
-    return index
+_fmix_np = fmix64_np
 
 
 # ------------------------------------------------------------------------------------------------
@@ -614,7 +580,7 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 keep[start_at : start_at + size] = found[position : position + size]
                 position += size
         hits = np.flatnonzero(keep)[
-            sparse_members(self.filter.words, full[keep], self.filter.num_probes)
+            sparse_members_np(self.filter.words, full[keep], self.filter.num_probes)
         ]
         own = hits[tokens[hits] >= 0]
         mask[row_of[own], tokens[own]] = True
@@ -634,7 +600,7 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         if prefix_words is None or self.n == 1:
             return np.ones(fingerprints.shape[0], dtype=bool)
         found = np.zeros(fingerprints.shape[0], dtype=bool)
-        found[sparse_members(prefix_words, fingerprints, self.filter.prefix_num_probes)] = True
+        found[sparse_members_np(prefix_words, fingerprints, self.filter.prefix_num_probes)] = True
         return found
 
     def _slow(
@@ -685,4 +651,4 @@ def text_blocked(ngram_filter: Any, before: str, after: str) -> list[tuple[str, 
     return [ngram for ngram, hit in zip(candidates, hits, strict=True) if hit]
 
 
-__all__ = ["MemFreeWordLogitsProcessor", "RowText", "WordVocab", "sparse_members", "text_blocked"]
+__all__ = ["MemFreeWordLogitsProcessor", "RowText", "WordVocab", "text_blocked"]

@@ -32,7 +32,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memfree.hashing import DEFAULT_HASH_SEED, fmix64_reference, sliding_fingerprints_np
+from memfree.hashing import (
+    DEFAULT_HASH_SEED,
+    fmix64_np,
+    fmix64_reference,
+    sliding_fingerprints_np,
+)
 
 if TYPE_CHECKING:
     from memfree.filter import NgramFilter
@@ -152,12 +157,7 @@ def word_hashes_np(found: Sequence[str]) -> np.ndarray:
     with np.errstate(over="ignore"):
         polys = np.add.reduceat(data * powers[exponents], starts, dtype=np.uint64)
         values = polys + np.uint64(WORD_OFFSET)
-        values ^= values >> np.uint64(33)
-        values *= np.uint64(0xFF51AFD7ED558CCD)
-        values ^= values >> np.uint64(33)
-        values *= np.uint64(0xC4CEB9FE1A85EC53)
-        values ^= values >> np.uint64(33)
-    return values
+    return fmix64_np(values)
 
 
 def text_word_hashes(text: str) -> np.ndarray:
