@@ -44,7 +44,6 @@ from memfree.words import (
     WORD_MULTIPLIER,
     WORD_OFFSET,
     is_word_char,
-    new_word_ngrams,
     ngram_hash_rows,
     normalize,
     starts_clean,
@@ -642,13 +641,4 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         )
 
 
-def text_blocked(ngram_filter: Any, before: str, after: str) -> list[tuple[str, ...]]:
-    """Stored word n-grams that ``after`` creates when appended to ``before`` (the reference)."""
-    candidates = new_word_ngrams(before, before + after, ngram_filter.n)
-    if not candidates:
-        return []
-    hits = ngram_filter.contains(ngram_hash_rows(candidates))
-    return [ngram for ngram, hit in zip(candidates, hits, strict=True) if hit]
-
-
-__all__ = ["MemFreeWordLogitsProcessor", "RowText", "WordVocab", "text_blocked"]
+__all__ = ["MemFreeWordLogitsProcessor", "RowText", "WordVocab"]
