@@ -277,6 +277,53 @@ def test_the_guard_is_what_stops_the_copy(
     assert guard.stats.interventions()[0] >= 1
 
 
+@pytest.mark.parametrize("mode", ["greedy", "beam"])
+@pytest.mark.parametrize("style", ["original", "upper"])
+def test_token_and_word_guards_compose(
+    mode: str, style: str, word_tokenizers: dict[str, Any], scripted_lm: Any, tmp_path: Path
+) -> None:
+    """Both guards in one generate() (each only removes candidates, so both promises hold):
+    neither a stored token n-gram nor a stored word n-gram comes out."""
+    tok = word_tokenizers["byte_bpe"]
+    token_n, word_n = 4, 3
+    rows = [tok(t, add_special_tokens=False)["input_ids"] for t in WORD_TEXTS]
+    token_ngrams = {tuple(r[i : i + token_n]) for r in rows for i in range(len(r) - token_n + 1)}
+    token_filter = NgramFilter.from_ngrams(tmp_path / "t.memfree", np.array(sorted(token_ngrams)))
+    word_filter = word_filter_from_texts(tmp_path / "w.memfree", WORD_TEXTS, word_n)
+    exact_words = {g for t in WORD_TEXTS for g in word_ngrams(t, word_n)}
+    styled = STYLES[style](WORD_TEXTS[0])
+    model = memorizing_model(scripted_lm, tok, styled, 0)
+    prompt = tok(styled, add_special_tokens=False)["input_ids"][:4]
+    found: dict[str, tuple[int, int]] = {}
+    for name, processors in (
+        ("plain", []),
+        (
+            "both",
+            [MemFreeLogitsProcessor(token_filter, tok), MemFreeLogitsProcessor(word_filter, tok)],
+        ),
+    ):
+        out = model.generate(
+            torch.tensor([prompt]),
+            logits_processor=processors,
+            max_new_tokens=14,
+            use_cache=False,
+            pad_token_id=tok.eos_token_id,
+            **MODES[mode],
+        )
+        tokens_found = words_found = 0
+        for row in out.tolist():
+            ids = row[: len(prompt)] + [t for t in row[len(prompt) :] if t != tok.eos_token_id]
+            tokens_found += sum(
+                tuple(ids[i : i + token_n]) in token_ngrams
+                for i in range(max(len(prompt) - token_n + 1, 0), len(ids) - token_n + 1)
+            )
+            words_found += len(emitted_stored(tok, prompt, ids[len(prompt) :], exact_words, word_n))
+        found[name] = (tokens_found, words_found)
+    assert found["both"] == (0, 0)
+    # Unguarded, the model copies: token n-grams in the original style, word n-grams in both.
+    assert found["plain"][1] > 0 and (style != "original" or found["plain"][0] > 0)
+
+
 # ------------------------------------------------------------------------------------------------
 # One filter, every tokenizer
 
