@@ -92,12 +92,20 @@ def main() -> None:
         steps = out.shape[1] - width
         inside = timed.seconds / max(timed.calls, 1) * 1000 if timed else 0.0
         share = timed.seconds / total if timed else 0.0
-        rows.append((name, total, inside, share, steps))
+        checked = float(timed.inner.stats.checked.mean()) if timed else 0.0
+        rows.append((name, total, inside, share, steps, checked))
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, CPU")
-    print(f"batch {args.batch}, {args.new_tokens} new tokens, greedy, n = 10")
-    print(f"{'guard':6s} {'wall s':>8s} {'ms/step in guard':>17s} {'share':>7s}")
-    for name, total, inside, share, _ in rows:
-        print(f"{name:6s} {total:8.2f} {inside:17.2f} {share:7.1%}")
+    print(
+        f"batch {args.batch}, {args.new_tokens} new tokens, greedy; token 10-grams, word "
+        f"{DEFAULT_WORD_N}-grams"
+    )
+    print(
+        f"{'guard':6s} {'wall s':>8s} {'ms/step in guard':>17s} {'share':>7s} "
+        f"{'rows checked':>13s} {'ms per checked row':>19s}"
+    )
+    for name, total, inside, share, _, checked in rows:
+        per_row = inside / (checked * args.batch) if checked else 0.0
+        print(f"{name:6s} {total:8.2f} {inside:17.2f} {share:7.1%} {checked:13.0%} {per_row:19.2f}")
     token_ms, word_ms = rows[1][2], rows[2][2]
     print(f"word guard / token guard time per step: {word_ms / max(token_ms, 1e-9):.2f}x")
 
