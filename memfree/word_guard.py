@@ -274,6 +274,37 @@ def _trim(text: str, pending: bytes, keep_words: int) -> tuple[str, bytes]:
     return text, text.encode("utf-8") + pending
 
 
+_TAIL_CHARS_PER_WORD = 16  # how far back a tail may start, per word it must keep
+
+
+def _tail(state: RowText, keep_words: int) -> RowText:
+    """The row's text from a safe cut near its end that keeps at least ``keep_words`` words.
+
+    A token changes the words of the text at most from the last word on (a UTF-8 character it
+    completes, a mark that composes with the last character, the last word it extends), and
+    a cut before a clean separator splits the words exactly; so the n-grams a token creates
+    are the same in the tail as in the whole text when the tail holds n + 1 words or more.
+    """
+    if state.run:
+        return state
+    text = state.head[: len(state.head) - len(state.pending)].decode("utf-8", "replace")
+    found, inside, cut = 0, False, 0
+    for position in range(len(text) - 1, max(len(text) - _TAIL_CHARS_PER_WORD * keep_words, 0), -1):
+        if _safe_cut(text[position]):
+            if found >= keep_words:
+                cut = position
+                break
+            inside = False
+        elif not inside:  # a word (or what may normalize into one) begins here, reading back
+            found, inside = found + 1, True
+    if not cut:
+        return state
+    tail = text[cut:]
+    if len(words(tail)) < keep_words:  # the count above is a guess; this is the rule
+        return state
+    return RowText(tail.encode("utf-8") + state.pending, state.pending, b"", 0, [], "")
+
+
 @dataclass
 class _Plan:
     """One row's step: its text state and words, and which candidates take the fast path."""
@@ -615,7 +646,7 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
             tokens = np.flatnonzero(~plan.fast & unclean)
             if not tokens.size:
                 continue
-            state = plan.state
+            state = _tail(plan.state, n + 2)
             old = words(state.reading())
             for token in tokens.tolist():
                 new = words(state.reading(vocab.data[token], token in self._byte_ids))

@@ -118,7 +118,10 @@ def test_unsupported_tokenizers_are_refused_clearly(tokenizer: Any) -> None:
 def row_states(draw: Any, tokenizers: dict[str, Any]) -> tuple[str, int, list[int]]:
     family = draw(st.sampled_from(FAMILIES))
     tok = tokenizers[family]
-    text = STYLES[draw(st.sampled_from(list(STYLES)))](draw(st.sampled_from(WORD_TEXTS)))
+    # Long texts too: the exact path then reads only the text's tail (from a safe cut).
+    long_text = "\n".join(WORD_TEXTS)
+    source = draw(st.sampled_from([*WORD_TEXTS, long_text, long_text[::-1]]))
+    text = STYLES[draw(st.sampled_from(list(STYLES)))](source)
     cut = draw(st.integers(0, len(text)))
     ids = tok(text[:cut], add_special_tokens=False)["input_ids"]
     ids += draw(st.lists(st.integers(0, len(tok) - 1), max_size=3))  # odd tails: split bytes
@@ -130,6 +133,10 @@ def row_states(draw: Any, tokenizers: dict[str, Any]) -> tuple[str, int, list[in
 def test_mask_is_exact_for_every_candidate(
     data: Any, word_tokenizers: dict[str, Any], word_filters: dict[int, NgramFilter]
 ) -> None:
+    from unittest import mock
+
+    from memfree import word_guard
+
     family, n, ids = data.draw(row_states(word_tokenizers))
     tok = word_tokenizers[family]
     guard = MemFreeLogitsProcessor(word_filters[n], tok)
@@ -137,7 +144,10 @@ def test_mask_is_exact_for_every_candidate(
     table = token_bytes(tok)
     vocab_size = len(tok) + 3  # a model's padded embedding rows add no text
     row = torch.tensor([ids or [tok.eos_token_id]])
-    mask, _ = guard.blocked_mask(row, vocab_size)
+    # Short tails, so that the exact path's cut (made on long texts in practice) is exercised.
+    chars_per_word = data.draw(st.sampled_from([16, 6, 3]))
+    with mock.patch.object(word_guard, "_TAIL_CHARS_PER_WORD", chars_per_word):
+        mask, _ = guard.blocked_mask(row, vocab_size)
     before = tok.decode(row[0].tolist(), skip_special_tokens=True)
     expected = [
         reference_blocked(
@@ -158,6 +168,8 @@ def test_mask_is_exact_for_every_candidate(
         "THE QUICK BROWN FOX JUMPS OVER THE",
         "# Café crème brû",
         "the quick brown fox 日本",  # ends inside a multi-byte character below
+        # Long: the exact path (the default vocabulary has combining marks) reads a tail only.
+        "\n".join(WORD_TEXTS[:-1]) + "\nThe Quick Brown Fox said: hello, WOR",
     ],
 )
 def test_mask_is_exact_with_the_default_tokenizer(
