@@ -13,9 +13,14 @@ token was classified once (:class:`WordVocab`): the words its text adds, and whe
 starts with a letter (then it extends ``P``) or a separator. Unicode normalization never reaches
 back across a token that :func:`~memfree.words.starts_clean`, so for those tokens the n-grams a
 candidate creates are a multiply-add away from per-row Horner states: the same arithmetic as the
-token guard, with the prefix section skipping rows whose context begins no stored n-gram. The
-few other tokens (a combining mark first, or the continuation of a character split across tokens)
-are decoded and normalized exactly, one by one.
+token guard, with the prefix section skipping rows whose context begins no stored n-gram.
+Tokens that add the same word share one lookup, and every row's lookups go to the filter in one
+pass per step. The few other tokens (a combining mark first, or the continuation of a character
+split across tokens) are decoded and normalized exactly, one by one, on the row's last words.
+
+What a step costs depends on how often a row's last n-1 words begin a stored n-gram: then
+every candidate is looked up, as the token guard does for a row whose last n-1 tokens do. Word
+contexts are shorter and repeat more than token contexts, so they open more often.
 """
 
 from __future__ import annotations
