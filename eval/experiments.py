@@ -124,8 +124,12 @@ def _settings_fingerprint(
 ) -> str:
     import xxhash
 
+    data = settings.to_dict()
+    # Written as the bool it was before "words" existed, so that older result directories resume.
+    if data["metrics"]["normalize"] in ("none", "casefold"):
+        data["metrics"]["normalize"] = data["metrics"]["normalize"] == "casefold"
     payload = {
-        "settings": settings.to_dict(),
+        "settings": data,
         "model": model_name,
         "filter": filter_metadata.get("bits_xxh3"),
         "tokenizer": filter_metadata.get("tokenizer_fingerprint"),

@@ -175,12 +175,30 @@ def run(args: argparse.Namespace) -> int:
                 "the word defense needs --word-filter, the word filter of your corpus (memfree "
                 "build CORPUS --unit word), or leave 'word' out of --defenses"
             )
+    from memfree.filter import NgramFilter
+
+    try:  # the filters named on the command line are checked before the model loads
+        given = {
+            unit: NgramFilter.open(path)
+            for unit, path in (("token", args.filter), ("word", args.word_filter))
+            if path is not None
+        }
+        for unit, opened in given.items():
+            if opened.unit != unit:
+                option = "--filter" if unit == "token" else "--word-filter"
+                raise ValueError(
+                    f"{opened.path}: a {opened.unit} filter given as {option}, which takes a "
+                    f"{unit} filter"
+                    + (" (memfree build CORPUS --unit word)" if unit == "word" else "")
+                )
+    except (FilterError, OSError, ValueError) as error:
+        return _fail(str(error))
     try:
         model, tokenizer = load_model(args.model)
-        ngram_filter = _open_filter(args.filter, args.corpus, tokenizer)
-        word_filter = None
-        if args.word_filter is not None or "word" in settings.defenses:
-            word_filter = _open_word_filter(args.word_filter, args.corpus)
+        ngram_filter = given.get("token") or _open_filter(None, args.corpus, tokenizer)
+        word_filter = given.get("word")
+        if word_filter is None and "word" in settings.defenses:
+            word_filter = _open_word_filter(None, args.corpus)
     except (ModelNotFoundError, FilterError, OSError, ValueError, ImportError) as error:
         return _fail(str(error))
 

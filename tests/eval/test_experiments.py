@@ -4,6 +4,7 @@ guarded it emits no stored n-gram; the records resume, and the report agrees wit
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +284,27 @@ def test_identical_examples_are_each_counted(tmp_path: Path, tokenizer: Any) -> 
     )
     assert len(examples) == 4 and len({e.example_id for e in examples}) == 4
     assert [e.occurrences for e in examples] == [4, 4, 4, 4]
+
+
+@pytest.mark.parametrize(
+    ("normalize", "expected"), [(False, "33c0df0292d5575d"), (True, "17e84997f90a4c64")]
+)
+def test_result_directories_of_older_versions_still_resume(
+    normalize: bool, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings fingerprint memfree wrote before the word defense (commit 330be4c), for the
+    same settings: a run started then resumes now. (Library versions pinned out of the way.)"""
+    from eval.experiments import _settings_fingerprint
+    from eval.metrics import MetricSettings
+
+    monkeypatch.setattr(MetricSettings, "signature", lambda self: "pinned")
+    settings = ExperimentSettings(
+        experiment="styles",
+        metrics=MetricSettings(normalize=normalize),
+        styles=("original", "upper"),
+        defenses=("none", "memfree"),
+    )
+    metadata = {"bits_xxh3": "0123456789abcdef", "tokenizer_fingerprint": "fedcba9876543210"}
+    assert _settings_fingerprint(settings, metadata, "smollm2-135m-instruct") == expected
+    words = replace(settings, metrics=MetricSettings(normalize="words"))
+    assert _settings_fingerprint(words, metadata, "smollm2-135m-instruct") != expected

@@ -201,7 +201,8 @@ def test_word_defense_needs_a_word_filter(tmp_path: Path, styled: dict[str, Any]
         )
     with pytest.raises(ValueError, match="word filter given as the token filter"):
         run_memorization(*args, styled["words"], examples=styled["examples"])
-    assert not (tmp_path / "records.jsonl").exists()  # refused before any work
+    assert not (tmp_path / "settings.json").exists()  # refused before any work
+    assert not (tmp_path / "records.jsonl").exists()
 
 
 def test_utility_of_a_word_filter(styled: dict[str, Any]) -> None:
@@ -263,7 +264,11 @@ def test_cli_eval_word_defense(
     assert summary["settings"]["metrics"]["normalize"] == "words"
     swapped = [*common, "--word-filter", str(styled["root"] / "tokens.memfree")]
     assert cli_main([*swapped, "--out", str(tmp_path / "swapped")]) == 2
-    assert "not a word filter" in capsys.readouterr().err
+    assert "a token filter given as --word-filter" in capsys.readouterr().err
+    # Checked before the model loads: a missing model is not what gets reported.
+    missing_model = [*swapped[:3], str(tmp_path / "no-model"), *swapped[4:]]
+    assert cli_main([*missing_model, "--out", str(tmp_path / "swapped")]) == 2
+    assert "a token filter given as --word-filter" in capsys.readouterr().err
     utility = ["eval", "utility", str(styled["root"] / "corpus"), "--filter", word_filter]
     assert cli_main(utility) == 0
     assert "hold a stored 3-gram" in capsys.readouterr().out

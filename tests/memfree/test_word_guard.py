@@ -133,10 +133,6 @@ def row_states(draw: Any, tokenizers: dict[str, Any]) -> tuple[str, int, list[in
 def test_mask_is_exact_for_every_candidate(
     data: Any, word_tokenizers: dict[str, Any], word_filters: dict[int, NgramFilter]
 ) -> None:
-    from unittest import mock
-
-    from memfree import word_guard
-
     family, n, ids = data.draw(row_states(word_tokenizers))
     tok = word_tokenizers[family]
     guard = MemFreeLogitsProcessor(word_filters[n], tok)
@@ -144,10 +140,7 @@ def test_mask_is_exact_for_every_candidate(
     table = token_bytes(tok)
     vocab_size = len(tok) + 3  # a model's padded embedding rows add no text
     row = torch.tensor([ids or [tok.eos_token_id]])
-    # Short tails, so that the exact path's cut (made on long texts in practice) is exercised.
-    chars_per_word = data.draw(st.sampled_from([16, 6, 3]))
-    with mock.patch.object(word_guard, "_TAIL_CHARS_PER_WORD", chars_per_word):
-        mask, _ = guard.blocked_mask(row, vocab_size)
+    mask, _ = guard.blocked_mask(row, vocab_size)
     before = tok.decode(row[0].tolist(), skip_special_tokens=True)
     expected = [
         reference_blocked(
@@ -159,6 +152,34 @@ def test_mask_is_exact_for_every_candidate(
     ]
     assert mask[0].tolist() == expected
     assert not mask[0, tok.eos_token_id]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=SLOW)
+@given(data=st.data())
+def test_a_batch_masks_as_its_rows_do(
+    data: Any, word_tokenizers: dict[str, Any], word_filters: dict[int, NgramFilter]
+) -> None:
+    """Every row's lookups go to the filter together: the batch's mask is its rows' masks."""
+    family = data.draw(st.sampled_from(FAMILIES))
+    tok = word_tokenizers[family]
+    n = data.draw(st.sampled_from([1, 2, 3]))
+    rows = []
+    for _ in range(data.draw(st.integers(2, 5))):
+        text = STYLES[data.draw(st.sampled_from(list(STYLES)))](
+            data.draw(st.sampled_from(WORD_TEXTS))
+        )
+        ids = tok(text[: data.draw(st.integers(1, len(text)))], add_special_tokens=False)
+        ids = ids["input_ids"] + data.draw(st.lists(st.integers(0, len(tok) - 1), max_size=2))
+        rows.append(ids or [tok.eos_token_id])
+    width = min(len(ids) for ids in rows)
+    batch = torch.tensor([ids[len(ids) - width :] for ids in rows])
+    together, checked = MemFreeLogitsProcessor(word_filters[n], tok).blocked_mask(batch, len(tok))
+    for index in range(batch.shape[0]):
+        alone, alone_checked = MemFreeLogitsProcessor(word_filters[n], tok).blocked_mask(
+            batch[index : index + 1], len(tok)
+        )
+        assert torch.equal(together[index], alone[0])
+        assert bool(checked[index]) == bool(alone_checked[0])
 
 
 @pytest.mark.parametrize(
