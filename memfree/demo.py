@@ -135,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{guard.stats.summary()['fraction_skipped']:.0%} of the last batch's row-steps exactly"
     )
     print(
-        "\nThe guard stops verbatim copies only: `make demo` builds no defence against "
-        "near-copies (renamed variables, changed case); see the eval module."
+        "\nThis token guard stops verbatim copies only: near-copies (changed case, spacing, "
+        "comments, _ names) pass. The word guard (memfree build --unit word) stops those too; "
+        "`memfree eval styles` measures both."
     )
     return 1 if still else 0
 
