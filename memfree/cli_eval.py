@@ -195,10 +195,11 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(error))
     try:
         model, tokenizer = load_model(args.model)
-        ngram_filter = given.get("token") or _open_filter(None, args.corpus, tokenizer)
+        # Past the checks above, a filter not given is the standard library's.
+        ngram_filter = given.get("token") or _default_filter("token", tokenizer)
         word_filter = given.get("word")
         if word_filter is None and "word" in settings.defenses:
-            word_filter = _open_word_filter(None, args.corpus)
+            word_filter = _default_filter("word", tokenizer)
     except (ModelNotFoundError, FilterError, OSError, ValueError, ImportError) as error:
         return _fail(str(error))
 
@@ -259,36 +260,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_filter(path: str | None, corpus: list[str], tokenizer: Any) -> Any:
+def _default_filter(unit: str, tokenizer: Any) -> Any:
+    """The standard library's token or word filter, built the first time it is needed."""
+    from bloom_builder.build import build_filter
+    from bloom_builder.settings import BuildSettings
     from memfree.filter import NgramFilter
 
-    if path is None:
-        if corpus != ["stdlib:"]:  # the default filter is the standard library's
-            raise ValueError("give --filter, the filter of your corpus (build it first)")
-        path = DEFAULT_FILTER
-        if not Path(path).exists():
-            from bloom_builder.build import build_filter
-
-            print(f"building {path} from stdlib: ...", file=sys.stderr)
+    path = DEFAULT_FILTER if unit == "token" else DEFAULT_WORD_FILTER
+    if not Path(path).exists():
+        print(f"building {path} from stdlib: ...", file=sys.stderr)
+        if unit == "token":
             build_filter(["stdlib:"], path, tokenizer=tokenizer)
-    return NgramFilter.open(path)
-
-
-def _open_word_filter(path: str | None, corpus: list[str]) -> Any:
-    from memfree.filter import NgramFilter
-
-    if path is None:
-        if corpus != ["stdlib:"]:  # the default word filter is the standard library's
-            raise ValueError(
-                "the word defense needs --word-filter, the word filter of your corpus (memfree "
-                "build CORPUS --unit word)"
-            )
-        path = DEFAULT_WORD_FILTER
-        if not Path(path).exists():
-            from bloom_builder.build import build_filter
-            from bloom_builder.settings import BuildSettings
-
-            print(f"building {path} from stdlib: ...", file=sys.stderr)
+        else:
             build_filter(["stdlib:"], path, BuildSettings(unit="word", ngram_size=DEFAULT_WORD_N))
     return NgramFilter.open(path)
 

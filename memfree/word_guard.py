@@ -87,7 +87,6 @@ class WordVocab:
     fast: np.ndarray
     fast_after_pending: np.ndarray
     lead_poly: np.ndarray
-    lead_power: np.ndarray
     later: dict[int, np.ndarray]
     prefix_part: dict[int, np.ndarray]
     last_word: dict[int, np.ndarray]
@@ -109,7 +108,6 @@ class WordVocab:
         fast = np.zeros(size, dtype=bool)
         after_pending = np.zeros(size, dtype=bool)
         lead_poly = np.zeros(size, dtype=np.uint64)
-        lead_power = np.ones(size, dtype=np.uint64)
         later_ids: dict[int, list[int]] = {j: [] for j in range(1, ngram_size)}
         prefix_part: dict[int, list[int]] = {j: [] for j in range(1, ngram_size)}
         last_word: dict[int, list[int]] = {j: [] for j in range(1, ngram_size)}
@@ -133,7 +131,6 @@ class WordVocab:
                 assert lead is not None
                 encoded = lead.group().encode("utf-8")
                 lead_poly[token] = word_poly(encoded)
-                lead_power[token] = pow(WORD_MULTIPLIER, len(encoded), 1 << 64)
                 rest = norm[lead.end() :]
             else:
                 kind[token] = _SEPARATOR
@@ -175,7 +172,6 @@ class WordVocab:
             fast=fast,
             fast_after_pending=after_pending,
             lead_poly=lead_poly,
-            lead_power=lead_power,
             later=later,
             prefix_part={j: np.asarray(v, dtype=np.uint64) for j, v in prefix_part.items()},
             last_word={j: np.asarray(v, dtype=np.uint64) for j, v in last_word.items()},
