@@ -3,6 +3,10 @@
 Prints tokens/s end to end and with tokenization excluded, n-grams hashed and counted per second
 per core, peak memory, file size against the theoretical minimum, and the measured false-positive
 rate (random 10-grams) against the target. All figures come from this one run.
+
+``--memory-check`` instead builds a 40 MB single-line file with one worker at ``--memory-limit
+256M`` (and a one-line file for the baseline), each in a fresh process, and prints their peak
+resident memory: the memory limit must hold while tokenizing one huge line.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import argparse
 import os
 import platform
 import resource
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,13 +27,54 @@ from bloom_builder.settings import BuildSettings
 from memfree import NgramFilter
 from memfree.tokenizer import load_tokenizer
 
+PEAK = """
+import sys
+from memfree.cli import main
+code = main(sys.argv[1:])
+# VmHWM: the peak of this program alone (ru_maxrss would include the parent's size at fork)
+peak = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+print(int(peak) // 1024, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def peak_mib(corpus: Path, limit: str) -> int:
+    """Peak resident MiB of `memfree build CORPUS --workers 1 --memory-limit LIMIT` (one process)."""
+    output = corpus.with_suffix(".memfree")
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK, "build", str(corpus), "-o", str(output), "--workers", "1",
+         "--memory-limit", limit, "--no-progress"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(done.stderr.split()[-1])
+
+
+def memory_check(size_mib: int = 40, limit: str = "256M") -> None:
+    words = ["def", "return", "self", "import", "class", "(x)", "+=", "1234", "for", "in"]
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as directory:
+        huge, tiny = Path(directory) / "huge.txt", Path(directory) / "tiny.txt"
+        text = " ".join(rng.choice(words, size=size_mib * (1 << 20) // 5))
+        huge.write_text(text[: size_mib << 20])
+        tiny.write_text(text[:1000])
+        baseline, peak = peak_mib(tiny, limit), peak_mib(huge, limit)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores")
+    print(
+        f"one {size_mib} MiB line, --memory-limit {limit}, 1 worker: peak {peak} MiB "
+        f"(a one-line file: {baseline} MiB; difference {peak - baseline} MiB)"
+    )
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--fpr", type=float, default=1e-3)
     parser.add_argument("--queries", type=int, default=4_000_000)
+    parser.add_argument("--memory-check", action="store_true")
     args = parser.parse_args()
+    if args.memory_check:
+        memory_check()
+        return
 
     tokenizer = load_tokenizer(None)  # cached after the first load; not part of the timing
     settings = BuildSettings(workers=args.workers, false_positive_rate=args.fpr)

@@ -9,7 +9,7 @@ complete file, by rename.
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +19,16 @@ from typing import Any
 import xxhash
 
 from bloom_builder.counting import RUN_ENTRY_BYTES, partition_bounds
+from bloom_builder.outputs import (
+    OutputError,
+    WorkDir,
+    check_not_an_input,
+    check_output,
+    locked,
+    prepare_work_dir,
+    sidecar_of,
+)
+from bloom_builder.segments import batch_bytes_for
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
 from bloom_builder.stages import (
@@ -150,6 +160,7 @@ def build_filter(
     keep_work: bool = False,
     progress: bool = True,
     tokenizer: Any = None,
+    force: bool = False,
 ) -> BuildSummary:
     """Build a filter of the corpus's n-grams seen at least ``min_count`` times.
 
@@ -161,18 +172,39 @@ def build_filter(
         keep_work: keep the work directory after success.
         progress: show progress bars on a terminal.
         tokenizer: an already-loaded tokenizer (else ``settings.tokenizer`` is loaded).
+        force: overwrite an existing output that is not a memfree filter.
 
     Raises:
-        BuildError: no usable document, or the output path cannot be written.
+        BuildError: no usable document; an output that is an input, is not a filter (without
+            ``force``), cannot be written, or is being written by another build; a work
+            directory that memfree did not make.
     """
     settings = settings or BuildSettings()
     started = time.perf_counter()
     output = Path(output)
-    if output.is_dir():
-        raise BuildError(f"{output}: is a directory; give a file path for the filter (-o)")
     if not paths:
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
+    pybloom = settings.output_format != "memfree"
     work = Path(work_dir) if work_dir else output.with_name(output.name + ".work")
+    try:
+        check_output(output, force, pybloom)
+        with locked(output, work):
+            return _build(paths, output, work, settings, keep_work, progress, tokenizer, started)
+    except OutputError as error:
+        raise BuildError(str(error)) from None
+
+
+def _build(
+    paths: list[str],
+    output: Path,
+    work: Path,
+    settings: BuildSettings,
+    keep_work: bool,
+    progress: bool,
+    tokenizer: Any,
+    started: float,
+) -> BuildSummary:
+    pybloom = settings.output_format != "memfree"
 
     words = settings.unit == "word"
     if words and tokenizer is not None:
@@ -184,10 +216,16 @@ def build_filter(
     fingerprint = None if words else tokenizer_fingerprint(tokenizer)
     special_ids = [] if words else list(special_token_ids(tokenizer))
     options = SourceOptions(
-        text_field=settings.text_field, include=settings.include, exclude=settings.exclude
+        text_field=settings.text_field,
+        include=settings.include,
+        exclude=settings.exclude,
+        follow_symlinks=settings.follow_symlinks,
     )
     problems = ProblemLog()
-    units = discover(list(paths), options, problems)
+    written = [str(output), str(work)] + ([str(sidecar_of(output))] if pybloom else [])
+    check_not_an_input(output, _named_files(paths), pybloom)
+    units = discover(list(paths), options, problems, reserved=written)
+    check_not_an_input(output, [unit.path for unit in units], pybloom)
     if not units:
         raise BuildError(_nothing_usable(problems, "no readable input found"))
     shards = plan_shards(units, settings.shard_bytes)
@@ -214,10 +252,57 @@ def build_filter(
         "prefixes": use_prefixes,
         "special_ids": special_ids,
     }
-    _prepare_work_dir(work, config)
+    config_hash = xxhash.xxh3_64_hexdigest(json.dumps(config, sort_keys=True).encode("utf-8"))
+    workdir = prepare_work_dir(work, config, config_hash)
+    try:
+        plan = _Plan(
+            paths, output, settings, tokenizer, units, shards, problems, options, use_prefixes,
+            fingerprint, special_ids,
+        )  # fmt: skip
+        summary = _run(plan, workdir, progress, started)
+    except BuildError:
+        workdir.remove()  # nothing usable: the work done cannot help a rerun
+        raise
+    except BaseException:
+        if any((work / "map").glob("shard-*.json")):
+            _log(f"memfree: the build stopped; finished tasks are kept in {work}: rerun the same "
+                 "command to resume, or delete that folder")  # fmt: skip
+        else:
+            workdir.remove()
+        raise
+    if not keep_work:
+        workdir.remove()
+    return summary
 
+
+@dataclass
+class _Plan:
+    """What the build found and decided before its work directory was taken."""
+
+    paths: list[str]
+    output: Path
+    settings: BuildSettings
+    tokenizer: Any
+    units: list[WorkUnit]
+    shards: list[tuple[WorkUnit, ...]]
+    problems: ProblemLog
+    options: SourceOptions
+    use_prefixes: bool
+    fingerprint: str | None
+    special_ids: list[int]
+
+
+def _run(plan: _Plan, workdir: WorkDir, progress: bool, started: float) -> BuildSummary:
+    """Map, reduce, size and write: the part of a build that its work directory makes resumable."""
+    paths, output, settings, tokenizer = plan.paths, plan.output, plan.settings, plan.tokenizer
+    units, shards, problems, options = plan.units, plan.shards, plan.problems, plan.options
+    use_prefixes, fingerprint, special_ids = plan.use_prefixes, plan.fingerprint, plan.special_ids
+    work = workdir.path
+    words = settings.unit == "word"
+    # Each worker's share of the memory limit: half for tokenization batches, half for counting.
     per_worker = settings.memory_limit_bytes // settings.workers
-    buffer_entries = max(1 << 16, per_worker // (8 * _WORKING_SET_FACTOR))
+    batch_bytes = batch_bytes_for(per_worker // 2)
+    buffer_entries = max(1 << 16, per_worker // 2 // (8 * _WORKING_SET_FACTOR))
     map_tasks = [
         MapTask(
             index,
@@ -229,6 +314,7 @@ def build_filter(
             buffer_entries,
             options,
             use_prefixes,
+            batch_bytes,
         )
         for index, shard in enumerate(shards)
     ]
@@ -336,10 +422,8 @@ def build_filter(
 
         assert isinstance(payload, TokenizerPayload)  # settings refuse --unit word here
         num_bits, num_probes, rate = write_pybloom_filter(
-            output, shards, reduce_tasks, settings, payload, metadata, options
+            output, shards, reduce_tasks, settings, payload, metadata, options, batch_bytes
         )
-    if not keep_work:
-        shutil.rmtree(work, ignore_errors=True)
 
     seconds = time.perf_counter() - started
     return BuildSummary(
@@ -376,25 +460,9 @@ def _mtime(path: str) -> int:
         return 0
 
 
-def _prepare_work_dir(work: Path, config: dict[str, Any]) -> None:
-    """Reuse ``work`` if it was made by the same inputs and settings, else start it afresh."""
-    config_hash = xxhash.xxh3_64_hexdigest(json.dumps(config, sort_keys=True).encode("utf-8"))
-    marker = work / "config.json"
-    if marker.exists():
-        try:
-            previous = json.loads(marker.read_text(encoding="utf-8")).get("config_hash")
-        except (OSError, ValueError, AttributeError):
-            previous = None
-        if previous == config_hash:
-            return
-        shutil.rmtree(work, ignore_errors=True)
-    elif work.exists() and any(work.iterdir()):
-        raise BuildError(
-            f"{work}: exists and is not a memfree work directory; remove it or pass --work-dir"
-        )
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "map").mkdir(exist_ok=True)
-    marker.write_text(json.dumps({"config_hash": config_hash, "config": config}), encoding="utf-8")
+def _named_files(paths: list[str]) -> list[str]:
+    """The paths given by name that exist as files (a glob or a directory is checked later)."""
+    return [path for path in (os.path.expanduser(p) for p in paths) if os.path.isfile(path)]
 
 
 def _nothing_usable(problems: ProblemLog, headline: str) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from bloom_builder.segments import split_long, take_batch
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, read_unit
 from bloom_builder.stages import BatchEncoder, ReduceTask, TokenizerPayload, read_kept
@@ -28,6 +29,7 @@ def write_pybloom_filter(
     payload: TokenizerPayload,
     metadata: dict[str, Any],
     options: SourceOptions,
+    batch_bytes: int,
 ) -> tuple[int, int, float]:
     """Write ``output`` (and its ``.json`` sidecar); returns (num_bits, num_hashes, expected FPR)."""
     parts = [np.asarray(read_kept(task)) for task in reduce_tasks]
@@ -38,13 +40,9 @@ def write_pybloom_filter(
     for shard in shards:
         for unit in shard:
             carry = np.empty(0, dtype=np.uint32)
-            batch: list[Any] = []
-            for document in read_unit(unit, options, ProblemLog()):
-                batch.append(document)
-                if len(batch) >= settings.batch_documents:
-                    carry = _insert(batch, encoder, carry, kept, writer, size, settings.hash_seed)
-                    batch = []
-            _insert(batch, encoder, carry, kept, writer, size, settings.hash_seed)
+            documents = split_long(read_unit(unit, options, ProblemLog()))
+            while batch := take_batch(documents, settings.batch_documents, batch_bytes):
+                carry = _insert(batch, encoder, carry, kept, writer, size, settings.hash_seed)
     metadata = {key: value for key, value in metadata.items() if key != "num_probes"}
     writer.write(output, metadata, int(kept.size))
     from memfree.pybloom import expected_false_positive_rate

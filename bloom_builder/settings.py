@@ -31,7 +31,9 @@ class BuildSettings:
         exclude: fnmatch patterns excluding files inside walked directories.
         output_format: "memfree" (native) or "pybloomfiltermmap3" (interchange).
         workers: parallel map/reduce processes (1 = in this process).
-        memory_limit_bytes: budget for counting buffers across all workers.
+        memory_limit_bytes: budget across all workers for what the build sizes itself: each
+            worker's share goes half to tokenization batches, half to counting buffers (the
+            tokenizer, the interpreter and one segment's tokenization come on top).
         num_partitions: key ranges counted independently (a power of two).
         shard_bytes: input bytes per map task (the unit of parallelism and of resume).
         batch_documents: documents tokenized per batch.
@@ -39,6 +41,8 @@ class BuildSettings:
         prefix_false_positive_rate: target rate of the prefix section, which lets the guard
             skip, exactly, steps whose last n-1 tokens begin no stored n-gram; None = no
             section (a smaller file, a slower guard).
+        follow_symlinks: follow symbolic links met walking directories and globs (each file is
+            read once, loops cut and reported); False skips and reports them.
     """
 
     ngram_size: int = 10
@@ -57,6 +61,7 @@ class BuildSettings:
     batch_documents: int = 64
     hash_seed: int = DEFAULT_HASH_SEED
     prefix_false_positive_rate: float | None = 0.01
+    follow_symlinks: bool = True
 
     def __post_init__(self) -> None:
         problem = self.problem()
@@ -85,8 +90,8 @@ class BuildSettings:
             return f"--format must be one of {', '.join(FORMATS)}, got {self.output_format!r}"
         if not isinstance(self.workers, int) or self.workers < 1:
             return f"--workers must be an integer >= 1, got {self.workers!r}"
-        if self.memory_limit_bytes < 16 << 20:
-            return f"--memory-limit must be at least 16M, got {self.memory_limit_bytes} bytes"
+        if not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes < 16 << 20:
+            return f"--memory-limit must be at least 16M, got {self.memory_limit_bytes!r} bytes"
         partitions = self.num_partitions
         if partitions < 1 or partitions & (partitions - 1) or partitions > 4096:
             return f"--partitions must be a power of two in [1, 4096], got {partitions}"

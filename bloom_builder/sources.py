@@ -7,6 +7,7 @@ Parquet and saved Hugging Face datasets, gzip/zstd or not. Bad inputs are counte
 from __future__ import annotations
 
 import contextlib
+import errno
 import fnmatch
 import glob
 import gzip
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bloom_builder.segments import SEGMENT_BYTES, Document, cut_point
 from memfree.errors import require
 
 STDLIB = "stdlib:"
@@ -48,13 +50,17 @@ class SourceOptions:
         exclude: fnmatch patterns, applied after ``include``, to the same files.
         segment_bytes: plain-text files larger than this are read in line-aligned segments.
         split_bytes: uncompressed JSONL files larger than this become byte-range units.
+        follow_symlinks: follow symbolic links met walking a directory or expanding a glob (each
+            file is read once, loops are cut and reported); False skips them and reports each
+            one as "symlink". Paths named explicitly are always followed.
     """
 
     text_field: str = "text"
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    segment_bytes: int = 8 << 20
+    segment_bytes: int = SEGMENT_BYTES
     split_bytes: int = 64 << 20
+    follow_symlinks: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.text_field, str) or not self.text_field:
@@ -167,32 +173,33 @@ class ProblemLog:
         )
 
 
-@dataclass(frozen=True)
-class Document:
-    """One document's text; ``continues`` means the next Document yielded goes on with it."""
-
-    text: str
-    continues: bool = False
-
-
 _Documents = Iterator[Document]
 
 
-def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
+def discover(
+    paths: Sequence[str],
+    options: SourceOptions,
+    problems: ProblemLog,
+    reserved: Sequence[str] = (),
+) -> list[WorkUnit]:
     """Expand files, directories, globs and :data:`STDLIB` into work units.
 
     Args:
         paths: files; directories (walked recursively, hidden entries skipped, saved datasets
             taken whole); glob patterns (``**`` allowed); ``"stdlib:"`` for the standard library.
-        options: selection and splitting settings.
-        problems: receives "missing", "unreadable" and "missing column" entries.
+        options: selection, splitting and symbolic-link settings.
+        problems: receives "missing", "unreadable", "missing column", "symlink" and "symlink loop"
+            entries.
+        reserved: paths the build writes (its filter, sidecar, work directory): never read when
+            a walk or a glob meets them, and not reported (they are not part of the corpus).
 
     Returns:
-        Units sorted by path, then start; a file reached twice appears once.
+        Units sorted by path, then start; a file reached twice (through links too) appears once.
     """
     if isinstance(paths, str):
         raise ValueError(f"discover() takes a list of paths, got the string {paths!r}; pass [path]")
     chosen: dict[str, tuple[str, bool]] = {}  # real path -> (absolute path, is a dataset)
+    walk = _Walk(options.follow_symlinks, {os.path.realpath(path) for path in reserved}, problems)
 
     def add(path: str, relative: str | None, is_dataset: bool) -> None:
         """Take ``path``; ``relative`` (None: named explicitly, always taken) meets the patterns."""
@@ -200,6 +207,8 @@ def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog)
         if names and options.include and not _matches(names, options.include):
             return
         absolute, key = os.path.abspath(path), os.path.realpath(path)
+        if key in walk.reserved:
+            return  # the build's own output: never part of the corpus, so not reported either
         if not _matches(names, options.exclude) and (
             key not in chosen or absolute < chosen[key][0]
         ):
@@ -208,20 +217,24 @@ def discover(paths: Sequence[str], options: SourceOptions, problems: ProblemLog)
     for spec in paths:
         path = os.path.expanduser(spec)
         if spec == STDLIB:
-            _walk(sysconfig.get_paths()["stdlib"], add, problems, python_only=True)
+            walk.run(sysconfig.get_paths()["stdlib"], add, python_only=True)
         elif os.path.isdir(path):
-            _walk(path, add, problems, python_only=False)
+            walk.run(path, add)
         elif os.path.exists(path):
             add(path, None, False)
         elif glob.has_magic(path):
             matches = sorted(glob.glob(path, recursive=True))
             for match in matches:
+                if walk.refuse_link(match):
+                    continue
                 if os.path.isdir(match):
-                    _walk(match, add, problems, python_only=False)
+                    walk.run(match, add)
                 else:
                     add(match, os.path.basename(match), False)
             if not matches:
                 problems.record("missing", spec, "the glob pattern matched nothing")
+        elif os.path.islink(path):
+            problems.record("missing", spec, _dangling(path))
         else:
             problems.record("missing", spec, "no such file or directory")
     units: list[WorkUnit] = []
@@ -234,35 +247,80 @@ def _matches(names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for name in names for pattern in patterns)
 
 
-def _walk(
-    root: str, add: Callable[[str, str | None, bool], None], problems: ProblemLog, python_only: bool
-) -> None:
-    """Offer every file under ``root`` to ``add``, and saved datasets as a whole."""
-    splits = _dataset_splits(root, problems)
-    for split in splits or ():
-        add(split, None, True)  # a root is named by the user (or matched by a glob)
-    if splits is not None:
-        return
-    skipped = {"site-packages", "dist-packages", "__pycache__"} if python_only else set()
+def _dangling(path: str) -> str:
+    return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
 
-    def unreadable(error: OSError) -> None:
-        problems.record("unreadable", str(error.filename or root), _reason(error))
 
-    for directory, subdirectories, files in os.walk(root, onerror=unreadable):
-        walked = []
-        for name in sorted(set(subdirectories) - skipped):
-            if name.startswith("."):
-                continue
-            splits = _dataset_splits(os.path.join(directory, name), problems)
-            for split in splits or ():
-                add(split, os.path.relpath(split, root), True)
-            if splits is None:
-                walked.append(name)
-        subdirectories[:] = walked
-        for name in sorted(files):
-            if not name.startswith(".") and (name.endswith(".py") or not python_only):
+@dataclass
+class _Walk:
+    """Directory walks of one discovery: the symbolic-link policy, and the directories already
+    walked (by real path), so that links never make a file read twice or a walk loop."""
+
+    follow: bool
+    reserved: set[str]
+    problems: ProblemLog
+    walked: set[str] = field(default_factory=set)
+
+    def refuse_link(self, path: str) -> bool:
+        """True (and recorded) for a symbolic link that the policy does not follow."""
+        if self.follow or not os.path.islink(path):
+            return False
+        target = os.readlink(path)
+        reason = f"a symbolic link to {target!r}, not followed (--no-follow-symlinks)"
+        self.problems.record("symlink", path, reason)
+        return True
+
+    def run(
+        self, root: str, add: Callable[[str, str | None, bool], None], python_only: bool = False
+    ) -> None:
+        """Offer every file under ``root`` to ``add``, and saved datasets as a whole."""
+        splits = _dataset_splits(root, self.problems)
+        for split in splits or ():
+            add(split, None, True)  # a root is named by the user (or matched by a glob)
+        if splits is not None:
+            return
+        skipped = {"site-packages", "dist-packages", "__pycache__"} if python_only else set()
+        self.walked.add(os.path.realpath(root))
+
+        def unreadable(error: OSError) -> None:
+            self.problems.record("unreadable", str(error.filename or root), _reason(error))
+
+        for directory, subdirectories, files in os.walk(
+            root, onerror=unreadable, followlinks=self.follow
+        ):
+            kept = []
+            for name in sorted(set(subdirectories) - skipped):
                 path = os.path.join(directory, name)
-                add(path, os.path.relpath(path, root), False)
+                if name.startswith(".") or self.refuse_link(path) or not self._enter(path):
+                    continue
+                splits = _dataset_splits(path, self.problems)
+                for split in splits or ():
+                    add(split, os.path.relpath(split, root), True)
+                if splits is None:
+                    kept.append(name)
+            subdirectories[:] = kept
+            for name in sorted(files):
+                path = os.path.join(directory, name)
+                if name.startswith(".") or (python_only and not name.endswith(".py")):
+                    continue
+                if not self.refuse_link(path):
+                    add(path, os.path.relpath(path, root), False)
+
+    def _enter(self, path: str) -> bool:
+        """Whether to walk the directory ``path``: not reserved, not walked yet, not a loop."""
+        real = os.path.realpath(path)
+        if real in self.reserved:
+            return False  # the build's own work directory
+        if os.path.islink(path):
+            parent = os.path.realpath(os.path.dirname(path))
+            if os.path.commonpath([real, parent]) == real:
+                reason = f"a symbolic link back to {real}, which is being read already"
+                self.problems.record("symlink loop", path, reason)
+                return False
+            if real in self.walked:
+                return False  # reached before through another path: its files are read once
+        self.walked.add(real)
+        return True
 
 
 def _dataset_splits(directory: str, problems: ProblemLog) -> list[str] | None:
@@ -283,7 +341,12 @@ def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list
     try:
         info = os.stat(path)
     except OSError as error:
-        problems.record("unreadable", path, _reason(error))
+        if error.errno == errno.ELOOP:
+            problems.record("symlink loop", path, "a symbolic link that leads back to itself")
+        elif os.path.islink(path) and isinstance(error, FileNotFoundError):
+            problems.record("missing", path, _dangling(path))
+        else:
+            problems.record("unreadable", path, _reason(error))
         return []
     if not stat.S_ISREG(info.st_mode):
         problems.record("unreadable", path, "not a regular file (a device, socket or pipe)")
@@ -403,7 +466,7 @@ def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> 
             return
         at_end, offset = len(buffer) < want, 0
         while buffer:  # invariant: at_end or len(buffer) > limit
-            cut = len(buffer) if at_end and len(buffer) <= limit else _cut_point(buffer, limit)
+            cut = len(buffer) if at_end and len(buffer) <= limit else cut_point(buffer, limit)
             try:
                 text = buffer[:cut].decode("utf-8")
             except UnicodeDecodeError as error:
@@ -428,17 +491,6 @@ def _read_text(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> 
         yield Document(pending)
     elif not failed:
         problems.record("empty", unit.path, "the file holds nothing but whitespace")
-
-
-def _cut_point(buffer: bytes, limit: int) -> int:
-    """End of a segment of at most ``limit`` bytes of ``buffer`` (longer than that): after the
-    last newline, else after the last space or tab, else at a UTF-8 character boundary."""
-    newline = buffer.rfind(b"\n", 0, limit)
-    space = max(buffer.rfind(b" ", 0, limit), buffer.rfind(b"\t", 0, limit))
-    cut = limit
-    while cut > limit - 3 and (buffer[cut] & 0xC0) == 0x80:  # a UTF-8 continuation byte
-        cut -= 1
-    return newline + 1 if newline >= 0 else space + 1 if space >= 0 else cut
 
 
 def _read_jsonl(unit: WorkUnit, options: SourceOptions, problems: ProblemLog) -> _Documents:

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
@@ -29,7 +29,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bloom_builder.counting import Run, RunWriter, count_range
-from bloom_builder.sources import Document, ProblemLog, SourceOptions, WorkUnit, read_unit
+from bloom_builder.segments import SEGMENT_BYTES, split_long, take_batch
+from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, read_unit
 from memfree.hashing import sliding_fingerprints_np
 
 
@@ -200,6 +201,7 @@ class MapTask:
     buffer_entries: int
     options: SourceOptions
     prefixes: bool = True
+    batch_bytes: int = 4 * SEGMENT_BYTES  # text tokenized at once (the memory it may take)
 
     @property
     def marker(self) -> Path:
@@ -279,10 +281,10 @@ def _map_unit(
 ) -> None:
     carry = np.empty(0, dtype=np.uint32)  # last n-1 ids (words) of a document continued later
     continuing = False
-    documents = read_unit(unit, task.options, problems)
+    documents = split_long(read_unit(unit, task.options, problems))
     while True:
         started = time.perf_counter()
-        batch = _take(documents, task.batch_documents)
+        batch = take_batch(documents, task.batch_documents, task.batch_bytes)
         stats.seconds_reading += time.perf_counter() - started
         if not batch:
             return
@@ -306,15 +308,6 @@ def _map_unit(
             keep = task.ngram_size - 1 if continuing else 0
             carry = ids[ids.size - keep :] if keep else ids[:0]
         stats.seconds_hashing += time.perf_counter() - started
-
-
-def _take(documents: Iterator[Document], count: int) -> list[Document]:
-    batch = []
-    for document in documents:
-        batch.append(document)
-        if len(batch) >= count:
-            break
-    return batch
 
 
 # ------------------------------------------------------------------------------------------------

@@ -121,6 +121,18 @@ def _build_parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--keep-work", action="store_true", help="keep the work directory after success"
     )
+    build.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite an existing FILTER that is not a memfree filter (a previous filter is "
+        "always rebuilt in place; without --force any other file is left alone)",
+    )
+    build.add_argument(
+        "--no-follow-symlinks",
+        action="store_true",
+        help="skip symbolic links met inside directories and globs, and report each one "
+        "(default: follow them, reading each file once and cutting loops)",
+    )
     build.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
@@ -174,6 +186,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             memory_limit_bytes=parse_size(args.memory_limit),
             num_partitions=args.partitions,
             shard_bytes=parse_size(args.shard_size),
+            follow_symlinks=not args.no_follow_symlinks,
         )
     except ValueError as error:
         return _fail(str(error))
@@ -185,9 +198,13 @@ def _cmd_build(args: argparse.Namespace) -> int:
             work_dir=args.work_dir,
             keep_work=args.keep_work,
             progress=not args.no_progress,
+            force=args.force,
         )
     except (BuildError, TokenizerNotFoundError) as error:
         return _fail(str(error))
+    except OSError as error:  # e.g. the disk filled up while writing
+        where = f"{error.filename}: " if error.filename else ""
+        return _fail(f"{where}{error.strerror or error} (building {args.output})")
     except KeyboardInterrupt:
         print("memfree: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -204,10 +221,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     kwargs: dict[str, Any] = {}
     if args.ngram_size is not None:
+        if args.ngram_size < 1:
+            return _fail(f"--ngram-size must be a positive integer, got {args.ngram_size}")
         kwargs["ngram_size"] = args.ngram_size
     try:
         filt = NgramFilter.open(args.filter, verify=not args.no_verify, **kwargs)
-    except (FileNotFoundError, FilterError, TypeError) as error:
+    except (FileNotFoundError, FilterError, TypeError, ValueError) as error:
         return _fail(str(error))
     metadata = filt.metadata
     metadata["size_bytes"] = filt.size_bytes

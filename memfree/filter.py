@@ -26,6 +26,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Mapping
@@ -41,12 +42,12 @@ from memfree.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
     HASH_SCHEME,
-    MAX_PROBES,
     WORDS_PER_BLOCK,
     fingerprints_np,
     probe_positions_np,
     query_bits_np,
 )
+from memfree.header import LAYOUT, check_metadata, count_set_bits, fill_problem
 from memfree.sizing import choose_size, expected_false_positive_rate
 
 MAGIC = b"MEMFREE\x00"
@@ -54,7 +55,6 @@ FORMAT_VERSION = 1
 PAGE_BYTES = 4096
 _PREAMBLE = struct.Struct("<8sIIQ")
 _MAX_METADATA_BYTES = 16 << 20
-LAYOUT = "blocked-512"
 # The prefix section only decides when the guard may skip a row, so a looser rate than the
 # n-gram array's keeps it small (about 10 bits per prefix) while still skipping 99% of the
 # steps whose prefix begins no stored n-gram.
@@ -115,12 +115,26 @@ class NgramFilter:
             DamagedFilterError: the file is truncated, damaged, of another version or not a filter.
         """
         path = Path(path)
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such filter file; build one with `memfree build`")
-        if path.is_dir():
-            raise FilterError(f"{path}: is a directory, not a filter file")
-        with open(path, "rb") as handle:
-            head = handle.read(_PREAMBLE.size)
+        try:
+            mode = path.stat().st_mode
+            if stat.S_ISDIR(mode):
+                raise FilterError(f"{path}: is a directory, not a filter file")
+            if not stat.S_ISREG(mode):
+                raise FilterError(f"{path}: not a regular file (a device, socket or pipe)")
+            with open(path, "rb") as handle:
+                head = handle.read(_PREAMBLE.size)
+        except FileNotFoundError:
+            if path.is_symlink():
+                raise FileNotFoundError(
+                    f"{path}: a symbolic link to {os.readlink(path)!r}, which does not exist"
+                ) from None
+            raise FileNotFoundError(
+                f"{path}: no such filter file; build one with `memfree build`"
+            ) from None
+        except OSError as error:  # a symbolic link loop, no permission, ...
+            raise FilterError(
+                f"{path}: cannot read the filter file ({error.strerror or error})"
+            ) from None
         from memfree import pybloom
 
         if head.startswith(pybloom.MAGIC):
@@ -161,7 +175,7 @@ class NgramFilter:
             metadata = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as error:
             raise damaged(f"unreadable metadata ({error})") from None
-        problem = _check_metadata(metadata)
+        problem = check_metadata(metadata)
         if problem:
             raise damaged(problem)
         data_offset = _page_round(_PREAMBLE.size + metadata_bytes)
@@ -190,6 +204,24 @@ class NgramFilter:
                 and xxhash.xxh3_64_hexdigest(prefix_words.data.cast("B")) != prefix["bits_xxh3"]
             ):
                 raise damaged("prefix bit array checksum mismatch")
+        if verify:
+            problem = fill_problem(
+                "the bit array",
+                count_set_bits(words),
+                metadata["num_ngrams"],
+                metadata["num_bits"],
+                metadata["num_probes"],
+            )
+            if not problem and prefix_words is not None:
+                problem = fill_problem(
+                    "the prefix section",
+                    count_set_bits(prefix_words),
+                    prefix["num_prefixes"],
+                    prefix["num_bits"],
+                    prefix["num_probes"],
+                )
+            if problem:
+                raise damaged(problem)
         return cls(path, words, metadata, prefix_words)
 
     @classmethod
@@ -402,61 +434,6 @@ class NgramFilter:
         self.close()
 
 
-_REQUIRED_INTS = ("n", "num_bits", "num_probes", "hash_seed", "num_ngrams")
-
-
-def _check_metadata(metadata: Any) -> str | None:
-    """The first problem with a header's metadata, or None."""
-    if not isinstance(metadata, dict):
-        return "metadata is not a JSON object"
-    for key in _REQUIRED_INTS:
-        value = metadata.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            return f"metadata field {key!r} is {value!r}, expected a non-negative integer"
-    if metadata.get("layout") != LAYOUT:
-        return f"unknown layout {metadata.get('layout')!r}, expected {LAYOUT!r}"
-    if metadata.get("hash_scheme") != HASH_SCHEME:
-        return f"unknown hash scheme {metadata.get('hash_scheme')!r}, expected {HASH_SCHEME!r}"
-    if metadata["n"] < 1:
-        return f"n is {metadata['n']}, must be >= 1"
-    unit = metadata.get("unit", "token")
-    if unit not in ("token", "word"):
-        return f"unit is {unit!r}, expected 'token' or 'word'"
-    if unit == "word" and not isinstance(metadata.get("normalizer"), str):
-        return "a word filter's metadata names no normalizer"
-    if not 1 <= metadata["num_probes"] <= MAX_PROBES:
-        return f"num_probes is {metadata['num_probes']}, must be in [1, {MAX_PROBES}]"
-    num_bits = metadata["num_bits"]
-    if num_bits == 0 or num_bits % BLOCK_BITS or num_bits // BLOCK_BITS >= 1 << 32:
-        return f"num_bits is {num_bits}, must be a positive multiple of {BLOCK_BITS} below 2**41"
-    if metadata["hash_seed"] >= 1 << 64:
-        return "hash_seed does not fit in 64 bits"
-    if not isinstance(metadata.get("bits_xxh3"), str):
-        return "metadata has no bit array checksum"
-    special = metadata.get("special_token_ids")
-    if special is not None and (
-        not isinstance(special, list)
-        or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in special)
-    ):
-        return "metadata field 'special_token_ids' is not a list of token ids"
-    prefix = metadata.get("prefix")
-    if prefix is not None:
-        if not isinstance(prefix, dict):
-            return "metadata field 'prefix' is not a JSON object"
-        for key in ("num_bits", "num_probes", "num_prefixes"):
-            value = prefix.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                return f"prefix field {key!r} is {value!r}, expected a non-negative integer"
-        if not 1 <= prefix["num_probes"] <= MAX_PROBES:
-            return f"prefix num_probes is {prefix['num_probes']}, must be in [1, {MAX_PROBES}]"
-        bits = prefix["num_bits"]
-        if bits == 0 or bits % BLOCK_BITS or bits // BLOCK_BITS >= 1 << 32:
-            return f"prefix num_bits is {bits}, must be a positive multiple of {BLOCK_BITS}"
-        if not isinstance(prefix.get("bits_xxh3"), str):
-            return "prefix section has no checksum"
-    return None
-
-
 def write_filter(
     path: str | os.PathLike[str],
     words: np.ndarray,
@@ -538,7 +515,7 @@ class FilterFileWriter:
                 ),
                 "bits_xxh3": "0" * 16,
             }
-        problem = _check_metadata(self.metadata)
+        problem = check_metadata(self.metadata)
         if problem:
             raise ValueError(f"cannot write {self.path}: {problem}")
         self._data_offset = _page_round(_PREAMBLE.size + len(self._metadata_bytes()))
@@ -589,7 +566,7 @@ class FilterFileWriter:
             out.write(header)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(self._temporary, 0o644)
+        os.chmod(self._temporary, new_file_mode(self.path))
         os.replace(self._temporary, self.path)
         return self.path
 
@@ -609,6 +586,30 @@ class FilterFileWriter:
             self.abort()
 
 
+def new_file_mode(path: Path) -> int:
+    """Permission bits for a file about to replace ``path``: those of the file it replaces (a
+    rebuild keeps what its owner chose), else what ``open()`` would give a new file under the
+    process umask (a filter says what its corpus holds, so ``umask 077`` keeps it private)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it where Linux allows (else set and restored)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, chunks: list[bytes | memoryview]) -> None:
     """Write chunks to a temporary file beside ``path``, fsync, then rename into place."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -619,7 +620,7 @@ def _atomic_write(path: Path, chunks: list[bytes | memoryview]) -> None:
                 out.write(chunk)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(temporary, 0o644)
+        os.chmod(temporary, new_file_mode(path))
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

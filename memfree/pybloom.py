@@ -309,7 +309,9 @@ def open_pybloom(
                 "pass ngram_size= (keys must be uint32le token ids) or keep the .json beside it"
             )
         if not isinstance(ngram_size, int) or ngram_size < 1:
-            raise ValueError(f"ngram_size must be a positive integer, got {ngram_size!r}")
+            raise ValueError(
+                f"{path}: ngram_size (--ngram-size) must be a positive integer, got {ngram_size!r}"
+            )
         # pybloomfiltermmap3 never writes its count back to the file, so 0 there means unknown
         counted = bool(header["count_correct"] and header["elem_count"])
         estimate = (

@@ -1,0 +1,279 @@
+"""What a build may write and delete: the output path, the lock on it, and the work directory.
+
+A build writes exactly two things: the filter file (by rename from a temporary beside it) and its
+work directory. It never replaces a file that is not a filter without ``--force``, never writes
+over one of its own inputs, and only ever deletes what it created and marked as its own: a work
+directory carries a marker file, and a directory without one is refused, never emptied. Two builds
+of the same output, or sharing a work directory, cannot run at once: the second is refused with
+the first one's process id and command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import stat
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: builds are not locked
+    fcntl = None  # type: ignore[assignment]
+
+WORK_MARKER = ".memfree-work.json"
+# Entries a build creates inside its work directory; nothing else there is ever deleted.
+_WORK_ENTRIES = ("map", "reduce-min*")
+
+
+class OutputError(ValueError):
+    """The output or work directory cannot be used; the message names the path and the fix."""
+
+
+def sidecar_of(output: Path) -> Path:
+    """The ``.json`` sidecar a pybloomfiltermmap3 output gets beside it."""
+    return output.with_name(output.name + ".json")
+
+
+def _is_filter_file(path: Path) -> bool:
+    from memfree.filter import MAGIC
+    from memfree.pybloom import MAGIC as PYBLOOM_MAGIC
+
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(max(len(MAGIC), len(PYBLOOM_MAGIC)))
+    except OSError:
+        return False
+    return head.startswith(MAGIC) or head.startswith(PYBLOOM_MAGIC)
+
+
+def _is_sidecar_file(path: Path) -> bool:
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(loaded, dict) and "key_encoding" in loaded and "header_xxh3" in loaded
+
+
+def check_output(output: Path, force: bool, pybloom: bool) -> None:
+    """Refuse an output that is a directory, a device, or an existing file of another kind.
+
+    Overwriting a previous filter (either format) is the normal rebuild; any other existing file
+    needs ``force``. Then the output's folder is created if needed and tried with a temporary
+    file, so that an unwritable output fails now, not after the corpus was read.
+    """
+    targets = [(output, _is_filter_file)] + (
+        [(sidecar_of(output), _is_sidecar_file)] if pybloom else []
+    )
+    for target, is_ours in targets:
+        try:
+            mode = target.stat().st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            raise OutputError(f"{target}: cannot use it as the output ({error.strerror})") from None
+        if stat.S_ISDIR(mode):
+            raise OutputError(f"{target}: is a directory; give a file path for the filter (-o)")
+        if not stat.S_ISREG(mode):
+            raise OutputError(f"{target}: not a regular file; give a file path for the filter (-o)")
+        if not force and not is_ours(target):
+            raise OutputError(
+                f"{target}: exists and is not a memfree filter; memfree does not replace other "
+                "files. Choose another -o, or pass --force to overwrite it"
+            )
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        handle, probe = tempfile.mkstemp(
+            prefix=f".{output.name}.", suffix=".probe", dir=output.parent
+        )
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        raise OutputError(
+            f"{output}: cannot write the filter there ({error.strerror or error}); choose another -o"
+        ) from None
+
+
+def check_not_an_input(output: Path, inputs: Iterable[str], pybloom: bool) -> None:
+    """Refuse an output (or its sidecar) that is, or resolves to, one of the corpus files."""
+    targets = [output] + ([sidecar_of(output)] if pybloom else [])
+    identities = {}
+    for target in targets:
+        identities[os.path.realpath(target)] = target
+        with contextlib.suppress(OSError):
+            info = target.stat()
+            identities[f"{info.st_dev}:{info.st_ino}"] = target
+    for path in inputs:
+        keys = [os.path.realpath(path)]
+        with contextlib.suppress(OSError):
+            info = os.stat(path)
+            keys.append(f"{info.st_dev}:{info.st_ino}")
+        for key in keys:
+            if key in identities:
+                raise OutputError(
+                    f"{identities[key]}: is also an input of this build ({path}); writing the "
+                    "filter there would destroy the corpus. Choose another -o"
+                )
+
+
+# ------------------------------------------------------------------------------------------------
+# Locks
+
+
+@dataclass
+class BuildLock:
+    """An exclusive lock held by this build on ``target`` (a lock file beside it).
+
+    The lock file names its holder (process id, host, command, start time), so a second build is
+    refused with a message saying who holds it. The kernel drops the lock if the holder dies,
+    so a crashed build never blocks the next one.
+    """
+
+    target: Path
+    _handle: Any = None
+
+    @property
+    def path(self) -> Path:
+        return self.target.with_name(f".{self.target.name}.lock")
+
+    def acquire(self) -> BuildLock:
+        if fcntl is None:  # pragma: no cover
+            return self
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                holder = handle.read().strip() or "another memfree build"
+                handle.close()
+                raise OutputError(
+                    f"{self.target}: another build is writing it ({holder}); wait for it to "
+                    "finish, or choose another -o / --work-dir"
+                ) from None
+            # The previous holder may have removed the lock file between our open and our lock:
+            # then we locked a file nobody else sees, so start again.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            handle.close()
+        handle.seek(0)
+        handle.truncate()
+        command = " ".join(["memfree", *sys.argv[1:]]) if sys.argv else "memfree"
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {command}")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+        self._handle.close()
+        self._handle = None
+
+
+@contextlib.contextmanager
+def locked(*targets: Path) -> Iterator[None]:
+    """Hold build locks on every target (in order) for the duration of the block."""
+    locks: list[BuildLock] = []
+    try:
+        for target in dict.fromkeys(Path(os.path.abspath(t)) for t in targets):
+            locks.append(BuildLock(target).acquire())
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+# ------------------------------------------------------------------------------------------------
+# The work directory
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    """A work directory this build may use: ``created`` says whether the build made the folder
+    itself (then it removes the folder at the end; else only what it put inside)."""
+
+    path: Path
+    created: bool
+
+    def clear(self) -> None:
+        """Remove what a build put here (task outputs and markers), nothing else."""
+        for pattern in _WORK_ENTRIES:
+            for entry in self.path.glob(pattern):
+                shutil.rmtree(entry, ignore_errors=True)
+
+    def remove(self) -> None:
+        """Clear it, drop the marker, and remove the folder if this build created it and it is
+        now empty (a file someone else put there is never deleted)."""
+        self.clear()
+        with contextlib.suppress(OSError):
+            (self.path / WORK_MARKER).unlink()
+        if self.created:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()
+
+
+def prepare_work_dir(work: Path, config: dict[str, Any], config_hash: str) -> WorkDir:
+    """Reuse ``work`` if a build with the same inputs and settings marked it, clear it if another
+    build did, adopt it if it is empty, and refuse it otherwise."""
+    marker = work / WORK_MARKER
+    try:
+        mode = work.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as error:
+        raise OutputError(
+            f"{work}: cannot use it as the work directory ({error.strerror})"
+        ) from None
+    if mode is not None and not stat.S_ISDIR(mode):
+        raise OutputError(f"{work}: exists and is not a directory; pass another --work-dir")
+    if mode is None:
+        try:
+            work.mkdir(parents=True)
+        except OSError as error:
+            raise OutputError(
+                f"{work}: cannot create the work directory ({error.strerror}); pass --work-dir"
+            ) from None
+        created = True
+    elif marker.is_file():
+        try:
+            previous = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            previous = {}
+        created = bool(previous.get("created")) if isinstance(previous, dict) else False
+        if isinstance(previous, dict) and previous.get("config_hash") == config_hash:
+            return WorkDir(work, created)
+        WorkDir(work, created).clear()
+    elif any(work.iterdir()):
+        raise OutputError(
+            f"{work}: exists, is not empty and is not a memfree work directory (it has no "
+            f"{WORK_MARKER}); memfree only deletes what it created. Pass an empty or new "
+            "--work-dir"
+        )
+    else:
+        created = False
+    (work / "map").mkdir(exist_ok=True)
+    payload = {
+        "memfree_work_dir": 1,
+        "config_hash": config_hash,
+        "created": created,
+        "config": config,
+    }
+    marker.write_text(json.dumps(payload), encoding="utf-8")
+    return WorkDir(work, created)
