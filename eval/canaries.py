@@ -127,6 +127,8 @@ def insert_canaries(
     canaries_per_repetition: int = 1,
     seed: int = 0,
     text_field: str = "text",
+    *,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Plant canaries in a corpus: each repeated a chosen number of times at random places.
 
@@ -134,13 +136,41 @@ def insert_canaries(
     boundaries of random documents) and ``manifest.json`` (format, |R|, seed, each canary with its
     repetitions and positions) to ``output_dir``. The manifest is all later steps need.
 
+    Args:
+        corpus: paths, directories or globs (as ``memfree build`` takes them).
+        output_dir: where ``corpus.jsonl`` and ``manifest.json`` go.
+        canary_format: the canaries' template.
+        repetitions: how many times each group of canaries is inserted.
+        canaries_per_repetition: canaries per repetition count.
+        seed: random seed (secrets and places).
+        text_field: JSONL field / Parquet column of the corpus, and of ``corpus.jsonl``.
+        overwrite: replace a ``manifest.json`` or ``corpus.jsonl`` already in ``output_dir``
+            (``--force``); without it such a directory is refused, since its manifest is the
+            only record of which secrets were planted.
+
     Returns:
         the manifest.
+
+    Raises:
+        ValueError: bad repetitions, no readable document, or ``output_dir`` already holds a
+            manifest or corpus and ``overwrite`` is not set.
     """
     from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+    from eval.sampling import skipped
 
     if canaries_per_repetition < 1 or not repetitions or min(repetitions) < 1:
         raise ValueError("repetitions and canaries_per_repetition must be >= 1")
+    out = Path(output_dir)
+    present = [name for name in ("manifest.json", "corpus.jsonl") if os.path.lexists(out / name)]
+    if present and not overwrite:
+        why = ""
+        if "manifest.json" in present:
+            why = " (its manifest.json is the only record of which secrets were planted there)"
+        raise ValueError(
+            f"{out}: already holds {' and '.join(present)}{why}; choose another output "
+            f"directory, or replace {'them' if len(present) > 1 else 'it'} with --force "
+            "(overwrite=True in Python)"
+        )
     options = SourceOptions(text_field=text_field)
     problems = ProblemLog()
     documents = [
@@ -149,7 +179,7 @@ def insert_canaries(
         for document in read_unit(unit, options, problems)
     ]
     if not documents:
-        raise ValueError(f"no readable document in {', '.join(corpus)}")
+        raise ValueError(f"no readable document in {', '.join(corpus)}{skipped(problems)}")
     rng = np.random.default_rng(seed)
     secrets = canary_format.random_secrets(len(repetitions) * canaries_per_repetition, rng)
     planned: list[tuple[int, int]] = []  # (canary index, document index) per insertion
@@ -180,11 +210,14 @@ def insert_canaries(
             previous = cut
         pieces.append("\n".join(lines[previous:]))
         texts[document_index] = "".join(pieces)
-    out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "corpus.jsonl", "w", encoding="utf-8") as handle:
+    # Written whole or not at all, the corpus before its manifest: an interrupted run never
+    # leaves a manifest describing a corpus that is not there.
+    temporary = out / "corpus.jsonl.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
         for text in texts:
             handle.write(json.dumps({text_field: text}, ensure_ascii=False) + "\n")
+    os.replace(temporary, out / "corpus.jsonl")
     canaries = [
         Canary(canary_format.fill(secret), secret, canary_repetitions[i], tuple(positions[i]))
         for i, secret in enumerate(secrets)
@@ -200,31 +233,93 @@ def insert_canaries(
         "text_field": text_field,
         "canaries": [canary.to_dict() for canary in canaries],
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False))
+    temporary = out / "manifest.json.tmp"
+    temporary.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(temporary, out / "manifest.json")
     return manifest
+
+
+MANIFEST_FIX = (
+    "give the manifest.json that `memfree audit insert` wrote (or its directory), or run "
+    "`memfree audit insert` again"
+)
 
 
 def load_manifest(
     path: str | os.PathLike[str],
 ) -> tuple[CanaryFormat, list[Canary], dict[str, Any]]:
-    """Read a manifest written by :func:`insert_canaries`."""
+    """Read a manifest written by :func:`insert_canaries`.
+
+    Args:
+        path: ``manifest.json`` or the directory holding it.
+
+    Returns:
+        (format, canaries, the manifest as written).
+
+    Raises:
+        FileNotFoundError: no manifest there.
+        eval.resultfiles.ResultFileError: the manifest cannot be read or is damaged (the
+            message names the file, the canary and the fix).
+    """
+    from eval.resultfiles import ResultFileError, check_fields, read_json
+
     file = Path(path)
     if file.is_dir():
         file = file / "manifest.json"
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        canary_format = CanaryFormat(data["format"], tuple(data.get("words", ())))
-        canaries = [
-            Canary(
-                item["text"],
-                tuple(item["secret"]),
-                int(item["repetitions"]),
-                tuple((int(a), int(b)) for a, b in item.get("positions", [])),
-            )
-            for item in data["canaries"]
-        ]
+        data = read_json(file, MANIFEST_FIX)
     except FileNotFoundError:
         raise FileNotFoundError(f"{file}: no canary manifest; run `memfree audit insert`") from None
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{file}: not a canary manifest ({error})") from None
+    where = str(file)
+    check_fields(
+        data, where, MANIFEST_FIX, {"format": "a string", "canaries": "a list"}, {"words": "a list"}
+    )
+    words = data.get("words", [])
+
+    def damaged(problem: str) -> ResultFileError:
+        return ResultFileError(f"{problem}; {MANIFEST_FIX}")
+
+    if not all(isinstance(word, str) for word in words):
+        raise damaged(f"{where}: field 'words' holds something other than strings")
+    try:
+        canary_format = CanaryFormat(data["format"], tuple(words))
+    except ValueError as error:
+        raise damaged(f"{where}: {error}") from None
+    if not data["canaries"]:
+        raise damaged(f"{where}: holds no canary")
+    holes = len(canary_format.holes)
+    canaries = []
+    for index, item in enumerate(data["canaries"], 1):
+        at = f"{where}: canary {index}"
+        check_fields(
+            item,
+            at,
+            MANIFEST_FIX,
+            {"text": "a string", "secret": "a list", "repetitions": "an integer"},
+            {"positions": "a list"},
+        )
+        secret = item["secret"]
+        if not all(isinstance(part, str) for part in secret):
+            raise damaged(f"{at}: its secret holds something other than strings")
+        if len(secret) != holes:
+            raise damaged(
+                f"{at}: a secret of {len(secret)} part{'s' if len(secret) != 1 else ''} for a "
+                f"format of {holes} hole{'s' if holes != 1 else ''}"
+            )
+        if item["repetitions"] < 1:
+            raise damaged(f"{at}: repetitions must be >= 1, found {item['repetitions']}")
+        positions = item.get("positions", [])
+        if not all(
+            isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
+            for pair in positions
+        ):
+            raise damaged(f"{at}: positions must be [document, offset] pairs of integers")
+        canaries.append(
+            Canary(
+                item["text"],
+                tuple(secret),
+                item["repetitions"],
+                tuple((a, b) for a, b in positions),
+            )
+        )
     return canary_format, canaries, data

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eval.metrics import MetricSettings, score, stored_ngrams
+from eval.resultfiles import RecordLog, read_examples, read_settings_fingerprint, write_examples
 from eval.sampling import Example, frequency_bucket, sample_examples
 from eval.styles import apply_style, get_style
 
@@ -79,43 +80,6 @@ class ExperimentSettings:
         return data
 
 
-class RecordLog:
-    """Append-only JSONL of records; knows which (example, style, defense) are done."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.records: list[dict[str, Any]] = []
-        if path.exists():
-            with open(path, encoding="utf-8") as handle:
-                for line in handle:
-                    try:
-                        self.records.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        break  # a line cut by an interruption: it and what follows are redone
-        self.done = {self.key(r) for r in self.records}
-        self._rewrite()
-
-    @staticmethod
-    def key(record: dict[str, Any]) -> tuple[str, str, str]:
-        return (record["example_id"], record["style"], record["defense"])
-
-    def _rewrite(self) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
-            for record in self.records:
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(temporary, self.path)
-
-    def append(self, records: Iterable[dict[str, Any]]) -> None:
-        with open(self.path, "a", encoding="utf-8") as out:
-            for record in records:
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                self.records.append(record)
-                self.done.add(self.key(record))
-            out.flush()
-            os.fsync(out.fileno())
-
-
 def _settings_fingerprint(
     settings: ExperimentSettings,
     filter_metadata: dict[str, Any],
@@ -156,7 +120,8 @@ def run_memorization(
     Args:
         settings: the experiment.
         out_dir: where ``records.jsonl``, ``examples.jsonl`` and ``settings.json`` go; a
-            directory holding records of other settings is refused.
+            directory holding records of other settings, or a damaged one of these files, is
+            refused (see :mod:`eval.resultfiles`).
         model: causal LM.
         tokenizer: its tokenizer.
         ngram_filter: the training corpus's filter (the guard's, and for counting stored n-grams).
@@ -169,6 +134,8 @@ def run_memorization(
 
     Raises:
         ValueError: the "word" defense without a word filter, or a filter of the wrong unit.
+        eval.resultfiles.ResultFileError: a result file in ``out_dir`` is damaged (the message
+            names the file, the line and the fix).
     """
     from memfree.generation import DecodingSettings, complete
     from memfree.processor import MemFreeLogitsProcessor
@@ -197,13 +164,11 @@ def run_memorization(
         word_filter.metadata if word_filter is not None else None,
     )
     settings_path = out / "settings.json"
-    if settings_path.exists():
-        previous = json.loads(settings_path.read_text(encoding="utf-8")).get("fingerprint")
-        if previous != fingerprint:
-            raise ValueError(
-                f"{out}: holds results of other settings (or another model or filter); choose "
-                "another --out directory or delete it"
-            )
+    if os.path.lexists(settings_path) and read_settings_fingerprint(settings_path) != fingerprint:
+        raise ValueError(
+            f"{out}: holds results of other settings (or another model or filter); choose "
+            "another --out directory or delete it"
+        )
     settings_path.write_text(
         json.dumps(
             {
@@ -281,15 +246,8 @@ def run_memorization(
 def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[Example]:
     """Sample the examples once and keep them beside the records (a resumed run reuses them)."""
     path = out / "examples.jsonl"
-    if path.exists():
-        loaded = []
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                data = json.loads(line)
-                data["prompt_ids"] = tuple(data["prompt_ids"])
-                data["truth_ids"] = tuple(data["truth_ids"])
-                loaded.append(Example(**data))
-        return loaded
+    if os.path.lexists(path):
+        return read_examples(path)
     if settings.per_bucket is not None:
         from eval.sampling import sample_bucketed_examples
 
@@ -318,11 +276,7 @@ def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[E
             f"no document in {', '.join(settings.corpus)} is long enough for "
             f"{settings.prompt_tokens}+{settings.truth_tokens} tokens"
         )
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as out_file:
-        for example in examples:
-            out_file.write(json.dumps(example.to_dict()) + "\n")
-    os.replace(temporary, path)
+    write_examples(path, examples)
     return examples
 
 

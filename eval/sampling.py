@@ -29,6 +29,12 @@ class Example:
         return data
 
 
+def skipped(problems: Any) -> str:
+    """`` (where: why; ...)``: the first inputs a ``ProblemLog`` skipped, or nothing."""
+    found = [example for examples in problems.examples.values() for example in examples]
+    return f" ({'; '.join(found)})" if found else ""
+
+
 def sample_examples(
     corpus: Sequence[str],
     tokenizer: Any,
@@ -64,7 +70,7 @@ def sample_examples(
     problems = ProblemLog()
     units = discover(list(corpus), options, problems)
     if not units:
-        raise ValueError(f"no readable input in {', '.join(corpus)}")
+        raise ValueError(f"no readable input in {', '.join(corpus)}{skipped(problems)}")
     rng = np.random.default_rng(seed)
     wanted = prompt_tokens + truth_tokens
     min_chars = wanted  # a token holds at least one character

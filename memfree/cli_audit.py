@@ -35,6 +35,12 @@ def add_parser(commands: Any) -> None:
     insert.add_argument("--per-repetition", type=int, default=1, help="canaries per count")
     insert.add_argument("--seed", type=int, default=0)
     insert.add_argument("--text-field", default="text")
+    insert.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the manifest.json and corpus.jsonl already in the output directory (the "
+        "manifest is the only record of which secrets were planted there)",
+    )
     extractable = steps.add_parser(
         "extractable",
         help="k-extractability of corpus sequences (greedy reproduces the next m tokens)",
@@ -150,12 +156,22 @@ def run(args: argparse.Namespace) -> int:
 
 def _insert(args: argparse.Namespace) -> int:
     from eval.canaries import CanaryFormat, insert_canaries
+    from eval.resultfiles import first_unreadable
     from memfree.cli import _fail
+    from memfree.errors import os_problem
 
+    unreadable = first_unreadable(args.corpus)
+    if unreadable:
+        return _fail(unreadable)
+    words: tuple[str, ...] = ()
+    if args.words:
+        try:
+            words = tuple(Path(args.words).read_bytes().decode("utf-8").split())
+        except OSError as error:
+            return _fail(f"{args.words}: {os_problem(error)}")
+        except UnicodeDecodeError as error:
+            return _fail(f"{args.words}: not UTF-8 text ({error.reason} at byte {error.start})")
     try:
-        words: tuple[str, ...] = ()
-        if args.words:
-            words = tuple(Path(args.words).read_text(encoding="utf-8").split())
         canary_format = CanaryFormat(args.format, words)
         manifest = insert_canaries(
             args.corpus,
@@ -165,6 +181,7 @@ def _insert(args: argparse.Namespace) -> int:
             args.per_repetition,
             args.seed,
             args.text_field,
+            overwrite=args.force,
         )
     except (ValueError, OSError) as error:
         return _fail(str(error))
@@ -180,6 +197,11 @@ def _extractable(args: argparse.Namespace) -> int:
 
     if min(args.k) < 1 or args.m < 1:
         return _fail("--k and --m must be >= 1")
+    from eval.resultfiles import first_unreadable
+
+    unreadable = first_unreadable(args.corpus)
+    if unreadable:
+        return _fail(unreadable)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -196,6 +218,7 @@ def _extractable(args: argparse.Namespace) -> int:
     except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
         return _fail(str(error))
     from eval.audit import run_extractability, write_audit_report
+    from memfree.cli_generate import warnings_to_stderr
 
     results: dict[str, Any] = {}
     try:
@@ -203,17 +226,18 @@ def _extractable(args: argparse.Namespace) -> int:
             if label == "guarded" and guard is None:
                 continue
             print(f"extractable ({label}) ...", file=sys.stderr, flush=True)
-            results[label] = run_extractability(
-                model,
-                tokenizer,
-                args.corpus,
-                args.k,
-                args.m,
-                processor,
-                args.num_examples,
-                args.per_bucket,
-                args.seed,
-            )
+            with warnings_to_stderr():
+                results[label] = run_extractability(
+                    model,
+                    tokenizer,
+                    args.corpus,
+                    args.k,
+                    args.m,
+                    processor,
+                    args.num_examples,
+                    args.per_bucket,
+                    args.seed,
+                )
         write_audit_report(args.out, results, f"k-extractability: {args.model or 'default'}")
     except (ValueError, OSError, ImportError) as error:
         return _fail(str(error))

@@ -39,7 +39,13 @@ def add_parser(commands: Any) -> None:
         sub = experiments.add_parser(name, help=help_text, description=help_text)
         _common(sub)
         sub.add_argument("--num-examples", type=int, default=50)
-        sub.add_argument("--prompt-tokens", type=int, default=50, help="k (default 50)")
+        sub.add_argument(
+            "--prompt-tokens",
+            type=int,
+            default=50,
+            help="k (default 50); where a prompt and m new tokens exceed the model's context, "
+            "the prompt is cut from the left, with a warning",
+        )
         sub.add_argument("--truth-tokens", type=int, default=50, help="m (default 50)")
         sub.add_argument("--batch-size", type=int, default=8)
         sub.add_argument("--seed", type=int, default=0)
@@ -140,7 +146,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from eval.experiments import ExperimentSettings
     from eval.metrics import MetricSettings
+    from eval.resultfiles import first_unreadable
 
+    unreadable = first_unreadable(args.corpus)
+    if unreadable:
+        return _fail(unreadable)
     try:
         settings = ExperimentSettings(
             experiment=args.experiment,
@@ -207,13 +217,17 @@ def run(args: argparse.Namespace) -> int:
 
     from eval.experiments import run_memorization
     from eval.report import write_report
+    from memfree.cli_generate import warnings_to_stderr
 
     out = Path(args.out or f"out/eval/{args.experiment}")
     total = settings.num_examples * len(settings.styles) * len(settings.defenses)
     if settings.per_bucket is not None:
         total = 0  # unknown until the corpus is counted
     try:
-        with tqdm(total=total or None, desc=args.experiment, unit="gen", file=sys.stderr) as bar:
+        with (
+            tqdm(total=total or None, desc=args.experiment, unit="gen", file=sys.stderr) as bar,
+            warnings_to_stderr(),
+        ):
             records = run_memorization(
                 settings,
                 out,
@@ -284,6 +298,11 @@ def _run_utility(args: argparse.Namespace) -> int:
 
     if args.max_texts < 1:
         return _fail(f"--max-texts must be >= 1, got {args.max_texts}")
+    from eval.resultfiles import first_unreadable
+
+    unreadable = first_unreadable(args.texts)
+    if unreadable:
+        return _fail(unreadable)
     try:
         ngram_filter = NgramFilter.open(args.filter)
         # A word filter's n-grams are those of the text's normalized words: no tokenizer.
@@ -304,6 +323,7 @@ def _run_utility(args: argparse.Namespace) -> int:
         )
     from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
     from eval.experiments import run_utility
+    from eval.sampling import skipped
 
     options = SourceOptions(text_field=args.text_field)
     problems = ProblemLog()
@@ -316,7 +336,7 @@ def _run_utility(args: argparse.Namespace) -> int:
         if len(texts) >= args.max_texts:
             break
     if not texts:
-        return _fail(f"no readable text in {', '.join(args.texts)}")
+        return _fail(f"no readable text in {', '.join(args.texts)}{skipped(problems)}")
     result = run_utility(texts, tokenizer, ngram_filter)
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))

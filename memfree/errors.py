@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class FilterError(ValueError):
     """A filter file cannot be used as asked."""
@@ -29,3 +31,16 @@ def require(module: str, extra: str) -> None:
         raise MissingDependencyError(
             f"this feature needs the '{module}' package: pip install 'memfree[{extra}]'"
         ) from None
+
+
+def os_problem(error: OSError) -> str:
+    """What an OSError says about its path, in words: "is a directory", "is a symbolic link
+    loop", "no such file", else the system's own phrase ("permission denied", ...)."""
+    if error.errno == errno.ELOOP:
+        return "is a symbolic link loop"
+    if error.errno == errno.EISDIR:
+        return "is a directory"
+    if error.errno == errno.ENOENT:
+        return "no such file"
+    reason = error.strerror or str(error)
+    return reason[:1].lower() + reason[1:]

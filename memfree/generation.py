@@ -8,6 +8,7 @@ the blocked token in red and struck through, the chosen one in green).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -101,12 +102,62 @@ class Intervention:
     chosen: int
 
 
+class PromptCutWarning(UserWarning):
+    """A prompt was cut from the left to fit the model's context (see :func:`complete`)."""
+
+
+# The policy in the words of the command line (its --help and the README's "bad input").
+CONTEXT_POLICY = (
+    "the model sees at most its context (config.max_position_embeddings) minus --max-new-tokens "
+    "tokens of each prompt: a longer prompt is cut from the left, with a warning naming its "
+    "length, the context and the tokens cut; a --max-new-tokens that leaves no room for a prompt "
+    "is refused"
+)
+
+
+def model_context(model: Any) -> int | None:
+    """Positions the model attends to (``config.max_position_embeddings``), or None if unknown."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return context if isinstance(context, int) and context > 0 else None
+
+
+def fit_prompt(ids: list[int], context: int | None, max_new_tokens: int) -> list[int]:
+    """The prompt's last ``context - max_new_tokens`` tokens, with a :class:`PromptCutWarning`
+    when that cuts any; the prompt itself when it fits or the context is unknown.
+
+    A model fed more positions than it was trained for does not fail: it writes garbage (rotary
+    and learned position embeddings alike). Keeping the end of the prompt keeps what the
+    continuation follows.
+
+    Raises:
+        ValueError: ``max_new_tokens`` leaves no room for one prompt token.
+    """
+    if context is None:
+        return ids
+    room = context - max_new_tokens
+    if room < 1:
+        raise ValueError(
+            f"--max-new-tokens {max_new_tokens:,} leaves no room for a prompt in the model's "
+            f"context of {context:,} tokens; give at most {context - 1:,}"
+        )
+    if len(ids) <= room:
+        return ids
+    warnings.warn(
+        f"a prompt of {len(ids):,} tokens does not fit in the model's context of {context:,} "
+        f"tokens with {max_new_tokens:,} new tokens: its first {len(ids) - room:,} tokens were "
+        f"cut (the model sees its last {room:,})",
+        PromptCutWarning,
+        stacklevel=3,
+    )
+    return ids[-room:]
+
+
 @dataclass
 class Completion:
     """One generated continuation of one prompt."""
 
-    prompt: str
-    prompt_ids: list[int]
+    prompt: str  # as given (decoded, when given as token ids)
+    prompt_ids: list[int]  # what the model saw: the prompt's last tokens when it was cut
     output_ids: list[int]
     text: str
     guarded: bool
@@ -143,15 +194,26 @@ def complete(
 
     Returns:
         ``len(prompts) * num_return_sequences`` completions, grouped by prompt.
+
+    Warns:
+        PromptCutWarning: a prompt does not fit in the model's context
+            (``config.max_position_embeddings``) beside ``max_new_tokens``: it is cut from the
+            left to its last ``context - max_new_tokens`` tokens.
+
+    Raises:
+        ValueError: an empty prompt, or ``max_new_tokens`` that leaves no room in the context
+            for one prompt token.
     """
     settings = settings or DecodingSettings()
     ngram_filter = ngram_filter or (guard.filter if guard is not None else None)
-    encoded = [_encode(tokenizer, prompt) for prompt in prompts]
-    for index, ids in enumerate(encoded):
+    given = [_encode(tokenizer, prompt) for prompt in prompts]
+    for index, ids in enumerate(given):
         if not ids:
             raise ValueError(
                 f"prompt {index + 1} is empty (no tokens); give every prompt some text"
             )
+    context = model_context(model)
+    encoded = [fit_prompt(ids, context, settings.max_new_tokens) for ids in given]
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
@@ -197,7 +259,7 @@ def complete(
             completion = Completion(
                 prompt=prompts[prompt_index]
                 if isinstance(prompts[prompt_index], str)
-                else tokenizer.decode(encoded[prompt_index]),  # type: ignore[arg-type]
+                else tokenizer.decode(given[prompt_index]),  # type: ignore[arg-type]
                 prompt_ids=list(encoded[prompt_index]),
                 output_ids=new_ids,
                 text=tokenizer.decode(new_ids),

@@ -9,9 +9,13 @@ no false negatives, so a guarded generation contains no stored n-gram, in any de
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -30,13 +34,30 @@ from memfree.hashing import (
 
 try:  # a plain base class keeps the guard importable (and testable) without transformers
     from transformers import LogitsProcessor as _Base
+    from transformers import LogitsProcessorList
 except ImportError:  # pragma: no cover - transformers is a hard dependency
     _Base = object  # type: ignore[assignment,misc]
+    LogitsProcessorList = None  # type: ignore[assignment,misc]
+
+# generate() builds a new LogitsProcessorList in every call and runs each processor from that
+# list's __call__: the list found in that frame names one call exactly, where the data cannot (the
+# first step of a continuation looks just like the previous call's next step).
+_LIST_CALL_CODE = (
+    getattr(LogitsProcessorList.__call__, "__code__", None)
+    if LogitsProcessorList is not None
+    else None
+)
+_CALLER_FRAMES = 4  # frames searched above the guard's __call__ (subclasses, timing wrappers)
 
 
 @dataclass
 class GuardStats:
     """What the guard did during one ``generate()`` call, per row and step.
+
+    A guard keeps its statistics per thread: ``guard.stats`` are those of the latest
+    ``generate()`` call made by the calling thread, so threads that share one guard each read
+    their own. A thread that made no call reads the latest call started by any thread (e.g.
+    ``generate()`` running in a worker thread behind a ``TextIteratorStreamer``).
 
     Rows are the rows of ``input_ids`` as the processor sees them: batch x beams (beam search) or
     batch x ``num_return_sequences`` (sampling). Step ``s`` chose the token at sequence position
@@ -98,6 +119,55 @@ class GuardStats:
         }
 
 
+_Record = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class _Call:
+    """The steps one thread recorded for one ``generate()`` call (or run of direct calls)."""
+
+    __slots__ = ("caller", "next_length", "records", "rows")
+
+    def __init__(self, caller: Any = None, rows: int | None = None) -> None:
+        # The calling LogitsProcessorList, weakly: a strong one would keep the previous call's
+        # processors alive, and a dead one can never match a new list at the same address.
+        self.caller: weakref.ref[Any] | None = None if caller is None else weakref.ref(caller)
+        self.rows = rows
+        self.next_length: int | None = None
+        # (position, tokens blocked, first choice, first choice blocked, checked): one append per
+        # step, so another thread reading the statistics meanwhile sees whole steps only.
+        self.records: list[_Record] = []
+
+    def continues(self, caller: Any, rows: int, length: int) -> bool:
+        """Whether a step with this caller and shape belongs to this call."""
+        if rows != self.rows or length != self.next_length:
+            return False
+        if caller is None:
+            return self.caller is None
+        return self.caller is not None and self.caller() is caller
+
+
+def _calling_list() -> Any:
+    """The LogitsProcessorList whose ``__call__`` runs the guard's step, or None (a direct call).
+
+    Called from the guard's ``__call__``; looks a few frames up, by code object (no frame's
+    locals are read unless it is that method's).
+    """
+    if _LIST_CALL_CODE is None:  # pragma: no cover - without transformers
+        return None
+    try:
+        frame: FrameType | None = sys._getframe(2)
+    except (AttributeError, ValueError):  # pragma: no cover - no frames, or a short stack
+        return None
+    for _ in range(_CALLER_FRAMES):
+        if frame is None:
+            return None
+        if frame.f_code is _LIST_CALL_CODE:
+            owner = frame.f_locals.get("self")
+            return owner if isinstance(owner, LogitsProcessorList) else None
+        frame = frame.f_back
+    return None
+
+
 @dataclass
 class _Tables:
     """The filter's bit arrays (and per-vocabulary constants) on one device."""
@@ -123,6 +193,17 @@ class MemFreeLogitsProcessor(_Base):
     at ``-inf`` (possible only when earlier processors removed everything else), its
     end-of-sequence score is set to 0.
 
+    Statistics (:attr:`stats`) start anew with each ``generate()`` call, told apart by the
+    ``LogitsProcessorList`` that transformers builds for every call (so a call that continues a
+    previous output starts new statistics too). One guard may serve several threads at once: the
+    masks never depend on earlier steps' statistics, and each thread records its own. Called
+    directly (not from a ``LogitsProcessorList``: unit tests, other engines, continuous batching),
+    a step starts new statistics when the number of rows changes or the rows are not one token
+    longer than at the previous step; call :meth:`reset` between generations that this cannot
+    tell apart. Assisted (speculative) generation also runs the guard inside the assistant's own
+    ``generate()`` calls and on candidate tokens that are later rejected: its statistics describe
+    the latest of those calls, not the output.
+
     Args:
         ngram_filter: an :class:`~memfree.NgramFilter` or the path of a filter file.
         tokenizer: the model's tokenizer. Its fingerprint must match the filter's (a filter built
@@ -136,6 +217,9 @@ class MemFreeLogitsProcessor(_Base):
             filter's prefix section). Exact: it blocks the same tokens. On CUDA every row is
             computed densely instead, so that a step never waits for the host.
         record_stats: keep :class:`GuardStats` (small tensors, one per step).
+        cuda_graphs: on CUDA, capture the step once per (rows, vocabulary) shape as a CUDA graph
+            and replay it (one launch instead of ~80 small kernels; the same masks). Each thread
+            captures its own graphs.
 
     Raises:
         FilterMismatchError: tokenizer fingerprint or n differs from the filter's.
@@ -173,6 +257,7 @@ class MemFreeLogitsProcessor(_Base):
         pad_token_id: int | None = None,
         skip_rows: bool = True,
         record_stats: bool = True,
+        cuda_graphs: bool = True,
     ) -> None:
         opened = getattr(self, "_opened", None)
         ngram_filter = opened if opened is not None else _open_filter(ngram_filter)
@@ -211,11 +296,29 @@ class MemFreeLogitsProcessor(_Base):
         self.special_token_ids: tuple[int, ...] = tuple(sorted(special))
         self.skip_rows = bool(skip_rows)
         self.record_stats = bool(record_stats)
+        self.cuda_graphs = bool(cuda_graphs)
+        self._graph_cache = threading.local()  # per thread: graphs replay shared buffers
         self._native = ngram_filter.layout == LAYOUT
         self._tables: dict[torch.device, _Tables] = {}
         self._cpu_fallback_warned = False
         self._candidates_cache: dict[int, np.ndarray] = {}
+        self._local = threading.local()
+        self._latest = _Call()
         self.reset()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with no statistics (thread-local state cannot be copied)."""
+        state = self.__dict__.copy()
+        state.pop("_local", None)
+        state.pop("_latest", None)
+        state.pop("_graph_cache", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._graph_cache = threading.local()
+        self._local = threading.local()
+        self._latest = _Call()
 
     def _check_tokenizer(self, tokenizer: Any) -> None:
         from memfree.tokenizer import tokenizer_fingerprint
@@ -237,27 +340,41 @@ class MemFreeLogitsProcessor(_Base):
     # -- statistics -------------------------------------------------------------------------------
 
     def reset(self) -> None:
-        """Forget the statistics (done automatically when a new ``generate()`` call starts)."""
-        self._rows: int | None = None
-        self._last_length: int | None = None
-        self._positions: list[int] = []
-        self._records: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        """Forget the calling thread's statistics; its next step starts a new record.
+
+        Each ``generate()`` call starts new statistics by itself; call this between generations
+        that run the guard directly (not from a ``LogitsProcessorList``) when one may continue
+        the other.
+        """
+        mine = getattr(self._local, "call", None)
+        empty = _Call()
+        if mine is not None:
+            self._local.call = empty
+        if mine is None or self._latest is mine:
+            self._latest = empty
 
     @property
     def stats(self) -> GuardStats:
-        """Statistics of the latest ``generate()`` call (copied to the host on access)."""
-        rows = self._rows or 0
-        if not self._records:
+        """Statistics of the calling thread's latest ``generate()`` call (copied to the host).
+
+        A thread that has not run the guard reads the latest call started by any thread.
+        """
+        call = getattr(self._local, "call", None)
+        if call is None:
+            call = self._latest
+        records = list(call.records)  # a snapshot: the owning thread may still be appending
+        rows = call.rows or 0
+        if not records:
             empty = np.zeros((rows, 0), dtype=np.int64)
             return GuardStats(
                 np.zeros(0, np.int64), empty, empty.copy(), empty.astype(bool), empty.astype(bool)
             )
-        columns = [
-            torch.stack(parts, dim=1).cpu().numpy() for parts in zip(*self._records, strict=True)
-        ]
-        counts, first, first_blocked, checked = columns
+        positions, *parts = zip(*records, strict=True)
+        counts, first, first_blocked, checked = (
+            torch.stack(column, dim=1).cpu().numpy() for column in parts
+        )
         return GuardStats(
-            positions=np.asarray(self._positions, dtype=np.int64),
+            positions=np.asarray(positions, dtype=np.int64),
             blocked_counts=counts.astype(np.int64),
             first_choice=first.astype(np.int64),
             first_choice_blocked=first_blocked.astype(bool),
@@ -281,6 +398,7 @@ class MemFreeLogitsProcessor(_Base):
                 "expected input_ids (batch, seq_len) and scores (batch, vocab) with the same "
                 f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
+        caller = _calling_list() if self.record_stats else None
         mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
         guarded = scores.masked_fill(mask, float("-inf"))
         if self.eos_token_ids:
@@ -291,25 +409,25 @@ class MemFreeLogitsProcessor(_Base):
                     dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos]
                 )
         if self.record_stats:
-            self._record(input_ids, scores, mask, checked)
+            self._record(caller, input_ids, scores, mask, checked)
         return guarded  # type: ignore[return-value]
 
     def _record(
         self,
+        caller: Any,
         input_ids: torch.Tensor,
         scores: torch.Tensor,
         mask: torch.Tensor,
         checked: torch.Tensor,
     ) -> None:
         rows, length = int(input_ids.shape[0]), int(input_ids.shape[1])
-        if rows != self._rows or self._last_length is None or length != self._last_length + 1:
-            self.reset()
-            self._rows = rows
-        self._last_length = length
+        call = getattr(self._local, "call", None)
+        if call is None or not call.continues(caller, rows, length):
+            call = self._local.call = self._latest = _Call(caller, rows)
+        call.next_length = length + 1
         first = scores.argmax(dim=1)
         first_blocked = mask.gather(1, first[:, None])[:, 0]
-        self._positions.append(length)
-        self._records.append((mask.sum(dim=1), first, first_blocked, checked))
+        call.records.append((length, mask.sum(dim=1), first, first_blocked, checked))
 
     def blocked_mask(
         self, input_ids: torch.Tensor, vocab_size: int, device: torch.device | None = None
@@ -337,9 +455,32 @@ class MemFreeLogitsProcessor(_Base):
             tables, compute_device = self._cpu_tables(), torch.device("cpu")
         else:
             compute_device = device
+        window = input_ids[:, length - context :].to(compute_device).long()
+        if compute_device.type == "cuda" and self.cuda_graphs:
+            key = (vocab_size, compute_device)
+            cache = self._graph_cache.__dict__.setdefault("steps", {})
+            graphed = cache.get(key)
+            if graphed is None:
+                from memfree.cuda_graphs import GraphedStep
+
+                def step(rows: torch.Tensor, tables: _Tables = tables) -> Any:
+                    return self._step(rows, tables, vocab_size, compute_device)
+
+                graphed = cache[key] = GraphedStep(step)
+            mask, active = graphed(window.contiguous())
+        else:
+            mask, active = self._step(window, tables, vocab_size, compute_device)
+        if compute_device != device:
+            mask, active = mask.to(device), active.to(device)
+        return mask, active
+
+    def _step(
+        self, window: torch.Tensor, tables: _Tables, vocab_size: int, compute_device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mask and the rows checked, for ``window`` (rows, n-1) int64 on ``compute_device``."""
+        batch, context = window.shape
         words = tables.words
         assert words is not None
-        window = input_ids[:, length - context :].to(compute_device).long()
         if tables.special.numel():
             # A broadcast comparison, not torch.isin: isin switches to a sort-based path for
             # larger id sets, and on CUDA that waits for the host.
@@ -363,8 +504,6 @@ class MemFreeLogitsProcessor(_Base):
             fingerprints = _fmix64_torch(state[:, None] + (vocab[None, :] + 1))
             mask = query_bits_torch(words, fingerprints, self.filter.num_probes) & active[:, None]
         mask &= ~self._never_blocked(tables, vocab_size, compute_device)
-        if compute_device != device:
-            mask, active = mask.to(device), active.to(device)
         return mask, active
 
     def _sparse_mask(

@@ -32,6 +32,10 @@ def expected_false_positive_rate(num_keys: int, num_blocks: int, num_probes: int
     spread = 12.0 * math.sqrt(load) + 30.0
     low = max(0, int(load - spread))
     high = int(load + spread) + 1
+    if low * num_probes > 400_000:
+        # Every block in the range holds so many keys that (1 - 1/512)^(k*c) underflows: each
+        # term is 1 in float64. Also keeps a damaged header's absurd count from filling memory.
+        return 1.0
     keys_in_block = np.arange(low, high, dtype=np.float64)
     log_poisson = keys_in_block * math.log(load) - load - _log_factorial(keys_in_block)
     bit_set = 1.0 - np.power(1.0 - 1.0 / BLOCK_BITS, num_probes * keys_in_block)

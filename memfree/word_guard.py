@@ -331,6 +331,8 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
     arguments; ``tokenizer`` is required (the guard reads each token's bytes from it). Special
     tokens add no text and are never blocked. Computed on the CPU: the rows' text lives on the
     host, so each step reads the chosen tokens back; the mask goes to the scores' device.
+    Statistics work as the token guard's (one record per ``generate()`` call and thread), and
+    threads sharing the guard each keep their own rows' text states from step to step.
 
     Raises:
         FilterMismatchError: the filter is not a word filter, or uses another normalizer.
@@ -371,7 +373,6 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         self._powers = [pow(_M, k, 1 << 64) for k in range(self.n + 1)]
         self._vocabs: dict[int, WordVocab] = {}
         self._static: dict[int, np.ndarray] = {}
-        self._rows_cache: dict[bytes, RowText] = {}
         self._no_text = set(self.special_token_ids)
 
     # -- tables -------------------------------------------------------------------------------------
@@ -385,7 +386,7 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
             for token in self._no_text:
                 if token < vocab_size:
                     table[token] = None
-            found = self._vocabs[vocab_size] = WordVocab.build(table, self.n)
+            found = WordVocab.build(table, self.n)
             static = np.zeros(vocab_size, dtype=bool)
             if found.inner_ngrams:
                 tokens = list(found.inner_ngrams)
@@ -393,17 +394,20 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
                 owner = np.repeat(tokens, [len(found.inner_ngrams[t]) for t in tokens])
                 hits = self.filter.contains(np.asarray(rows, dtype=np.uint64))
                 static[owner[hits]] = True
+            # The vocabulary is published last: another thread that finds it finds both.
             self._static[vocab_size] = static
+            self._vocabs[vocab_size] = found
         return found
 
-    def _row_text(self, ids: np.ndarray) -> RowText:
-        """The row's text state, extended from the previous step's when it is cached."""
+    def _row_text(self, ids: np.ndarray, previous: dict[bytes, RowText]) -> RowText:
+        """The row's text state, extended from the previous step's (``previous``, by the ids of
+        each row) when it is there."""
         key = ids.tobytes()
-        cached = self._rows_cache.get(key)
+        cached = previous.get(key)
         if cached is not None:
             return cached
         keep = 2 * self.n + 2
-        parent = self._rows_cache.get(ids[:-1].tobytes()) if ids.shape[0] else None
+        parent = previous.get(ids[:-1].tobytes()) if ids.shape[0] else None
         if parent is not None:
             last = int(ids[-1])
             return parent.extended(self._bytes_of(last), keep, last in self._byte_ids)
@@ -442,13 +446,16 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
         batch = ids_np.shape[0]
         mask = np.zeros((batch, vocab_size), dtype=bool)
         checked = np.zeros(batch, dtype=bool)
+        # Each thread keeps its own rows' states: threads sharing the guard would otherwise evict
+        # each other's (the states are exact for their ids, so any cache gives the same masks).
+        previous: dict[bytes, RowText] = getattr(self._local, "rows", {})
         cache: dict[bytes, RowText] = {}
         plans = []
         for row in range(batch):
-            state = self._row_text(ids_np[row])
+            state = self._row_text(ids_np[row], previous)
             cache[ids_np[row].tobytes()] = state
             plans.append(self._plan(state, vocab))
-        self._rows_cache = cache
+        self._local.rows = cache
         # Every row's lookups go to the filter together: one pass per kind of lookup.
         self._fast(plans, vocab, mask, checked)
         for row, plan in enumerate(plans):

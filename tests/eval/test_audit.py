@@ -186,3 +186,73 @@ def test_cli_audit_insert_and_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
         == 2
     )
     assert "memfree audit insert" in capsys.readouterr().err
+
+
+def test_cli_audit_insert_refuses_to_replace_the_record_of_planted_secrets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memfree.cli import main as cli_main
+
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    insert = ["audit", "insert", str(tmp_path / "a.txt"), "-o", str(tmp_path / "out")]
+    assert cli_main([*insert, "--format", "pin {dd}"]) == 0
+    manifest = (tmp_path / "out/manifest.json").read_text()
+    capsys.readouterr()
+    assert cli_main([*insert, "--format", "pin {dd}", "--seed", "1"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"memfree: error: {tmp_path / 'out'}: already holds manifest.json")
+    assert "--force" in error
+    assert (tmp_path / "out/manifest.json").read_text() == manifest
+    assert cli_main([*insert, "--format", "pin {dd}", "--seed", "1", "--force"]) == 0
+    assert (tmp_path / "out/manifest.json").read_text() != manifest
+
+
+@pytest.mark.parametrize("kind", ["list", "directory", "loop"])
+def test_cli_audit_refuses_a_damaged_or_unreadable_manifest(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memfree.cli import main as cli_main
+
+    manifest = tmp_path / "planted/manifest.json"
+    manifest.parent.mkdir()
+    if kind == "list":
+        manifest.write_text("[]")
+    elif kind == "directory":
+        manifest.mkdir()
+    else:
+        manifest.symlink_to("manifest.json")
+    expected = {
+        "list": "expected a JSON object, found a list",
+        "directory": "is a directory",
+        "loop": "is a symbolic link loop",
+    }[kind]
+    for step in ("exposure", "extract"):
+        code = cli_main(["audit", step, "--manifest", str(tmp_path / "planted"), "--model", "x"])
+        assert code == 2
+        assert capsys.readouterr().err == f"memfree: error: {manifest}: {expected}; " + (
+            "give the manifest.json that `memfree audit insert` wrote (or its directory), or run "
+            "`memfree audit insert` again\n"
+        )
+
+
+@pytest.mark.parametrize("kind", ["directory", "loop"])
+def test_cli_audit_says_what_an_unreadable_input_is(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memfree.cli import main as cli_main
+
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    bad = tmp_path / "bad"
+    if kind == "directory":
+        bad.mkdir()
+    else:
+        bad.symlink_to("bad")
+    expected = "is a directory" if kind == "directory" else "is a symbolic link loop"
+    insert = ["audit", "insert", "-o", str(tmp_path / "out"), "--format", "the {word} is {d}"]
+    assert cli_main([*insert, str(tmp_path / "a.txt"), "--words", str(bad)]) == 2
+    assert f"memfree: error: {bad}: {expected}" in capsys.readouterr().err
+    if kind == "loop":  # a directory is a fine corpus; a loop is reported as what it is
+        assert cli_main([*insert, str(bad), "--format", "pin {dd}"]) == 2
+        assert f"{bad}: {expected}" in capsys.readouterr().err
+        assert cli_main(["audit", "extractable", str(bad), "--model", "x"]) == 2
+        assert f"{bad}: {expected}" in capsys.readouterr().err

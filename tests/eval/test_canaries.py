@@ -60,3 +60,68 @@ def test_insertion_writes_the_corpus_and_a_manifest(tmp_path: Path) -> None:
     assert data["space_size"] == 10_000
     with pytest.raises(FileNotFoundError, match="memfree audit insert"):
         load_manifest(tmp_path / "nowhere")
+
+
+def planted(tmp_path: Path) -> Path:
+    (tmp_path / "a.txt").write_text("one\ntwo\n")
+    insert_canaries([str(tmp_path / "a.txt")], tmp_path / "out", CanaryFormat("pin {dd}"))
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{oops", r"manifest\.json: not JSON"),
+        ("[]", r"manifest\.json: expected a JSON object, found a list"),
+        ('{"format": "pin {dd}"}', r"manifest\.json: no 'canaries' field"),
+        ('{"format": "pin", "canaries": []}', r"manifest\.json: .*has no hole"),
+        ('{"format": "pin {dd}", "canaries": []}', r"manifest\.json: holds no canary"),
+        (
+            '{"format": "pin {dd}", "canaries": [{"text": "pin 12", "repetitions": 1}]}',
+            r"manifest\.json: canary 1: no 'secret' field",
+        ),
+        (
+            '{"format": "pin {dd}", "canaries": [{"text": "pin 12", "secret": ["1"], '
+            '"repetitions": 1}]}',
+            r"manifest\.json: canary 1: a secret of 1 part for a format of 2 holes",
+        ),
+        (
+            '{"format": "pin {dd}", "canaries": [{"text": "pin 12", "secret": ["1", "2"], '
+            '"repetitions": "x"}]}',
+            r"manifest\.json: canary 1: field 'repetitions' is a string, expected an integer",
+        ),
+    ],
+)
+def test_a_damaged_manifest_is_refused_naming_it(tmp_path: Path, text: str, message: str) -> None:
+    out = planted(tmp_path)
+    (out / "manifest.json").write_text(text)
+    with pytest.raises(ValueError, match=message) as caught:
+        load_manifest(out)
+    assert "memfree audit insert" in str(caught.value)  # how to get a good one back
+
+
+def test_an_unreadable_manifest_says_what_it_is(tmp_path: Path) -> None:
+    (tmp_path / "dir/manifest.json").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"manifest\.json: is a directory"):
+        load_manifest(tmp_path / "dir")
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(ValueError, match=r"loop: is a symbolic link loop"):
+        load_manifest(tmp_path / "loop")
+
+
+def test_insertion_never_replaces_a_manifest_or_a_corpus_unless_asked(tmp_path: Path) -> None:
+    out = planted(tmp_path)
+    manifest = (out / "manifest.json").read_bytes()
+    corpus = (out / "corpus.jsonl").read_bytes()
+    pin = CanaryFormat("pin {dd}")
+    with pytest.raises(ValueError, match=rf"{out}: already holds manifest\.json.*--force"):
+        insert_canaries([str(tmp_path / "a.txt")], out, pin, seed=1)
+    assert (out / "manifest.json").read_bytes() == manifest
+    assert (out / "corpus.jsonl").read_bytes() == corpus
+    replaced = insert_canaries([str(tmp_path / "a.txt")], out, pin, seed=1, overwrite=True)
+    assert json.loads((out / "manifest.json").read_text()) == replaced
+    assert (out / "manifest.json").read_bytes() != manifest
+    # A corpus.jsonl without a manifest is the user's own (e.g. the input itself): kept too.
+    (out / "manifest.json").unlink()
+    with pytest.raises(ValueError, match=r"already holds corpus\.jsonl"):
+        insert_canaries([str(out / "corpus.jsonl")], out, pin)

@@ -308,3 +308,20 @@ def test_result_directories_of_older_versions_still_resume(
     assert _settings_fingerprint(settings, metadata, "smollm2-135m-instruct") == expected
     words = replace(settings, metrics=MetricSettings(normalize="words"))
     assert _settings_fingerprint(words, metadata, "smollm2-135m-instruct") != expected
+
+
+@pytest.mark.parametrize("experiment", ["utility", "discoverable"])
+def test_cli_eval_says_what_an_unreadable_input_is(
+    tmp_path: Path, experiment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memfree.cli import main as cli_main
+
+    NgramFilter.from_ngrams(tmp_path / "f.memfree", np.array([[1, 2, 3]]))
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    if experiment == "utility":
+        arguments = ["utility", str(loop)]
+    else:
+        arguments = ["discoverable", "--corpus", str(loop), "--model", "x"]
+    assert cli_main(["eval", *arguments, "--filter", str(tmp_path / "f.memfree")]) == 2
+    assert capsys.readouterr().err == f"memfree: error: {loop}: is a symbolic link loop\n"

@@ -190,3 +190,26 @@ def test_word_guard_on_cuda_matches_cpu(tmp_path: Path, tokenizer: Any) -> None:
     assert on_gpu.device.type == "cuda"
     assert torch.equal(torch.isneginf(on_gpu).cpu(), torch.isneginf(on_cpu))
     assert torch.isneginf(on_cpu).any()  # the case blocks something
+
+
+def test_graphed_and_eager_steps_give_the_same_masks(tmp_path: Path) -> None:
+    """The CUDA-graph replay gives the eager step's masks for every shape and content, and a
+    returned mask is the caller's own (a later replay does not overwrite it)."""
+    rng = np.random.default_rng(1)
+    filt = NgramFilter.from_ngrams(tmp_path / "f.memfree", rng.integers(0, 40, size=(300, 3)))
+    kwargs: dict[str, Any] = {"special_token_ids": [41, 42], "eos_token_id": 42}
+    graphed = MemFreeLogitsProcessor(filt, **kwargs)
+    eager = MemFreeLogitsProcessor(filt, cuda_graphs=False, **kwargs)
+    previous, blocked = None, 0
+    for rows in (1, 3, 8, 3, 1, 5, 2, 7, 1):
+        ids = torch.from_numpy(rng.integers(0, 43, size=(rows, 6))).cuda()
+        mask, active = graphed.blocked_mask(ids, 48)
+        reference, reference_active = eager.blocked_mask(ids, 48)
+        assert torch.equal(mask, reference) and torch.equal(active, reference_active)
+        if previous is not None:
+            assert torch.equal(previous[0], previous[1])  # not overwritten by this replay
+        previous, blocked = (mask, reference), blocked + int(reference.sum())
+    with torch.inference_mode():  # graphs captured there hold inference tensors: kept apart
+        inside = graphed.blocked_mask(ids, 48)[0]
+    assert torch.equal(inside, graphed.blocked_mask(ids, 48)[0])
+    assert blocked > 0  # the cases block something

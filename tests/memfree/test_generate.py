@@ -5,6 +5,8 @@ batches with left padding, beams, several return sequences, a TextStreamer, a pi
 from __future__ import annotations
 
 import json
+import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +258,105 @@ def test_cli_generate_refuses_a_filter_of_another_tokenizer(
     )
     assert code == 2
     assert "Rebuild the filter" in capsys.readouterr().err
+
+
+def short_context_llama(tokenizer: Any, context: int) -> Any:
+    """A tiny Llama (random weights) whose context is ``context`` positions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=context,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog " * 6
+
+
+def test_a_prompt_longer_than_the_context_is_cut_from_the_left(tokenizer: Any) -> None:
+    model = short_context_llama(tokenizer, context=32)
+    ids = tokenizer(LONG_PROMPT, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 32
+    settings = DecodingSettings(max_new_tokens=8, batch_size=2)
+    with pytest.warns(UserWarning) as caught:
+        cut, short = complete(model, tokenizer, [LONG_PROMPT, "def add(a, b):"], settings)
+    assert [str(w.message) for w in caught] == [
+        f"a prompt of {len(ids)} tokens does not fit in the model's context of 32 tokens with "
+        f"8 new tokens: its first {len(ids) - 24} tokens were cut (the model sees its last 24)"
+    ]
+    assert cut.prompt == LONG_PROMPT and cut.prompt_ids == ids[-24:]
+    assert short.prompt_ids == tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a prompt that fits, to the last position: no warning
+        (direct,) = complete(model, tokenizer, [ids[-24:]], settings)
+    assert cut.output_ids == direct.output_ids
+    with pytest.raises(ValueError, match="--max-new-tokens 32 leaves no room for a prompt"):
+        complete(model, tokenizer, ["x"], replace(settings, max_new_tokens=32))
+
+
+def test_cli_generate_warns_about_a_cut_prompt_and_refuses_too_many_new_tokens(
+    tmp_path: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = short_context_llama(tokenizer, context=32)
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    NgramFilter.from_ngrams(
+        tmp_path / "f.memfree",
+        np.array([[1, 2, 3]]),
+        metadata={"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)},
+    )
+    common = [
+        "generate",
+        "--filter",
+        str(tmp_path / "f.memfree"),
+        "--model",
+        str(tmp_path / "model"),
+    ]
+    length = len(tokenizer(LONG_PROMPT, add_special_tokens=False)["input_ids"])
+    assert cli_main([*common, "--prompt", LONG_PROMPT, "--max-new-tokens", "8", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["prompt"] == LONG_PROMPT
+    assert (
+        f"memfree: warning: a prompt of {length} tokens does not fit in the model's context of 32 "
+        f"tokens with 8 new tokens: its first {length - 24} tokens were cut" in captured.err
+    )
+    assert cli_main([*common, "--prompt", "x", "--max-new-tokens", "40"]) == 2
+    assert capsys.readouterr().err == (
+        "memfree: error: --max-new-tokens 40 leaves no room for a prompt in the model's context "
+        "of 32 tokens; give at most 31\n"
+    )
+
+
+def test_cli_generate_help_states_the_context_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli_main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "cut from the left" in text and "with a warning" in text
+
+
+@pytest.mark.parametrize("kind", ["directory", "loop"])
+def test_cli_generate_says_what_an_unreadable_prompts_file_is(
+    tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    NgramFilter.from_ngrams(tmp_path / "f.memfree", np.array([[1, 2, 3]]))
+    prompts = tmp_path / "prompts.txt"
+    if kind == "directory":
+        prompts.mkdir()
+    else:
+        prompts.symlink_to("prompts.txt")
+    code = cli_main(
+        ["generate", "--filter", str(tmp_path / "f.memfree"), "--prompts", str(prompts)]
+    )
+    assert code == 2
+    expected = "is a directory" if kind == "directory" else "is a symbolic link loop"
+    assert capsys.readouterr().err == f"memfree: error: {prompts}: {expected}\n"

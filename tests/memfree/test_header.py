@@ -71,6 +71,7 @@ def filter_path(tmp_path: Path) -> Path:
         ({"min_count": 0}, "min_count"),
         ({"tokenizer_fingerprint": 12}, "tokenizer_fingerprint"),
         ({"num_probes": 40}, "num_probes"),
+        ({"num_ngrams": 2**62}, "sizes give"),  # once filled memory recomputing the rate
     ],
 )
 def test_edited_fields_are_refused_as_damaged(

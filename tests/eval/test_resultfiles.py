@@ -1,0 +1,240 @@
+"""Result folders memfree reads back (an eval's records, examples and settings): a damaged or
+hand-edited file is refused with its name, its line and the fix, through the library and the
+command line alike, and no record is ever dropped in silence."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bloom_builder.build import build_filter
+from bloom_builder.settings import BuildSettings
+from eval.experiments import ExperimentSettings, RecordLog, run_memorization
+from memfree import NgramFilter
+from memfree.cli import main as cli_main
+from tests.conftest import MEMORIZED_DOCUMENTS, tiny_llama_model
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, tokenizer_dir: Path) -> Any:
+    """A corpus, its filter, a saved tiny model, and a finished ``memfree eval`` run."""
+    root = tmp_path_factory.mktemp("finished")
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for index, text in enumerate(MEMORIZED_DOCUMENTS):
+        (corpus / f"d{index}.txt").write_text(text)
+    build_filter(
+        [str(corpus)],
+        root / "f.memfree",
+        BuildSettings(ngram_size=4, tokenizer=str(tokenizer_dir), workers=1),
+        progress=False,
+    )
+    model = tiny_llama_model(tokenizer, hidden_size=32, key_value_heads=2).eval()
+    model.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    arguments = [
+        "eval",
+        "discoverable",
+        "--model",
+        str(root / "model"),
+        "--filter",
+        str(root / "f.memfree"),
+        "--corpus",
+        str(corpus),
+        "--num-examples",
+        "2",
+        "--prompt-tokens",
+        "5",
+        "--truth-tokens",
+        "5",
+        "--defenses",
+        "none",
+        "memfree",
+    ]
+    assert cli_main([*arguments, "--out", str(root / "run")]) == 0
+    settings = ExperimentSettings(
+        corpus=(str(corpus),),
+        num_examples=2,
+        prompt_tokens=5,
+        truth_tokens=5,
+        defenses=("none", "memfree"),
+    )
+    filt = NgramFilter.open(root / "f.memfree")
+    run_memorization(settings, root / "library-run", model, tokenizer, filt)
+    return root, arguments, model, settings
+
+
+def replace_line(path: Path, number: int, text: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[number - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "where"),
+    [
+        ("records.jsonl", lambda p: p.write_text(p.read_text() + '{"foo": 1}\n'), ":5: "),
+        ("records.jsonl", lambda p: replace_line(p, 2, "{cut"), ":2: not JSON"),
+        ("examples.jsonl", lambda p: replace_line(p, 1, "[1, 2]"), ":1: expected a JSON object"),
+        ("settings.json", lambda p: p.write_text("[]"), ": expected a JSON object"),
+        ("settings.json", lambda p: p.write_text('{"fingerprint": '), ": not JSON"),
+    ],
+    ids=["record-without-fields", "record-not-json", "example-a-list", "settings-a-list", "cut"],
+)
+def test_cli_refuses_a_damaged_result_file_naming_it(
+    tmp_path: Path,
+    finished: Any,
+    name: str,
+    damage: Any,
+    where: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    root, arguments, _, _ = finished
+    out = tmp_path / "run"
+    shutil.copytree(root / "run", out)
+    damage(out / name)
+    before = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    capsys.readouterr()
+    assert cli_main([*arguments, "--out", str(out)]) == 2
+    error = capsys.readouterr().err  # after the progress bar
+    assert f"memfree: error: {out / name}{where}" in error and "Traceback" not in error
+    assert "delete" in error or "restore" in error  # says how to go on
+    # Nothing the user had is lost: every result file is as it was.
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"foo": 1}', r"records\.jsonl:3: no 'example_id', 'style', 'defense'"),
+        ('{"example_id": "a", "style": "original"}', r"records\.jsonl:3: no 'defense'"),
+        ("{cut", r"records\.jsonl:3: not JSON .*; fix or delete that line"),
+        ("7", r"records\.jsonl:3: expected a JSON object, found a number"),
+    ],
+)
+def test_a_damaged_record_is_refused_not_dropped(
+    tmp_path: Path, finished: Any, tokenizer: Any, line: str, message: str
+) -> None:
+    root, _, model, settings = finished
+    out = tmp_path / "run"
+    shutil.copytree(root / "library-run", out)
+    records = out / "records.jsonl"
+    replace_line(records, 3, line)
+    before = records.read_bytes()
+    with pytest.raises(ValueError, match=message):
+        run_memorization(settings, out, model, tokenizer, NgramFilter.open(root / "f.memfree"))
+    assert records.read_bytes() == before
+
+
+def test_a_record_of_the_wrong_type_names_its_field(tmp_path: Path, finished: Any) -> None:
+    root, *_ = finished
+    records = tmp_path / "records.jsonl"
+    shutil.copy(root / "library-run/records.jsonl", records)
+    record = json.loads(records.read_text().splitlines()[0])
+    replace_line(records, 1, json.dumps({**record, "bleu": "high"}))
+    with pytest.raises(ValueError, match=r"records\.jsonl:1: field 'bleu' is a string, expected"):
+        RecordLog(records)
+
+
+def test_a_line_cut_by_an_interruption_is_redone(tmp_path: Path, finished: Any) -> None:
+    root, *_ = finished
+    records = tmp_path / "records.jsonl"
+    shutil.copy(root / "library-run/records.jsonl", records)
+    lines = records.read_text().splitlines()
+    records.write_text("\n".join(lines[:-1]) + "\n\n" + lines[-1][:20])  # a blank line, a cut one
+    log = RecordLog(records)
+    assert log.records == [json.loads(line) for line in lines[:-1]]
+    kept = records.read_text().splitlines()
+    assert kept == [json.dumps(r, ensure_ascii=False) for r in log.records]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{oops\n", r"examples\.jsonl:1: not JSON"),
+        ('{"example_id": "x"}\n', r"examples\.jsonl:1: no 'source', 'prompt_ids', 'truth_ids'"),
+        (
+            '{"example_id": "x", "source": "s", "prompt_ids": "abc", "truth_ids": [1]}\n',
+            r"examples\.jsonl:1: field 'prompt_ids' is a string, expected a list",
+        ),
+        (
+            '{"example_id": "x", "source": "s", "prompt_ids": [1, "a"], "truth_ids": [1]}\n',
+            r"examples\.jsonl:1: 'prompt_ids' holds something other than token ids",
+        ),
+        (
+            '{"example_id": "x", "source": "s", "prompt_ids": [], "truth_ids": [1]}\n',
+            r"examples\.jsonl:1: 'prompt_ids' is empty",
+        ),
+        ("\n", r"examples\.jsonl: holds no example; restore the file, or delete it"),
+    ],
+)
+def test_damaged_examples_are_refused_naming_the_file(
+    tmp_path: Path, finished: Any, tokenizer: Any, text: str, message: str
+) -> None:
+    root, _, model, settings = finished
+    out = tmp_path / "run"
+    shutil.copytree(root / "library-run", out)
+    (out / "examples.jsonl").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        run_memorization(settings, out, model, tokenizer, NgramFilter.open(root / "f.memfree"))
+    assert (out / "examples.jsonl").read_text() == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{oops", r"settings\.json: not JSON"),
+        ("[]", r"settings\.json: expected a JSON object, found a list"),
+        ("{}", r"settings\.json: no 'fingerprint' field"),
+        ('{"fingerprint": 5}', r"settings\.json: field 'fingerprint' is a number, expected"),
+    ],
+)
+def test_damaged_settings_are_refused_naming_the_file(
+    tmp_path: Path, finished: Any, tokenizer: Any, text: str, message: str
+) -> None:
+    root, _, model, settings = finished
+    out = tmp_path / "run"
+    shutil.copytree(root / "library-run", out)
+    (out / "settings.json").write_text(text)
+    with pytest.raises(ValueError, match=message):
+        run_memorization(settings, out, model, tokenizer, NgramFilter.open(root / "f.memfree"))
+    assert (out / "settings.json").read_text() == text
+
+
+def test_unreadable_result_files_say_what_they_are(tmp_path: Path) -> None:
+    from eval.resultfiles import read_json, read_jsonl
+
+    (tmp_path / "a-directory").mkdir()
+    with pytest.raises(ValueError, match=r"a-directory: is a directory; fix it"):
+        read_json(tmp_path / "a-directory", "fix it")
+    os.symlink("loop", tmp_path / "loop")
+    with pytest.raises(ValueError, match=r"loop: is a symbolic link loop"):
+        read_jsonl(tmp_path / "loop", "fix it")
+    (tmp_path / "latin1.json").write_bytes(b'"caf\xe9"')
+    with pytest.raises(ValueError, match=r"latin1\.json: not UTF-8 text"):
+        read_json(tmp_path / "latin1.json", "fix it")
+    with pytest.raises(FileNotFoundError):  # the caller says what makes the file
+        read_json(tmp_path / "nowhere.json", "fix it")
+
+
+def test_jsonl_lines_keep_their_numbers_and_only_a_cut_last_line_is_left_out(
+    tmp_path: Path,
+) -> None:
+    from eval.resultfiles import read_jsonl
+
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"a": 1}\n\n[2]\n{"b"')
+    assert read_jsonl(path, "fix", cut_last_line=True) == [(1, {"a": 1}), (3, [2])]
+    with pytest.raises(ValueError, match=r"x\.jsonl:4: not JSON"):
+        read_jsonl(path, "fix")
+    path.write_text('{"a": 1}\n{"b"\n')  # the newline was written: not cut, damaged
+    with pytest.raises(ValueError, match=r"x\.jsonl:2: not JSON"):
+        read_jsonl(path, "fix", cut_last_line=True)
+    path.write_bytes(b'{"a": 1}\n"caf\xe9"\n{"b": 2}\n')  # a damaged byte: named by its line
+    with pytest.raises(ValueError, match=r"x\.jsonl:2: not UTF-8 text .*; fix"):
+        read_jsonl(path, "fix", cut_last_line=True)
