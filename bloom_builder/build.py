@@ -223,6 +223,8 @@ def _build(
     )
     problems = ProblemLog()
     written = [str(output), str(work)] + ([str(sidecar_of(output))] if pybloom else [])
+    # Named files first: discovery leaves out the build's own paths, so an output named as an
+    # input would not be among the units; then every file discovery found.
     check_not_an_input(output, _named_files(paths), pybloom)
     units = discover(list(paths), options, problems, reserved=written)
     check_not_an_input(output, [unit.path for unit in units], pybloom)
