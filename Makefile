@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
@@ -31,7 +32,7 @@ test: lint
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
-	$(PY) -m memfree.demo
+	$(PY) -m memfree.cli.demo
 
 bench: $(STAMP)
 	$(PY) bench/bench_build.py

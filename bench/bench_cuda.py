@@ -89,7 +89,7 @@ def main() -> None:
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
     from memfree import MemFreeLogitsProcessor, NgramFilter
-    from memfree.demo import stdlib_prompts
+    from memfree.cli.demo import stdlib_prompts
 
     model, tokenizer, described = load(args.architecture, getattr(torch, args.dtype))
     if not Path(args.filter).exists():

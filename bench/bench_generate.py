@@ -48,7 +48,7 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     from bloom_builder.build import build_filter
     from memfree import MemFreeLogitsProcessor, NgramFilter
-    from memfree.demo import stdlib_prompts
+    from memfree.cli.demo import stdlib_prompts
     from memfree.models import load_model
 
     model, tokenizer = load_model(device=args.device)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from memfree.filter import bits_from_fingerprints
+from memfree.filter_writer import bits_from_fingerprints
 from memfree.hashing import (
     extend_fingerprints_torch,
     fingerprints_np,

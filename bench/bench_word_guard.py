@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from memfree.cli_eval import DEFAULT_WORD_FILTER, DEFAULT_WORD_N
+from eval.cli.evaluate import DEFAULT_WORD_FILTER, DEFAULT_WORD_N
 
 
 class Timed:
@@ -48,7 +48,7 @@ def main() -> None:
 
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
-    from memfree.demo import stdlib_prompts
+    from memfree.cli.demo import stdlib_prompts
     from memfree.models import load_model
     from memfree.processor import MemFreeLogitsProcessor
 

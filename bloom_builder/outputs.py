@@ -1,11 +1,5 @@
-"""What a build may write and delete: the output path, the lock on it, and the work directory.
-
-A build writes exactly two things: the filter file (by rename from a temporary beside it) and its
-work directory. It never replaces a file that is not a filter without ``--force``, never writes
-over one of its own inputs, and only ever deletes what it created and marked as its own: a work
-directory carries a marker file, and a directory without one is refused, never emptied. Two builds
-of the same output, or sharing a work directory, cannot run at once: the second is refused with
-the first one's process id and command.
+"""What a build may write and delete: the output path, the lock on it, and the work directory
+(only what memfree created and marked is ever deleted).
 """
 
 from __future__ import annotations
@@ -23,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from memfree.fileio import atomic_write
 
 try:
     import fcntl
@@ -44,7 +40,7 @@ def sidecar_of(output: Path) -> Path:
 
 
 def _is_filter_file(path: Path) -> bool:
-    from memfree.filter import MAGIC
+    from memfree.header import MAGIC
     from memfree.pybloom import MAGIC as PYBLOOM_MAGIC
 
     try:
@@ -275,5 +271,5 @@ def prepare_work_dir(work: Path, config: dict[str, Any], config_hash: str) -> Wo
         "created": created,
         "config": config,
     }
-    marker.write_text(json.dumps(payload), encoding="utf-8")
+    atomic_write(marker, json.dumps(payload))  # a half-written marker would disown the folder
     return WorkDir(work, created)

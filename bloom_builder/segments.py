@@ -1,14 +1,5 @@
 """Cutting long documents into segments, and batching documents by size, so that tokenization
 stays within the build's memory budget however long a line or a document is.
-
-A tokenizer's working memory grows with the text it is given at once (about 80-150 bytes per
-input byte measured for SmolLM2's: a 41 MB single-line file tokenized whole peaked at 2.8 GB), so
-no text longer than :data:`SEGMENT_BYTES` is ever tokenized at once, and a batch holds at most
-the bytes the worker's share of ``--memory-limit`` allows. Segments are continued across the cut
-(the last n-1 tokens carry over), and cuts are placed where they change no token for byte-level
-BPE tokenizers: at a newline between two non-space characters (the pre-tokenizer splits there
-anyway). Only a text with no such point in a whole segment (a single huge line) is cut elsewhere:
-at a newline, else a space, else a character boundary.
 """
 
 from __future__ import annotations
@@ -73,7 +64,17 @@ def cut_point(text: AnyStr, limit: int) -> int:
 
 
 def split_long(documents: Iterator[Document], limit: int = SEGMENT_BYTES) -> Iterator[Document]:
-    """The same documents, each longer than ``limit`` characters cut into continued segments."""
+    """The same documents, each longer than ``limit`` characters cut into continued segments.
+
+    A tokenizer's working memory grows with the text it is given at once (about 80-150 bytes
+    per input byte measured for SmolLM2's: a 41 MB single-line file tokenized whole peaked at
+    2.8 GB), so no text longer than :data:`SEGMENT_BYTES` is ever tokenized at once, and a batch
+    holds at most the bytes the worker's share of ``--memory-limit`` allows. Segments are
+    continued across the cut (the last n-1 tokens carry over), and cuts are placed where they
+    change no token for byte-level BPE tokenizers: at a newline between two non-space characters
+    (the pre-tokenizer splits there anyway). Only a text with no such point in a whole segment (a
+    single huge line) is cut elsewhere: at a newline, else a space, else a character boundary.
+    """
     for document in documents:
         text = document.text
         start = 0

@@ -8,11 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memfree.hashing import DEFAULT_HASH_SEED
+from memfree.units import UNIT_NAMES, get_unit
 
 FORMATS = ("memfree", "pybloomfiltermmap3")
-
-
-UNITS = ("token", "word")
+UNITS = UNIT_NAMES
 
 
 @dataclass(frozen=True)
@@ -76,18 +75,21 @@ class BuildSettings:
             return f"--n must be at most 64, got {self.ngram_size}"
         if self.unit not in UNITS:
             return f"--unit must be one of {', '.join(UNITS)}, got {self.unit!r}"
-        if self.unit == "word" and self.output_format != "memfree":
-            return "--unit word writes the memfree format only (pybloomfiltermmap3 hashes tokens)"
-        if self.unit == "word" and self.tokenizer is not None:
-            return (
-                "--unit word needs no tokenizer: drop --tokenizer (one filter serves every model)"
-            )
         if not isinstance(self.min_count, int) or self.min_count < 1:
             return f"--min-count must be an integer >= 1, got {self.min_count!r}"
         if not 0.0 < float(self.false_positive_rate) < 1.0:
             return f"--fpr must be in (0, 1), got {self.false_positive_rate!r}"
         if self.output_format not in FORMATS:
             return f"--format must be one of {', '.join(FORMATS)}, got {self.output_format!r}"
+        unit = get_unit(self.unit)
+        if self.output_format not in unit.output_formats:
+            return (
+                f"--unit {self.unit} writes the {' or '.join(unit.output_formats)} format only "
+                "(pybloomfiltermmap3 files hash token ids)"
+            )
+        problem = unit.tokenizer_problem(self.tokenizer)
+        if problem:
+            return problem
         if not isinstance(self.workers, int) or self.workers < 1:
             return f"--workers must be an integer >= 1, got {self.workers!r}"
         if not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes < 16 << 20:

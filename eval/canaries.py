@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from memfree.fileio import atomic_file, atomic_write
+
 _HOLE = re.compile(r"\{(d+|a+|x+|word)\}")
 _ALPHABETS = {"d": "0123456789", "a": "abcdefghijklmnopqrstuvwxyz", "x": "0123456789abcdef"}
 
@@ -155,7 +157,7 @@ def insert_canaries(
         ValueError: bad repetitions, no readable document, or ``output_dir`` already holds a
             manifest or corpus and ``overwrite`` is not set.
     """
-    from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+    from bloom_builder.sources import ProblemLog, SourceOptions, iter_documents
     from eval.sampling import skipped
 
     if canaries_per_repetition < 1 or not repetitions or min(repetitions) < 1:
@@ -173,11 +175,7 @@ def insert_canaries(
         )
     options = SourceOptions(text_field=text_field)
     problems = ProblemLog()
-    documents = [
-        document.text
-        for unit in discover(list(corpus), options, problems)
-        for document in read_unit(unit, options, problems)
-    ]
+    documents = [found.text for found in iter_documents(list(corpus), options, problems)]
     if not documents:
         raise ValueError(f"no readable document in {', '.join(corpus)}{skipped(problems)}")
     rng = np.random.default_rng(seed)
@@ -213,11 +211,9 @@ def insert_canaries(
     out.mkdir(parents=True, exist_ok=True)
     # Written whole or not at all, the corpus before its manifest: an interrupted run never
     # leaves a manifest describing a corpus that is not there.
-    temporary = out / "corpus.jsonl.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
+    with atomic_file(out / "corpus.jsonl", text=True) as handle:
         for text in texts:
             handle.write(json.dumps({text_field: text}, ensure_ascii=False) + "\n")
-    os.replace(temporary, out / "corpus.jsonl")
     canaries = [
         Canary(canary_format.fill(secret), secret, canary_repetitions[i], tuple(positions[i]))
         for i, secret in enumerate(secrets)
@@ -233,9 +229,7 @@ def insert_canaries(
         "text_field": text_field,
         "canaries": [canary.to_dict() for canary in canaries],
     }
-    temporary = out / "manifest.json.tmp"
-    temporary.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
-    os.replace(temporary, out / "manifest.json")
+    atomic_write(out / "manifest.json", json.dumps(manifest, indent=2, ensure_ascii=False))
     return manifest
 
 

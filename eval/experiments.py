@@ -11,96 +11,37 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from eval.metrics import MetricSettings, score, stored_ngrams
+from eval.records import MemorizationRecord, MemorizationResults
 from eval.resultfiles import RecordLog, read_examples, read_settings_fingerprint, write_examples
 from eval.sampling import Example, frequency_bucket, sample_examples
-from eval.styles import apply_style, get_style
-
-DEFENSES = ("none", "censor", "memfree", "word")
-GUARDS = ("memfree", "word")  # defenses that generate with a guard
-EXPERIMENTS = ("discoverable", "styles")
+from eval.settings import GUARDS, ExperimentSettings, settings_fingerprint
+from eval.styles import apply_style
+from memfree.fileio import atomic_write
 
 
-@dataclass(frozen=True)
-class ExperimentSettings:
-    """Everything that decides an experiment's records (recorded in its summary).
+def check_filters(ngram_filter: Any, word_filter: Any = None) -> None:
+    """Refuse a filter of the other unit given as the token filter (``--filter``) or the word
+    filter (``--word-filter``); the command line calls this before it loads the model.
 
-    Attributes:
-        experiment: "discoverable" (defenses on original prompts) or "styles" (style-transferred
-            prompts, with and without the guard).
-        corpus: where prompts are drawn from (``memfree build`` inputs).
-        num_examples: prompts drawn.
-        prompt_tokens: k, prompt length in tokens (paper: 50).
-        truth_tokens: m, true continuation length and new tokens generated (paper: 50).
-        styles: style names (``+`` combines them).
-        defenses: among "none", "censor" (reject a generation holding a stored n-gram, as a
-            Copilot-style output filter does), "memfree" (the token guard) and "word" (the word
-            guard, with a word filter: robust to case, spacing and punctuation).
-        seed: sampling seed (prompts and decoding).
-        batch_size: prompts per generate() call.
-        count_occurrences: count each example's repetitions in the corpus (frequency buckets).
-        per_bucket: instead of ``num_examples`` uniform draws, draw up to this many examples from
-            each repetition bucket (2^(i/4) occurrences), as the paper's Figures 7-8 do.
-        text_field: JSONL field / Parquet column of the corpus.
-        metrics: metric settings.
+    Raises:
+        ValueError: naming the file, what it is, and what the option takes.
     """
-
-    experiment: str = "discoverable"
-    corpus: tuple[str, ...] = ("stdlib:",)
-    num_examples: int = 50
-    prompt_tokens: int = 50
-    truth_tokens: int = 50
-    styles: tuple[str, ...] = ("original",)
-    defenses: tuple[str, ...] = ("none", "censor", "memfree")
-    seed: int = 0
-    batch_size: int = 8
-    count_occurrences: bool = False
-    per_bucket: int | None = None
-    text_field: str = "text"
-    metrics: MetricSettings = field(default_factory=MetricSettings)
-
-    def __post_init__(self) -> None:
-        if self.experiment not in EXPERIMENTS:
-            raise ValueError(f"experiment must be one of {', '.join(EXPERIMENTS)}")
-        unknown = [d for d in self.defenses if d not in DEFENSES]
-        if unknown or not self.defenses:
-            raise ValueError(f"--defenses must be among {', '.join(DEFENSES)}, got {unknown}")
-        for style in self.styles:
-            get_style(style)  # raises ValueError naming the known styles
-        if min(self.num_examples, self.prompt_tokens, self.truth_tokens, self.batch_size) < 1:
-            raise ValueError("--num-examples, --prompt-tokens, --truth-tokens, --batch-size: >= 1")
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["metrics"]["signature"] = self.metrics.signature()
-        return data
-
-
-def _settings_fingerprint(
-    settings: ExperimentSettings,
-    filter_metadata: dict[str, Any],
-    model_name: str,
-    word_metadata: dict[str, Any] | None = None,
-) -> str:
-    import xxhash
-
-    data = settings.to_dict()
-    # Written as the bool it was before "words" existed, so that older result directories resume.
-    if data["metrics"]["normalize"] in ("none", "casefold"):
-        data["metrics"]["normalize"] = data["metrics"]["normalize"] == "casefold"
-    payload = {
-        "settings": data,
-        "model": model_name,
-        "filter": filter_metadata.get("bits_xxh3"),
-        "tokenizer": filter_metadata.get("tokenizer_fingerprint"),
-    }
-    if word_metadata is not None:  # absent before word filters existed: old runs still resume
-        payload["word_filter"] = word_metadata.get("bits_xxh3")
-    return xxhash.xxh3_64_hexdigest(json.dumps(payload, sort_keys=True).encode())
+    if ngram_filter is not None and ngram_filter.unit != "token":
+        raise ValueError(
+            f"{ngram_filter.path}: a {ngram_filter.unit} filter given as the token filter "
+            "(--filter); pass it as the word filter (--word-filter) and the corpus's token filter "
+            "as --filter"
+        )
+    if word_filter is not None and word_filter.unit != "word":
+        raise ValueError(
+            f"{word_filter.path}: not a word filter: a {word_filter.unit} filter given as "
+            "--word-filter, which takes a word filter (memfree build CORPUS --unit word)"
+        )
 
 
 def run_memorization(
@@ -114,8 +55,8 @@ def run_memorization(
     progress: Callable[[int], Any] | None = None,
     examples: Sequence[Example] | None = None,
     word_filter: Any = None,
-) -> list[dict[str, Any]]:
-    """Run the discoverable-memorization or style-transfer experiment; returns all records.
+) -> MemorizationResults:
+    """Run the discoverable-memorization or style-transfer experiment; returns all its records.
 
     Args:
         settings: the experiment.
@@ -137,27 +78,56 @@ def run_memorization(
         eval.resultfiles.ResultFileError: a result file in ``out_dir`` is damaged (the message
             names the file, the line and the fix).
     """
-    from memfree.generation import DecodingSettings, complete
+    from memfree.generation import DecodingSettings
     from memfree.processor import MemFreeLogitsProcessor
 
-    if ngram_filter.unit != "token":
-        raise ValueError(
-            f"{ngram_filter.path}: a word filter given as the token filter; pass it as the word "
-            "filter (--word-filter) and the corpus's token filter as the filter"
-        )
-    if word_filter is not None and word_filter.unit != "word":
-        raise ValueError(
-            f"{word_filter.path}: not a word filter (unit {word_filter.unit!r}); build one with "
-            "`memfree build --unit word`"
-        )
+    check_filters(ngram_filter, word_filter)
     if "word" in settings.defenses and word_filter is None:
         raise ValueError(
             "the 'word' defense needs a word filter (memfree build CORPUS --unit word); give it "
             "with --word-filter"
         )
     out = Path(out_dir)
+    recorded = _claim_out_dir(out, settings, model_name, ngram_filter, word_filter)
+    fingerprint = recorded["fingerprint"]
+    examples = list(examples) if examples is not None else _examples(settings, out, tokenizer)
+    log = RecordLog(out / "records.jsonl")
+    decoding = DecodingSettings(
+        max_new_tokens=settings.truth_tokens,
+        batch_size=settings.batch_size,
+        seed=settings.seed,
+    )
+    guards = {"memfree": MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)}
+    if "word" in settings.defenses:
+        guards["word"] = MemFreeLogitsProcessor(word_filter, tokenizer=tokenizer)
+    run = _Run(model, tokenizer, ngram_filter, word_filter, settings.metrics, decoding, guards)
+    for style in settings.styles:
+        styled = [_styled(example, style, tokenizer) for example in examples]
+        for defense_group in _defense_groups(settings.defenses):
+            pending = [
+                index
+                for index, example in enumerate(examples)
+                if any((example.example_id, style, d) not in log.done for d in defense_group)
+            ]
+            for begin in range(0, len(pending), settings.batch_size):
+                chunk = pending[begin : begin + settings.batch_size]
+                records = run.chunk(examples, styled, style, defense_group, chunk, log.done)
+                log.append(record.to_dict() for record in records)
+                if progress is not None:
+                    progress(len(chunk) * len(defense_group))
+    return MemorizationResults(
+        tuple(MemorizationRecord.from_dict(record) for record in log.records),
+        recorded,
+        fingerprint,
+    )
+
+
+def _claim_out_dir(
+    out: Path, settings: ExperimentSettings, model_name: str, ngram_filter: Any, word_filter: Any
+) -> dict[str, Any]:
+    """Write ``settings.json`` into ``out``, refusing a directory of another run; returns it."""
     out.mkdir(parents=True, exist_ok=True)
-    fingerprint = _settings_fingerprint(
+    fingerprint = settings_fingerprint(
         settings,
         ngram_filter.metadata,
         model_name,
@@ -169,78 +139,73 @@ def run_memorization(
             f"{out}: holds results of other settings (or another model or filter); choose "
             "another --out directory or delete it"
         )
-    settings_path.write_text(
-        json.dumps(
-            {
-                "fingerprint": fingerprint,
-                "settings": settings.to_dict(),
-                "model": model_name,
-                "filter": str(ngram_filter.path),
-                "word_filter": str(word_filter.path) if word_filter is not None else None,
-            },
-            indent=2,
-        ),
-        encoding="utf-8",
-    )
-    examples = list(examples) if examples is not None else _examples(settings, out, tokenizer)
-    log = RecordLog(out / "records.jsonl")
-    decoding = DecodingSettings(
-        max_new_tokens=settings.truth_tokens,
-        batch_size=settings.batch_size,
-        seed=settings.seed,
-    )
-    guards = {"memfree": MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)}
-    if "word" in settings.defenses:
-        guards["word"] = MemFreeLogitsProcessor(word_filter, tokenizer=tokenizer)
-    for style in settings.styles:
-        styled = [_styled(example, style, tokenizer) for example in examples]
-        for defense_group in _defense_groups(settings.defenses):
-            pending = [
-                index
-                for index, example in enumerate(examples)
-                if any((example.example_id, style, d) not in log.done for d in defense_group)
-            ]
-            for begin in range(0, len(pending), settings.batch_size):
-                chunk = pending[begin : begin + settings.batch_size]
-                prompts = [styled[i][0] for i in chunk]
-                guard = next((guards[d] for d in defense_group if d in GUARDS), None)
-                # A styled truth may take more tokens than the original: generate enough for
-                # the longest, then cut each output to its own truth's length.
-                budget = max(styled[i][3] for i in chunk)
-                completions = complete(
-                    model,
-                    tokenizer,
-                    prompts,
-                    replace(decoding, max_new_tokens=budget),
-                    guard,
-                    ngram_filter=ngram_filter,
+    recorded = {
+        "fingerprint": fingerprint,
+        "settings": settings.to_dict(),
+        "model": model_name,
+        "filter": str(ngram_filter.path),
+        "word_filter": str(word_filter.path) if word_filter is not None else None,
+    }
+    atomic_write(settings_path, json.dumps(recorded, indent=2))
+    return recorded
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every batch of one run generates and scores with."""
+
+    model: Any
+    tokenizer: Any
+    ngram_filter: Any
+    word_filter: Any
+    metrics: MetricSettings
+    decoding: Any
+    guards: dict[str, Any]
+
+    def chunk(
+        self,
+        examples: Sequence[Example],
+        styled: Sequence[tuple[Any, str, tuple[int, ...] | None, int]],
+        style: str,
+        defense_group: tuple[str, ...],
+        chunk: list[int],
+        done: set[tuple[str, str, str]],
+    ) -> list[MemorizationRecord]:
+        """One generate() call for the examples ``chunk`` and a record per defense not done."""
+        from memfree.generation import complete
+
+        guard = next((self.guards[d] for d in defense_group if d in GUARDS), None)
+        # A styled truth may take more tokens than the original: generate enough for the
+        # longest, then cut each output to its own truth's length.
+        budget = max(styled[i][3] for i in chunk)
+        completions = complete(
+            self.model,
+            self.tokenizer,
+            [styled[i][0] for i in chunk],
+            replace(self.decoding, max_new_tokens=budget),
+            guard,
+            ngram_filter=self.ngram_filter,
+        )
+        records = []
+        for index, completion in zip(chunk, completions, strict=True):
+            completion = _cut(completion, styled[index][3], self.tokenizer)
+            for defense in defense_group:
+                if (examples[index].example_id, style, defense) in done:
+                    continue
+                records.append(
+                    _record(
+                        examples[index],
+                        style,
+                        defense,
+                        styled[index],
+                        completion,
+                        self.metrics,
+                        self.ngram_filter,
+                        self.tokenizer,
+                        self.word_filter,
+                    )
                 )
-                completions = [
-                    _cut(completion, styled[i][3], tokenizer)
-                    for i, completion in zip(chunk, completions, strict=True)
-                ]
-                records = []
-                for index, completion in zip(chunk, completions, strict=True):
-                    for defense in defense_group:
-                        if (examples[index].example_id, style, defense) in log.done:
-                            continue
-                        records.append(
-                            _record(
-                                examples[index],
-                                style,
-                                defense,
-                                styled[index],
-                                completion,
-                                settings.metrics,
-                                ngram_filter,
-                                tokenizer,
-                                word_filter,
-                            )
-                        )
-                log.append(records)
-                if progress is not None:
-                    progress(len(chunk) * len(defense_group))
-    return log.records
+        return records
 
 
 def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[Example]:
@@ -326,7 +291,7 @@ def _record(
     ngram_filter: Any,
     tokenizer: Any,
     word_filter: Any = None,
-) -> dict[str, Any]:
+) -> MemorizationRecord:
     prompt, truth, truth_ids, _ = styled
     found = stored_ngrams(ngram_filter, completion.prompt_ids, completion.output_ids)
     censored = defense == "censor" and found.stored > 0
@@ -336,100 +301,25 @@ def _record(
     words = None
     if word_filter is not None:
         words = stored_ngrams(word_filter, completion.prompt_ids, output_ids, tokenizer=tokenizer)
-    return {
-        "example_id": example.example_id,
-        "source": example.source,
-        "occurrences": example.occurrences,
-        "bucket": frequency_bucket(example.occurrences) if example.occurrences else None,
-        "style": style,
-        "defense": defense,
-        "prompt": prompt if isinstance(prompt, str) else tokenizer.decode(prompt),
-        "truth": truth,
-        "output": output,
-        "censored": censored,
-        "bleu": scores.bleu,
-        "edit_similarity": scores.edit_similarity,
-        "exact_match": scores.exact_match,
-        "approximately_memorized": scores.approximately_memorized,
-        "stored_ngrams": 0 if censored else found.stored,
-        "ngrams": 0 if censored else found.total,
-        "interventions": len(completion.interventions) if defense in GUARDS else 0,
-        "signature": scores.signature,
-        **(
-            {"stored_word_ngrams": words.stored, "word_ngrams": words.total}
-            if words is not None
-            else {}
-        ),
-    }
-
-
-def run_utility(
-    texts: Sequence[str], tokenizer: Any, ngram_filter: Any, max_examples: int = 5
-) -> dict[str, Any]:
-    """Utility impact (Appendix B.4, Table 1): how much ordinary text the filter would block.
-
-    Args:
-        texts: reference texts (e.g. held-out documents the model should still be able to write).
-        tokenizer: the filter's tokenizer (unused for a word filter, whose n-grams are those of
-            the text's normalized words).
-        ngram_filter: the filter.
-        max_examples: texts with stored n-grams to quote.
-
-    Returns:
-        texts, texts holding a stored n-gram (count and share), n-grams and stored n-grams (count
-        and share), and examples.
-    """
-    import sys
-
-    import numpy as np
-    from tqdm import tqdm
-
-    from memfree.words import word_hashes_np, words
-
-    n = ngram_filter.n
-    texts_blocked = ngrams_total = ngrams_stored = 0
-    examples: list[dict[str, Any]] = []
-    for text in tqdm(texts, desc="utility", unit="text", file=sys.stderr, leave=False):
-        if ngram_filter.unit == "word":
-            found_words = words(text)
-            stored = (
-                ngram_filter.contains(
-                    np.ascontiguousarray(
-                        np.lib.stride_tricks.sliding_window_view(word_hashes_np(found_words), n)
-                    )
-                )
-                if len(found_words) >= n
-                else np.zeros(0, dtype=bool)
-            )
-            total = int(stored.shape[0])
-        else:
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            counted = stored_ngrams(ngram_filter, [], ids)
-            total = counted.total
-            stored = None
-        hits = int(stored.sum()) if stored is not None else counted.stored
-        ngrams_total += total
-        ngrams_stored += hits
-        if not hits:
-            continue
-        texts_blocked += 1
-        if len(examples) >= max_examples:
-            continue
-        if stored is not None:
-            first = int(np.flatnonzero(stored)[0])
-            shown = " ".join(found_words[first : first + n])
-        else:
-            windows = np.lib.stride_tricks.sliding_window_view(np.asarray(ids), n)
-            first = int(np.flatnonzero(ngram_filter.contains(np.ascontiguousarray(windows)))[0])
-            shown = tokenizer.decode(ids[first : first + n])
-        examples.append({"text": text[:200], "first_stored_ngram": shown, "stored_ngrams": hits})
-    count = len(texts)
-    return {
-        "texts": count,
-        "texts_with_stored_ngram": texts_blocked,
-        "share_of_texts": texts_blocked / count if count else 0.0,
-        "ngrams": ngrams_total,
-        "stored_ngrams": ngrams_stored,
-        "share_of_ngrams": ngrams_stored / ngrams_total if ngrams_total else 0.0,
-        "examples": examples,
-    }
+    return MemorizationRecord(
+        example_id=example.example_id,
+        source=example.source,
+        occurrences=example.occurrences,
+        bucket=frequency_bucket(example.occurrences) if example.occurrences else None,
+        style=style,
+        defense=defense,
+        prompt=prompt if isinstance(prompt, str) else tokenizer.decode(prompt),
+        truth=truth,
+        output=output,
+        censored=censored,
+        bleu=scores.bleu,
+        edit_similarity=scores.edit_similarity,
+        exact_match=scores.exact_match,
+        approximately_memorized=scores.approximately_memorized,
+        stored_ngrams=0 if censored else found.stored,
+        ngrams=0 if censored else found.total,
+        interventions=len(completion.interventions) if defense in GUARDS else 0,
+        signature=scores.signature,
+        stored_word_ngrams=words.stored if words is not None else None,
+        word_ngrams=words.total if words is not None else None,
+    )

@@ -8,6 +8,7 @@ numbers are only compared when their signatures agree.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -58,28 +59,32 @@ class MetricSettings:
             )
 
     def signature(self) -> str:
-        """Every setting and library version behind a score, in one line."""
-        from importlib.metadata import PackageNotFoundError, version
+        """Every setting and library version behind a score, in one line (computed once)."""
+        return _signature(self.edit_unit, self.normalize, self.bleu_threshold)
 
-        def installed(package: str) -> str:
-            try:
-                return version(package)
-            except PackageNotFoundError:
-                return "missing"
 
-        editdistance_version = installed("editdistance")
-        return "|".join(
-            [
-                f"v:{SIGNATURE_VERSION}",
-                f"bleu:nltk-{installed('nltk')}-sentence_bleu",
-                "weights:0.25x4",
-                "smooth:none",
-                "tok:whitespace",
-                f"edit:editdistance-{editdistance_version}-{self.edit_unit}",
-                f"norm:{_NORM_SIGNATURES[self.normalize]}",
-                f"threshold:{self.bleu_threshold:g}",
-            ]
-        )
+@functools.lru_cache(maxsize=64)
+def _signature(edit_unit: str, normalize: str, bleu_threshold: float) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "missing"
+
+    return "|".join(
+        [
+            f"v:{SIGNATURE_VERSION}",
+            f"bleu:nltk-{installed('nltk')}-sentence_bleu",
+            "weights:0.25x4",
+            "smooth:none",
+            "tok:whitespace",
+            f"edit:editdistance-{installed('editdistance')}-{edit_unit}",
+            f"norm:{_NORM_SIGNATURES[normalize]}",
+            f"threshold:{bleu_threshold:g}",
+        ]
+    )
 
 
 def _norm_signatures() -> dict[str, str]:

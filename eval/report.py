@@ -6,16 +6,18 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from memfree.fileio import atomic_write
 
-def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per (style, defense): rates and means over its generations."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for record in records:
         groups[record["style"], record["defense"]].append(record)
     rows = []
@@ -44,9 +46,9 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize_buckets(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def summarize_buckets(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Rates per repetition bucket (the paper's 2^(i/4) buckets) and defense, original style."""
-    groups: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
+    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
     for record in records:
         if record.get("bucket") is not None and record["style"] == "original":
             groups[record["bucket"], record["defense"]].append(record)
@@ -79,7 +81,7 @@ def _group_order(item: tuple[tuple[str, str], Any]) -> tuple[int, str, int]:
 
 def write_report(
     out_dir: str | os.PathLike[str],
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Mapping[str, Any]],
     settings: dict[str, Any],
     title: str,
 ) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def write_report(
     signatures = sorted({r["signature"] for r in records})
     buckets = summarize_buckets(records)
     summary = {"settings": settings, "signatures": signatures, "rows": rows, "buckets": buckets}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    atomic_write(out / "summary.json", json.dumps(summary, indent=2))
     plots = _plots(out, records, rows)
     lines = [f"# {title}", ""]
     has_words = any("word_verbatim_rate" in row for row in rows)
@@ -151,19 +153,19 @@ def write_report(
                 "",
             ]
     lines.append(f"Settings: `{json.dumps(settings, sort_keys=True)}`")
-    (out / "report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    atomic_write(out / "report.md", "\n".join(lines) + "\n")
     return summary
 
 
-def _examples(records: Sequence[dict[str, Any]], count: int = 3) -> list[dict[str, Any]]:
+def _examples(records: Sequence[Mapping[str, Any]], count: int = 3) -> list[dict[str, Any]]:
     guarded = [
         r for r in records if r["defense"] in ("memfree", "word") and r["approximately_memorized"]
     ]
-    return sorted(guarded, key=lambda r: -r["bleu"])[:count]
+    return [dict(r) for r in sorted(guarded, key=lambda r: -r["bleu"])[:count]]
 
 
 def _plots(
-    out: Path, records: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]
+    out: Path, records: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
 ) -> list[tuple[str, str]]:
     from memfree.errors import require
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from eval.sampling import Example
 from memfree.errors import os_problem
+from memfree.fileio import atomic_file
 
 RECORDS_FIX = "fix or delete that line (the run generates a deleted record again)"
 EXAMPLES_FIX = (
@@ -235,11 +236,9 @@ class RecordLog:
         return (record["example_id"], record["style"], record["defense"])
 
     def _rewrite(self) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w", encoding="utf-8") as out:
+        with atomic_file(self.path, text=True) as out:
             for record in self.records:
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(temporary, self.path)
 
     def append(self, records: Iterable[dict[str, Any]]) -> None:
         with open(self.path, "a", encoding="utf-8") as out:
@@ -290,8 +289,6 @@ def read_examples(path: Path) -> list[Example]:
 
 def write_examples(path: Path, examples: Sequence[Example]) -> None:
     """Write ``examples.jsonl`` whole or not at all (a temporary file renamed into place)."""
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "w", encoding="utf-8") as out:
+    with atomic_file(path, text=True) as out:
         for example in examples:
             out.write(json.dumps(example.to_dict()) + "\n")
-    os.replace(temporary, path)

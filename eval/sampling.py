@@ -62,7 +62,7 @@ def sample_examples(
         count_occurrences: also count how often each window occurs in the corpus (a second
             pass; for the paper's frequency buckets).
     """
-    from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
 
     if num_examples < 1 or prompt_tokens < 1 or truth_tokens < 1:
         raise ValueError("num_examples, prompt_tokens and truth_tokens must all be >= 1")
@@ -77,19 +77,17 @@ def sample_examples(
     pool = 4 * num_examples
     reservoir: list[tuple[str, str]] = []
     seen = 0
-    for unit in units:
-        for index, document in enumerate(read_unit(unit, options, problems)):
-            if len(document.text) < min_chars:
-                continue
-            seen += 1
-            plain_file = unit.kind == "text" and unit.start == 0 and index == 0
-            item = (_source_name(unit, index, plain_file), document.text)
-            if len(reservoir) < pool:
-                reservoir.append(item)
-            else:
-                slot = int(rng.integers(0, seen))
-                if slot < pool:
-                    reservoir[slot] = item
+    for found in documents_of(units, options, problems):
+        if len(found.text) < min_chars:
+            continue
+        seen += 1
+        item = (_source_name(found), found.text)
+        if len(reservoir) < pool:
+            reservoir.append(item)
+        else:
+            slot = int(rng.integers(0, seen))
+            if slot < pool:
+                reservoir[slot] = item
     order = rng.permutation(len(reservoir))
     examples: list[Example] = []
     for position in order:
@@ -136,7 +134,7 @@ def sample_bucketed_examples(
     uniformly among the distinct windows of each bucket, so rare repeated sequences are found
     without sampling millions of candidates.
     """
-    from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+    from bloom_builder.sources import ProblemLog, SourceOptions, iter_documents
     from memfree.hashing import sliding_fingerprints_np
 
     if per_bucket < 1:
@@ -147,17 +145,15 @@ def sample_bucketed_examples(
     documents: list[tuple[str, np.ndarray]] = []
     fingerprints: list[np.ndarray] = []
     total = 0
-    for unit in discover(list(corpus), options, problems):
-        for index, document in enumerate(read_unit(unit, options, problems)):
-            ids = np.asarray(tokenizer(document.text, add_special_tokens=False)["input_ids"])
-            if ids.shape[0] < width:
-                continue
-            plain_file = unit.kind == "text" and unit.start == 0 and index == 0
-            documents.append((_source_name(unit, index, plain_file), ids))
-            fingerprints.append(sliding_fingerprints_np(ids, width))
-            total += ids.shape[0]
-            if total >= max_tokens:
-                break
+    for found in iter_documents(list(corpus), options, problems):
+        ids = np.asarray(tokenizer(found.text, add_special_tokens=False)["input_ids"])
+        if ids.shape[0] < width:
+            continue
+        documents.append((_source_name(found), ids))
+        fingerprints.append(sliding_fingerprints_np(ids, width))
+        total += ids.shape[0]
+        if total >= max_tokens:
+            break
         if total >= max_tokens:
             break
     if not documents:
@@ -194,7 +190,7 @@ def _count_occurrences(
     units: Sequence[Any], options: Any, tokenizer: Any, examples: Sequence[Example]
 ) -> list[int]:
     """Occurrences of each example's full window in the corpus (by 64-bit fingerprint)."""
-    from bloom_builder.sources import ProblemLog, read_unit
+    from bloom_builder.sources import ProblemLog, documents_of
     from memfree.hashing import fingerprints_np, sliding_fingerprints_np
 
     width = len(examples[0].prompt_ids) + len(examples[0].truth_ids)
@@ -202,22 +198,23 @@ def _count_occurrences(
     # Several examples may be the same window (duplicated documents): count each distinct one.
     sorted_targets, inverse = np.unique(fingerprints_np(windows), return_inverse=True)
     counts = np.zeros(sorted_targets.size, dtype=np.int64)
-    for unit in units:
-        for document in read_unit(unit, options, ProblemLog()):
-            ids = np.asarray(tokenizer(document.text, add_special_tokens=False)["input_ids"])
-            found = sliding_fingerprints_np(ids, width)
-            if not found.size:
-                continue
-            where = np.searchsorted(sorted_targets, found)
-            hit = where < sorted_targets.size
-            hit[hit] = sorted_targets[where[hit]] == found[hit]
-            np.add.at(counts, where[hit], 1)
+    for document in documents_of(units, options, ProblemLog()):
+        ids = np.asarray(tokenizer(document.text, add_special_tokens=False)["input_ids"])
+        found = sliding_fingerprints_np(ids, width)
+        if not found.size:
+            continue
+        where = np.searchsorted(sorted_targets, found)
+        hit = where < sorted_targets.size
+        hit[hit] = sorted_targets[where[hit]] == found[hit]
+        np.add.at(counts, where[hit], 1)
     return [int(count) for count in counts[inverse.reshape(-1)]]
 
 
-def _source_name(unit: Any, index: int, plain_file: bool) -> str:
-    """A name unique to one document of the corpus: the file path, plus where in it."""
-    if plain_file:
+def _source_name(found: Any) -> str:
+    """A name unique to one document of the corpus: the file path, plus where in it (a
+    :class:`bloom_builder.sources.SourcedDocument`)."""
+    unit, index = found.unit, found.index
+    if unit.kind == "text" and unit.start == 0 and index == 0:
         return str(unit.path)
     return f"{unit.path}[{unit.kind} {unit.start}:{unit.stop}]:{index}"
 

@@ -13,7 +13,8 @@ from memfree.filter import NgramFilter
 
 if TYPE_CHECKING:
     from memfree.models import load_model
-    from memfree.processor import GuardStats, MemFreeLogitsProcessor
+    from memfree.processor import MemFreeLogitsProcessor
+    from memfree.stats import GuardStats
 
 __version__ = "0.1.0"
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
 
 _LAZY = {
     "MemFreeLogitsProcessor": "memfree.processor",
-    "GuardStats": "memfree.processor",
+    "GuardStats": "memfree.stats",
     "load_model": "memfree.models",
 }
 

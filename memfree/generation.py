@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.filter import NgramFilter
+from memfree.filter import NgramSet
 from memfree.processor import MemFreeLogitsProcessor
+from memfree.stats import GuardStats
+from memfree.units import unit_of
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ def complete(
     settings: DecodingSettings | None = None,
     guard: MemFreeLogitsProcessor | None = None,
     *,
-    ngram_filter: NgramFilter | None = None,
+    ngram_filter: NgramSet | None = None,
     progress: Any = None,
 ) -> list[Completion]:
     """Complete each prompt (text, or token ids), with the guard if one is given.
@@ -206,41 +208,18 @@ def complete(
     """
     settings = settings or DecodingSettings()
     ngram_filter = ngram_filter or (guard.filter if guard is not None else None)
-    given = [_encode(tokenizer, prompt) for prompt in prompts]
-    for index, ids in enumerate(given):
-        if not ids:
-            raise ValueError(
-                f"prompt {index + 1} is empty (no tokens); give every prompt some text"
-            )
+    given = _encode_all(tokenizer, prompts)
     context = model_context(model)
     encoded = [fit_prompt(ids, context, settings.max_new_tokens) for ids in given]
     pad_id = (
         tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     )
-    device = next(model.parameters()).device
     results: list[Completion] = []
     for begin in range(0, len(encoded), settings.batch_size):
         batch = encoded[begin : begin + settings.batch_size]
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, ids in enumerate(batch):
-            if ids:
-                input_ids[row, width - len(ids) :] = torch.tensor(ids)
-                attention[row, width - len(ids) :] = 1
-        from transformers import set_seed
-
-        set_seed(settings.seed)
-        if guard is not None:
-            guard.reset()
-        with torch.inference_mode():
-            output = model.generate(
-                input_ids=input_ids.to(device),
-                attention_mask=attention.to(device),
-                logits_processor=[guard] if guard is not None else None,
-                pad_token_id=pad_id,
-                **settings.generate_kwargs(),
-            )
+        input_ids, attention = _left_padded(batch, pad_id)
+        width = input_ids.shape[1]
+        output = _generate(model, input_ids, attention, settings, guard, pad_id)
         generated = output[:, width:].cpu().tolist()
         stats = guard.stats if guard is not None and settings.num_beams == 1 else None
         for row, ids in enumerate(generated):
@@ -248,14 +227,7 @@ def complete(
             new_ids = _strip_after_eos(ids, tokenizer.eos_token_id, pad_id)
             interventions = []
             if stats is not None and stats.num_rows == len(generated):
-                for step in np.flatnonzero(stats.first_choice_blocked[row]):
-                    position = int(stats.positions[step]) - width
-                    if 0 <= position < len(new_ids):
-                        interventions.append(
-                            Intervention(
-                                position, int(stats.first_choice[row, step]), new_ids[position]
-                            )
-                        )
+                interventions = _interventions(stats, row, width, new_ids)
             completion = Completion(
                 prompt=prompts[prompt_index]
                 if isinstance(prompts[prompt_index], str)
@@ -276,10 +248,76 @@ def complete(
     return results
 
 
+def _encode_all(
+    tokenizer: Any, prompts: Sequence[str] | Sequence[Sequence[int]]
+) -> list[list[int]]:
+    """Each prompt's token ids (texts tokenized without special tokens); an empty one refused."""
+    given = [_encode(tokenizer, prompt) for prompt in prompts]
+    for index, ids in enumerate(given):
+        if not ids:
+            raise ValueError(
+                f"prompt {index + 1} is empty (no tokens); give every prompt some text"
+            )
+    return given
+
+
 def _encode(tokenizer: Any, prompt: str | Sequence[int]) -> list[int]:
     if isinstance(prompt, str):
         return list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     return [int(token) for token in prompt]
+
+
+def _generate(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention: torch.Tensor,
+    settings: DecodingSettings,
+    guard: MemFreeLogitsProcessor | None,
+    pad_id: int,
+) -> torch.Tensor:
+    """One seeded ``model.generate`` call on the model's device; `(rows, width + new)` ids."""
+    from transformers import set_seed
+
+    device = next(model.parameters()).device
+    set_seed(settings.seed)
+    if guard is not None:
+        guard.reset()
+    with torch.inference_mode():
+        output: torch.Tensor = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            logits_processor=[guard] if guard is not None else None,
+            pad_token_id=pad_id,
+            **settings.generate_kwargs(),
+        )
+    return output
+
+
+def _left_padded(batch: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids and attention_mask `(len(batch), longest)`, each prompt padded on the left."""
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        if ids:
+            input_ids[row, width - len(ids) :] = torch.tensor(ids)
+            attention[row, width - len(ids) :] = 1
+    return input_ids, attention
+
+
+def _interventions(
+    stats: GuardStats, row: int, width: int, new_ids: list[int]
+) -> list[Intervention]:
+    """The steps of ``row`` where the guard removed the model's first choice, placed in the
+    completion (``width``: the padded prompt's length)."""
+    found = []
+    for step in np.flatnonzero(stats.first_choice_blocked[row]):
+        position = int(stats.positions[step]) - width
+        if 0 <= position < len(new_ids):
+            found.append(
+                Intervention(position, int(stats.first_choice[row, step]), new_ids[position])
+            )
+    return found
 
 
 def _strip_after_eos(ids: list[int], eos: int | None, pad: int | None) -> list[int]:
@@ -291,7 +329,7 @@ def _strip_after_eos(ids: list[int], eos: int | None, pad: int | None) -> list[i
 
 
 def count_stored_ngrams(
-    ngram_filter: NgramFilter,
+    ngram_filter: NgramSet,
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     guard: MemFreeLogitsProcessor | None = None,
@@ -302,7 +340,7 @@ def count_stored_ngrams(
 
 
 def stored_ngram_counts(
-    ngram_filter: NgramFilter,
+    ngram_filter: NgramSet,
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     guard: MemFreeLogitsProcessor | None = None,
@@ -315,35 +353,14 @@ def stored_ngram_counts(
     decoded text (special tokens skipped) that end at a word the output created or changed; that
     needs the ``tokenizer`` (or a word guard, which holds it).
     """
-    n = ngram_filter.n
-    if ngram_filter.unit == "word":
-        tokenizer = tokenizer if tokenizer is not None else getattr(guard, "tokenizer", None)
-        if tokenizer is None:
-            raise ValueError("counting stored word n-grams needs the tokenizer to decode the text")
-        if len(output_ids) == 0:
-            return 0, 0
-        from memfree.words import new_word_ngrams, ngram_hash_rows
-
-        before = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
-        after = tokenizer.decode(list(prompt_ids) + list(output_ids), skip_special_tokens=True)
-        created = new_word_ngrams(before, after, n)
-        if not created:
-            return 0, 0
-        return int(ngram_filter.contains(ngram_hash_rows(created)).sum()), len(created)
-    sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
-    if len(output_ids) == 0 or sequence.shape[0] < n:
-        return 0, 0
-    first = max(len(prompt_ids) - n + 1, 0)  # first window reaching into the output
-    windows = np.lib.stride_tricks.sliding_window_view(sequence, n)[first:]
     special = ngram_filter.special_token_ids
     if special is None and guard is not None:
         special = guard.special_token_ids
-    if special:
-        windows = windows[~np.isin(windows, special).any(axis=1)]
-    if windows.shape[0] == 0:
-        return 0, 0
-    found = ngram_filter.contains(np.ascontiguousarray(windows))
-    return int(found.sum()), int(windows.shape[0])
+    if tokenizer is None and guard is not None:
+        tokenizer = guard.tokenizer
+    return unit_of(ngram_filter).created_ngram_counts(
+        ngram_filter, prompt_ids, output_ids, special_token_ids=special, tokenizer=tokenizer
+    )
 
 
 _RED_STRIKE, _GREEN, _RESET = "\033[9;31m", "\033[32m", "\033[0m"

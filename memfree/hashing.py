@@ -29,17 +29,17 @@ _FMIX_C2 = 0xC4CEB9FE1A85EC53
 BLOCK_BITS = 512
 WORDS_PER_BLOCK = BLOCK_BITS // 64
 MAX_PROBES = 32
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1  # Python-int arithmetic modulo 2**64 (the one copy; words.py imports it)
 _PROBE_SHIFT = 64 - 9  # top 9 bits: a bit offset in [0, 512)
 
 
 def _splitmix64(count: int, state: int) -> list[int]:
     values = []
     for _ in range(count):
-        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        state = (state + 0x9E3779B97F4A7C15) & MASK64
         value = state
-        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+        value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & MASK64
         values.append((value ^ (value >> 31)) | 1)
     return values
 
@@ -50,7 +50,7 @@ PROBE_MULTIPLIERS: tuple[int, ...] = tuple(_splitmix64(MAX_PROBES, DEFAULT_HASH_
 
 def _signed(value: int) -> int:
     """The int64 with the same 64 bits as the unsigned ``value``."""
-    value &= _MASK64
+    value &= MASK64
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -58,21 +58,31 @@ def _signed(value: int) -> int:
 # Python integers: the reference the twins are tested against, and the pinned vectors.
 
 
+def horner_state_reference(
+    ngram: list[int] | tuple[int, ...], seed: int = DEFAULT_HASH_SEED
+) -> int:
+    """The Horner state of ``ngram`` (before the finalizer) with plain Python integers.
+
+    The word guard extends such states by one word with ``state * HORNER_MULTIPLIER + h + 1``.
+    """
+    state = seed & MASK64
+    for token in ngram:
+        state = (state * HORNER_MULTIPLIER + int(token) + 1) & MASK64
+    return state
+
+
 def fingerprint_reference(ngram: list[int] | tuple[int, ...], seed: int = DEFAULT_HASH_SEED) -> int:
     """Fingerprint of one n-gram with plain Python integers (slow, obviously correct)."""
-    state = seed & _MASK64
-    for token in ngram:
-        state = (state * HORNER_MULTIPLIER + int(token) + 1) & _MASK64
-    return fmix64_reference(state)
+    return fmix64_reference(horner_state_reference(ngram, seed))
 
 
 def fmix64_reference(value: int) -> int:
     """murmur3's 64-bit finalizer on a Python integer."""
-    value &= _MASK64
+    value &= MASK64
     value ^= value >> 33
-    value = (value * _FMIX_C1) & _MASK64
+    value = (value * _FMIX_C1) & MASK64
     value ^= value >> 33
-    value = (value * _FMIX_C2) & _MASK64
+    value = (value * _FMIX_C2) & MASK64
     value ^= value >> 33
     return value
 
@@ -81,7 +91,7 @@ def probe_positions_reference(fingerprint: int, num_blocks: int, num_probes: int
     """Absolute bit positions of one fingerprint's probes (Python integers)."""
     block = ((fingerprint >> 32) * num_blocks) >> 32
     return [
-        block * BLOCK_BITS + (((fingerprint * PROBE_MULTIPLIERS[i]) & _MASK64) >> _PROBE_SHIFT)
+        block * BLOCK_BITS + (((fingerprint * PROBE_MULTIPLIERS[i]) & MASK64) >> _PROBE_SHIFT)
         for i in range(num_probes)
     ]
 
@@ -132,6 +142,23 @@ def sparse_members_np(words: np.ndarray, fingerprints: np.ndarray, num_probes: i
     return index
 
 
+def extend_fingerprints_np(prefix_states: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """Fingerprints of (prefix, token) for every row and candidate: the numpy twin of
+    :func:`extend_fingerprints_torch`, used by the guard's CPU path.
+
+    Args:
+        prefix_states: uint64 `(batch,)` Horner states already multiplied for the last token
+            (:func:`prefix_states_torch`'s bits).
+        tokens: uint64 `(num_candidates,)` token ids (or word hashes).
+
+    Returns:
+        uint64 `(batch, num_candidates)` fingerprints.
+    """
+    with np.errstate(over="ignore"):
+        # + 1 on the (batch,) states rather than on every candidate: the same bits mod 2**64.
+        return fmix64_np((prefix_states + _U1)[:, None] + tokens[None, :])
+
+
 def _powers_np(count: int) -> list[np.uint64]:
     """HORNER_MULTIPLIER**i mod 2**64 for i in range(count)."""
     return [np.uint64(pow(HORNER_MULTIPLIER, i, 1 << 64)) for i in range(count)]
@@ -152,7 +179,7 @@ def fingerprints_np(ngrams: np.ndarray, seed: int = DEFAULT_HASH_SEED) -> np.nda
         raise ValueError(f"ngrams must be a 2-D (num_ngrams, n) array, got shape {ngrams.shape}")
     ngram_size = ngrams.shape[1]
     with np.errstate(over="ignore"):
-        state = np.full(ngrams.shape[0], np.uint64(seed & _MASK64), dtype=np.uint64)
+        state = np.full(ngrams.shape[0], np.uint64(seed & MASK64), dtype=np.uint64)
         multiplier = np.uint64(HORNER_MULTIPLIER)
         for column in range(ngram_size):
             state = state * multiplier + (ngrams[:, column].astype(np.uint64) + np.uint64(1))
@@ -182,7 +209,7 @@ def sliding_fingerprints_np(
     shifted = token_ids.astype(np.uint64) + np.uint64(1)
     powers = _powers_np(ngram_size + 1)
     with np.errstate(over="ignore"):
-        state = np.full(count, np.uint64(seed & _MASK64) * powers[ngram_size], dtype=np.uint64)
+        state = np.full(count, np.uint64(seed & MASK64) * powers[ngram_size], dtype=np.uint64)
         for column in range(ngram_size):
             state += shifted[column : column + count] * powers[ngram_size - 1 - column]
         return _fmix64_np(state)
@@ -225,12 +252,33 @@ def _lshr(values: torch.Tensor, shift: int) -> torch.Tensor:
     return (values >> shift) & ((1 << (64 - shift)) - 1)
 
 
-def _fmix64_torch(values: torch.Tensor) -> torch.Tensor:
+def fmix64_torch(values: torch.Tensor) -> torch.Tensor:
+    """The murmur3 finalizer of each int64 value (bits as the uint64 numpy twin's)."""
     values = values ^ _lshr(values, 33)
     values = values * _signed(_FMIX_C1)
     values = values ^ _lshr(values, 33)
     values = values * _signed(_FMIX_C2)
     return values ^ _lshr(values, 33)
+
+
+def horner_states_torch(prefixes: torch.Tensor, seed: int = DEFAULT_HASH_SEED) -> torch.Tensor:
+    """Horner state of each row's prefix, before the finalizer.
+
+    ``fmix64_torch`` of it is the prefix's own fingerprint (what the prefix section stores);
+    times ``HORNER_MULTIPLIER`` it is :func:`prefix_states_torch`.
+
+    Args:
+        prefixes: int64 tensor `(batch, n - 1)`.
+        seed: hash seed.
+
+    Returns:
+        int64 tensor `(batch,)`.
+    """
+    multiplier = _signed(HORNER_MULTIPLIER)
+    state = prefixes.new_full((prefixes.shape[0],), _signed(seed))
+    for column in range(prefixes.shape[1]):
+        state = state * multiplier + (prefixes[:, column].long() + 1)
+    return state
 
 
 def prefix_states_torch(prefixes: torch.Tensor, seed: int = DEFAULT_HASH_SEED) -> torch.Tensor:
@@ -244,11 +292,13 @@ def prefix_states_torch(prefixes: torch.Tensor, seed: int = DEFAULT_HASH_SEED) -
         int64 tensor `(batch,)`: ``state * HORNER_MULTIPLIER``; adding ``token + 1`` and applying
         the finalizer gives the fingerprint of (prefix, token).
     """
-    multiplier = _signed(HORNER_MULTIPLIER)
-    state = prefixes.new_full((prefixes.shape[0],), _signed(seed))
-    for column in range(prefixes.shape[1]):
-        state = state * multiplier + (prefixes[:, column].long() + 1)
-    return state * multiplier
+    return next_token_states_torch(horner_states_torch(prefixes, seed))
+
+
+def next_token_states_torch(states: torch.Tensor) -> torch.Tensor:
+    """Horner states (any shape, int64) made ready for one more token: ``state * multiplier``,
+    the input of :func:`extend_fingerprints_torch`."""
+    return states * _signed(HORNER_MULTIPLIER)
 
 
 def extend_fingerprints_torch(prefix_states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -261,13 +311,13 @@ def extend_fingerprints_torch(prefix_states: torch.Tensor, tokens: torch.Tensor)
     Returns:
         int64 `(batch, num_candidates)` fingerprints (same bits as the uint64 numpy twin).
     """
-    return _fmix64_torch(prefix_states[:, None] + (tokens[None, :] + 1))
+    return fmix64_torch(prefix_states[:, None] + (tokens[None, :] + 1))
 
 
 def fingerprints_torch(ngrams: torch.Tensor, seed: int = DEFAULT_HASH_SEED) -> torch.Tensor:
     """Fingerprints of a `(N, n)` int64 tensor of n-grams; int64 `(N,)`."""
     states = prefix_states_torch(ngrams[:, :-1], seed)
-    return _fmix64_torch(states + ngrams[:, -1].long() + 1)
+    return fmix64_torch(states + ngrams[:, -1].long() + 1)
 
 
 def query_bits_torch(

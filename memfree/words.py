@@ -34,6 +34,7 @@ import numpy as np
 
 from memfree.hashing import (
     DEFAULT_HASH_SEED,
+    MASK64,
     fmix64_np,
     fmix64_reference,
     sliding_fingerprints_np,
@@ -46,7 +47,6 @@ NORMALIZER = "nfkc-casefold-alnum-marks-v1"
 UNICODE_VERSION = unicodedata.unidata_version
 WORD_MULTIPLIER = 0xD6E8FEB86659FD93  # odd: B**i is invertible and never 0 mod 2**64
 WORD_OFFSET = 0x9E6C63D0676A9A99
-_MASK64 = (1 << 64) - 1
 
 
 @lru_cache(maxsize=1)
@@ -102,7 +102,17 @@ def new_word_ngrams(before: str, after: str, ngram_size: int) -> list[tuple[str,
     Those are the n-grams ending at a word that changed or was added when the text grew from
     ``before`` to ``after``: what a generation created, the prompt's own n-grams excluded.
     """
-    old, new = words(before), words(after)
+    return created_word_ngrams(words(before), words(after), ngram_size)
+
+
+def created_word_ngrams(
+    old: Sequence[str], new: Sequence[str], ngram_size: int
+) -> list[tuple[str, ...]]:
+    """The n-grams of the words ``new`` that end at a word past the common start with ``old``.
+
+    A text that grew from words ``old`` to words ``new`` created exactly these (the word guard's
+    exact path and :func:`new_word_ngrams` share this rule).
+    """
     same = 0
     for a, b in zip(old, new, strict=False):
         if a != b:
@@ -120,8 +130,8 @@ def word_poly(data: bytes) -> int:
     """``sum(data[i] * WORD_MULTIPLIER**i) mod 2**64`` (Python integers)."""
     value, power = 0, 1
     for byte in data:
-        value = (value + byte * power) & _MASK64
-        power = (power * WORD_MULTIPLIER) & _MASK64
+        value = (value + byte * power) & MASK64
+        power = (power * WORD_MULTIPLIER) & MASK64
     return value
 
 
@@ -260,6 +270,7 @@ def starts_clean(text: str) -> bool:
 __all__ = [
     "NORMALIZER",
     "UNICODE_VERSION",
+    "created_word_ngrams",
     "finish_word",
     "is_word_char",
     "new_word_ngrams",

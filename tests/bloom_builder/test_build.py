@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bloom_builder.build import BuildError, build_filter, plan_shards
+from bloom_builder.build import BuildError, build_filter
 from bloom_builder.counting import Run, RunWriter, count_range
+from bloom_builder.plan import plan_shards
 from bloom_builder.settings import BuildSettings, parse_size
 from memfree import NgramFilter
 from memfree.cli import main as cli_main

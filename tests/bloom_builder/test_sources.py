@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bloom_builder import sources
 from bloom_builder.sources import (
     STDLIB,
     Document,
@@ -23,6 +22,7 @@ from bloom_builder.sources import (
     WorkUnit,
     discover,
     read_unit,
+    saved_datasets,
 )
 
 OPTIONS = SourceOptions()
@@ -287,7 +287,7 @@ def test_dataset_saved_to_disk_is_read_in_row_ranges(
 ) -> None:
     import datasets
 
-    monkeypatch.setattr(sources, "_DATASET_ROWS_PER_UNIT", 2)
+    monkeypatch.setattr(saved_datasets, "ROWS_PER_UNIT", 2)
     rows = ["zero", "one", None, "three", "four"]
     datasets.Dataset.from_dict({"text": rows, "id": list(range(5))}).save_to_disk(tmp_path / "ds")
     (tmp_path / "plain.txt").write_text("plain", encoding="utf-8")

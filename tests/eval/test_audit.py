@@ -12,7 +12,8 @@ import pytest
 
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
-from eval.audit import run_exposure, run_extraction, write_audit_report
+from eval.audit import run_exposure, run_extraction
+from eval.audit_report import write_audit_report
 from eval.canaries import CanaryFormat, insert_canaries, load_manifest
 from memfree import MemFreeLogitsProcessor
 from tests.conftest import TRAINING_TEXT, train_on_windows

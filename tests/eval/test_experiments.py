@@ -13,9 +13,11 @@ import pytest
 
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
-from eval.experiments import ExperimentSettings, RecordLog, run_memorization, run_utility
+from eval.experiments import RecordLog, run_memorization
 from eval.report import summarize, write_report
 from eval.sampling import frequency_bucket, sample_examples
+from eval.settings import ExperimentSettings
+from eval.utility import run_utility
 from memfree import NgramFilter
 from tests.conftest import MEMORIZED_DOCUMENTS
 
@@ -294,8 +296,8 @@ def test_result_directories_of_older_versions_still_resume(
 ) -> None:
     """The settings fingerprint memfree wrote before the word defense (commit 330be4c), for the
     same settings: a run started then resumes now. (Library versions pinned out of the way.)"""
-    from eval.experiments import _settings_fingerprint
     from eval.metrics import MetricSettings
+    from eval.settings import settings_fingerprint as _settings_fingerprint
 
     monkeypatch.setattr(MetricSettings, "signature", lambda self: "pinned")
     settings = ExperimentSettings(

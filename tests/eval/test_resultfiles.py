@@ -14,7 +14,8 @@ import pytest
 
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
-from eval.experiments import ExperimentSettings, RecordLog, run_memorization
+from eval.experiments import RecordLog, run_memorization
+from eval.settings import ExperimentSettings
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
 from tests.conftest import MEMORIZED_DOCUMENTS, tiny_llama_model

@@ -18,11 +18,13 @@ import pytest
 
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
-from eval.experiments import ExperimentSettings, run_memorization, run_utility
+from eval.experiments import run_memorization
 from eval.metrics import MetricSettings
 from eval.report import summarize, write_report
 from eval.sampling import Example
+from eval.settings import ExperimentSettings
 from eval.styles import get_style
+from eval.utility import run_utility
 from memfree import NgramFilter
 from memfree.words import words
 from tests.conftest import train_on_windows

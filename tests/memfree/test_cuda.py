@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree import MemFreeLogitsProcessor, NgramFilter
-from memfree.filter import FilterFileWriter, set_fingerprint_bits
+from memfree.filter_writer import FilterFileWriter, set_fingerprint_bits
 from memfree.hashing import fingerprints_np
 from tests.memfree.test_processor import MODES, emitted_windows, left_pad
 

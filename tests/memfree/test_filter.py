@@ -13,8 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree import DamagedFilterError, FilterError, NgramFilter
-from memfree.filter import PAGE_BYTES, bits_from_fingerprints, write_filter
-from memfree.hashing import fingerprints_np, query_bits_torch
+from memfree.filter import NgramSet
+from memfree.filter_writer import bits_from_fingerprints, write_filter
+from memfree.hashing import fingerprints_np, query_bits_np, query_bits_torch
+from memfree.header import PAGE_BYTES
 from memfree.sizing import choose_size, expected_false_positive_rate
 
 
@@ -126,7 +128,7 @@ def test_same_inputs_same_bytes(tmp_path: Path) -> None:
     make_filter(tmp_path / "b.memfree", stored)
     assert (tmp_path / "a.memfree").read_bytes() == (tmp_path / "b.memfree").read_bytes()
     filt = NgramFilter.open(tmp_path / "a.memfree")
-    header_bytes = filt.size_bytes - filt.num_bits // 8
+    header_bytes = filt.size_bytes - filt.metadata["num_bits"] // 8
     assert header_bytes > 0 and header_bytes % PAGE_BYTES == 0  # bits start on a page boundary
 
 
@@ -138,6 +140,18 @@ def test_metadata_and_layout(tmp_path: Path) -> None:
     assert len(metadata["bits_xxh3"]) == 16
     metadata["n"] = 99  # a copy: the filter is unchanged
     assert filt.metadata["n"] == 3
+
+
+def test_the_read_protocol_and_blocked_bits(tmp_path: Path) -> None:
+    stored = np.arange(30).reshape(10, 3)
+    with NgramFilter.from_ngrams(tmp_path / "f.memfree", stored, hash_seed=5) as filt:
+        as_set: NgramSet = filt  # mypy checks that the native filter implements the Protocol
+        assert isinstance(as_set, NgramSet) and len(as_set) == 10 and as_set.layout == "blocked-512"
+        bits = filt.blocked_bits()
+        assert bits.words is filt.words and bits.prefix_words is filt.prefix_words
+        assert bits.prefix_words is not None and bits.prefix_num_probes == filt.prefix_num_probes
+        assert (bits.num_probes, bits.hash_seed) == (filt.num_probes, 5)
+        assert query_bits_np(bits.words, fingerprints_np(stored, 5), bits.num_probes).all()
 
 
 def test_write_is_atomic_and_leaves_no_temporary(tmp_path: Path) -> None:

@@ -13,11 +13,18 @@ from memfree.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
     HORNER_MULTIPLIER,
+    MASK64,
+    extend_fingerprints_np,
     extend_fingerprints_torch,
     fingerprint_reference,
     fingerprints_np,
     fingerprints_torch,
+    fmix64_np,
     fmix64_reference,
+    fmix64_torch,
+    horner_state_reference,
+    horner_states_torch,
+    next_token_states_torch,
     prefix_states_torch,
     probe_positions_np,
     probe_positions_reference,
@@ -87,6 +94,34 @@ def test_numpy_and_torch_twins_match_reference(ngrams: np.ndarray, seed: int) ->
     for row, ngram in enumerate(ngrams.tolist()):
         column = int((candidates == ngram[-1]).nonzero()[0, 0])
         assert int(table[row, column]) & U64 == expected[row]
+
+
+@settings(max_examples=60, deadline=None)
+@given(ngrams=ngram_batches, seed=st.integers(0, U64))
+def test_the_guards_steps_match_reference(ngrams: np.ndarray, seed: int) -> None:
+    """The pieces the guard cores call: Horner states of the prefix (for the prefix section),
+    then every candidate, in torch (any device) and numpy (the CPU's sparse path)."""
+    assert U64 == MASK64
+    prefixes = ngrams[:, :-1]
+    states = horner_states_torch(torch.from_numpy(prefixes), seed)
+    expected_states = [horner_state_reference(tuple(row), seed) for row in prefixes.tolist()]
+    assert _to_unsigned(states) == expected_states
+    assert _to_unsigned(fmix64_torch(states)) == [
+        fingerprint_reference(tuple(row), seed) for row in prefixes.tolist()
+    ]
+    assert fmix64_np(np.asarray(expected_states, dtype=np.uint64)).tolist() == [
+        fmix64_reference(state) for state in expected_states
+    ]
+    ready = next_token_states_torch(states)
+    assert torch.equal(ready, prefix_states_torch(torch.from_numpy(prefixes), seed))
+    candidates = np.unique(ngrams[:, -1]).astype(np.uint64)
+    table = extend_fingerprints_np(ready.numpy().view(np.uint64), candidates)
+    assert table.dtype == np.uint64 and table.shape == (ngrams.shape[0], candidates.shape[0])
+    torch_table = extend_fingerprints_torch(ready, torch.from_numpy(candidates.astype(np.int64)))
+    assert _to_unsigned(torch_table) == table.reshape(-1).tolist()
+    for row, ngram in enumerate(ngrams.tolist()):
+        column = int(np.flatnonzero(candidates == ngram[-1])[0])
+        assert int(table[row, column]) == fingerprint_reference(tuple(ngram), seed)
 
 
 @settings(max_examples=40, deadline=None)

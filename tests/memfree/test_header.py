@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from memfree import NgramFilter
 from memfree.errors import DamagedFilterError, FilterError
-from memfree.filter import PAGE_BYTES
+from memfree.header import PAGE_BYTES
 from memfree.sizing import expected_false_positive_rate
 
 PREAMBLE = struct.Struct("<8sIIQ")
@@ -99,7 +99,7 @@ def test_an_emptied_bit_array_is_refused(filter_path: Path) -> None:
     rewrite(filter_path, metadata, zeros)
     with pytest.raises(DamagedFilterError, match="block nothing"):
         NgramFilter.open(filter_path)
-    assert NgramFilter.open(filter_path, verify=False).num_ngrams == 2000  # opt-out stays
+    assert len(NgramFilter.open(filter_path, verify=False)) == 2000  # opt-out stays
 
 
 def test_more_probes_than_the_bits_were_set_with_is_refused(filter_path: Path) -> None:

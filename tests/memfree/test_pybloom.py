@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree import pybloom
+from memfree import pybloom, pybloom_hash
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
-from memfree.filter import NgramFilter
+from memfree.filter import NgramFilter, NgramSet
 
 SEEDS = [0, 1, 0xDEADBEEF, 0xFFFFFFFF, 12345]
 
@@ -39,7 +39,7 @@ def _library_file(
 ) -> None:
     random.seed(0)  # the library draws its own seeds with `random` when none are given
     library = pybloomfilter.BloomFilter(200, error_rate, str(path), hash_seeds=seeds)
-    for key in pybloom.ngram_key_bytes(ngrams):
+    for key in pybloom_hash.ngram_key_bytes(ngrams):
         library.add(key.tobytes())
     library.close()
 
@@ -57,11 +57,11 @@ def _written(tmp_path: Path, n: int = 3, count: int = 300) -> tuple[Path, np.nda
 
 def test_known_vectors() -> None:
     empty = np.zeros((1, 0), np.uint8)
-    assert pybloom.murmur3_x64_128_xor(empty, 0)[0] == 0  # all-zero state stays zero
-    keys = pybloom.ngram_key_bytes(np.array([[1, 256], [0xFFFFFFFF, 0]]))
+    assert pybloom_hash.murmur3_x64_128_xor(empty, 0)[0] == 0  # all-zero state stays zero
+    keys = pybloom_hash.ngram_key_bytes(np.array([[1, 256], [0xFFFFFFFF, 0]]))
     assert keys.tolist() == [[1, 0, 0, 0, 0, 1, 0, 0], [255, 255, 255, 255, 0, 0, 0, 0]]
     with pytest.raises(ValueError, match="2\\*\\*32"):
-        pybloom.ngram_key_bytes(np.array([[-1, 2]]))
+        pybloom_hash.ngram_key_bytes(np.array([[-1, 2]]))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -69,7 +69,7 @@ def test_murmur_matches_library_bit_positions(seed: int) -> None:
     rng = np.random.default_rng(seed & 0xFFFF)
     for length in range(41):
         key = rng.integers(0, 256, size=(1, length), dtype=np.uint8)
-        hashed = pybloom.murmur3_x64_128_xor(key, seed)[0]
+        hashed = pybloom_hash.murmur3_x64_128_xor(key, seed)[0]
         for capacity in (100_000, 77_777):  # two moduli pin more of the 64 hash bits
             num_bits, *positions = _library_positions(key.tobytes(), seed, capacity)
             assert positions == [int(hashed % np.uint64(num_bits))], (length, capacity)
@@ -77,8 +77,8 @@ def test_murmur_matches_library_bit_positions(seed: int) -> None:
 
 def test_murmur_is_vectorized_per_row() -> None:
     keys = np.random.default_rng(1).integers(0, 256, size=(50, 23), dtype=np.uint8)
-    batch = pybloom.murmur3_x64_128_xor(keys, 99)
-    rows = [pybloom.murmur3_x64_128_xor(row[None, :], 99)[0] for row in keys]
+    batch = pybloom_hash.murmur3_x64_128_xor(keys, 99)
+    rows = [pybloom_hash.murmur3_x64_128_xor(row[None, :], 99)[0] for row in keys]
     assert batch.dtype == np.uint64 and batch.tolist() == [int(r) for r in rows]
     assert len(set(batch.tolist())) == 50
 
@@ -111,7 +111,7 @@ def test_reads_library_file_exactly(
     assert path.stat().st_size == pybloom.PREAMBLE_BYTES + library.num_bits // 8
     others = _random_ngrams(rng, 5000, 4)
     queries = np.concatenate([stored, others])
-    expected = [key.tobytes() in library for key in pybloom.ngram_key_bytes(queries)]
+    expected = [key.tobytes() in library for key in pybloom_hash.ngram_key_bytes(queries)]
     assert filt.contains(queries).tolist() == expected
     assert all(expected[:400]) and 0 < sum(expected[400:]) < 5000
     assert (filt.n, filt.num_bits) == (4, library.num_bits)
@@ -122,8 +122,11 @@ def test_reads_library_file_exactly(
     assert bool(filt.contains(stored[7])) and filt.size_bytes == path.stat().st_size
     with pytest.raises(ValueError, match="shape"):
         filt.contains(stored[:, :3])
-    with pytest.raises(FilterError, match="fingerprints"):
-        filt.contains_fingerprints(np.zeros(3, np.uint64))
+    # memfree's fingerprint path does not apply: the reader offers no blocked bits to query
+    # (it used to raise from contains_fingerprints/words; now it has neither)
+    as_set: NgramSet = filt
+    assert as_set.blocked_bits() is None
+    assert not hasattr(filt, "contains_fingerprints") and not hasattr(filt, "words")
     library.close()
     filt.close()
 
@@ -135,7 +138,7 @@ def test_library_reads_our_file_exactly(tmp_path: Path) -> None:
     filt = pybloom.open_pybloom(path)
     others = _random_ngrams(np.random.default_rng(9), 20_000, 5)
     queries = np.concatenate([stored, others])
-    expected = [key.tobytes() in library for key in pybloom.ngram_key_bytes(queries)]
+    expected = [key.tobytes() in library for key in pybloom_hash.ngram_key_bytes(queries)]
     assert filt.contains(queries).tolist() == expected
     assert all(expected[:300]) and sum(expected[300:]) > 0
     measured = sum(expected[300:]) / 20_000
@@ -156,6 +159,7 @@ def test_ngram_filter_open_dispatches(tmp_path: Path) -> None:
     path, stored = _written(tmp_path)
     filt = NgramFilter.open(path)
     assert isinstance(filt, pybloom.PybloomNgramFilter) and filt.contains(stored).all()
+    assert isinstance(filt, NgramSet) and not isinstance(filt, NgramFilter)  # no subclassing
     Path(f"{path}.json").unlink()
     assert NgramFilter.open(path, ngram_size=3).contains(stored).all()
     with pytest.raises(FilterError, match=r"ngram_size=.*\.json"):
@@ -182,6 +186,25 @@ def test_no_false_negatives(
     filt = pybloom.open_pybloom(path)
     assert filt.contains(ngrams).all()
     filt.close()
+
+
+def test_the_read_protocol(tmp_path: Path) -> None:
+    path, stored = _written(tmp_path)
+    with pybloom.open_pybloom(path) as filt:
+        as_set: NgramSet = filt  # mypy checks that the reader implements the Protocol
+        assert (as_set.n, as_set.unit, as_set.layout, len(as_set)) == (
+            3,
+            "token",
+            "pybloomfiltermmap3",
+            300,
+        )
+        assert as_set.special_token_ids is None and as_set.blocked_bits() is None
+        assert as_set.size_bytes == path.stat().st_size and as_set.path == path
+        assert 0 < as_set.expected_false_positive_rate < 0.1
+        assert as_set.metadata["tokenizer"] == "toy"
+        assert repr(filt).startswith(f"PybloomNgramFilter({str(path)!r}, n=3, num_ngrams=300,")
+        assert filt.contains(stored).all()
+    assert filt.bits.size == 0  # closed on leaving the block
 
 
 # -- damage ---------------------------------------------------------------------------------------

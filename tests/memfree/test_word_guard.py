@@ -20,9 +20,8 @@ from hypothesis import strategies as st
 
 from memfree.errors import FilterMismatchError
 from memfree.filter import NgramFilter
-from memfree.processor import MemFreeLogitsProcessor
+from memfree.processor import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
 from memfree.vocab_bytes import UnsupportedTokenizerError, token_bytes
-from memfree.word_guard import MemFreeWordLogitsProcessor
 from memfree.words import (
     new_word_ngrams,
     ngram_hash_rows,

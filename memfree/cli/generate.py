@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shutil
 import sys
-import textwrap
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from memfree.generation import CONTEXT_POLICY, DecodingSettings
+from memfree.cli.common import fail, indent, side_by_side, warnings_to_stderr
 
 
-def add_parser(commands: Any) -> None:
-    """Register the ``generate`` subcommand."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Give ``memfree generate``'s parser its description and options (defaults: DecodingSettings)."""
+    from memfree.generation import CONTEXT_POLICY, DecodingSettings
+
     defaults = DecodingSettings()
-    parser = commands.add_parser(
-        "generate",
-        help="complete prompts with the guard",
-        description="Complete prompts with a model, removing at every step each token that would "
-        "complete an n-gram stored in the filter (MemFree decoding). --compare also generates "
-        "without the guard; --explain marks each blocked token as [[blocked -> chosen]].",
+    parser.description = (
+        "Complete prompts with a model, removing at every step each token that would complete an "
+        "n-gram stored in the filter (MemFree decoding). --compare also generates without the "
+        "guard; --explain marks each blocked token as [[blocked -> chosen]]."
     )
     parser.add_argument("--filter", required=True, metavar="FILTER", help="filter file")
     parser.add_argument(
@@ -61,8 +57,8 @@ def add_parser(commands: Any) -> None:
     )
     decoding.add_argument("--sample", action="store_true", help="sample instead of greedy search")
     decoding.add_argument("--temperature", type=float, default=defaults.temperature)
-    decoding.add_argument("--top-k", type=int, default=None)
-    decoding.add_argument("--top-p", type=float, default=None)
+    decoding.add_argument("--top-k", type=int, default=defaults.top_k)
+    decoding.add_argument("--top-p", type=float, default=defaults.top_p)
     decoding.add_argument("--num-beams", type=int, default=defaults.num_beams)
     decoding.add_argument("--num-return-sequences", type=int, default=defaults.num_return_sequences)
     decoding.add_argument("--seed", type=int, default=defaults.seed)
@@ -118,34 +114,6 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-@contextlib.contextmanager
-def warnings_to_stderr() -> Iterator[None]:
-    """Show memfree's warnings (a prompt cut to fit the context) as ``memfree: warning: ...``
-    lines on stderr, above any progress bar; other warnings as Python shows them."""
-    from tqdm import tqdm
-
-    from memfree.generation import PromptCutWarning
-
-    with warnings.catch_warnings():
-        previous = warnings.showwarning
-
-        def show(
-            message: Warning | str,
-            category: type[Warning],
-            filename: str,
-            lineno: int,
-            file: Any = None,
-            line: str | None = None,
-        ) -> None:
-            if issubclass(category, PromptCutWarning):
-                tqdm.write(f"memfree: warning: {message}", file=sys.stderr)
-            else:
-                previous(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = show
-        yield
-
-
 def check_device(name: str | None) -> None:
     """Refuse a device torch cannot parse or this machine does not have, before any loading."""
     if name is None:
@@ -167,31 +135,11 @@ def check_device(name: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``memfree generate``; returns the exit status."""
-    from memfree.cli import _fail
-
-    try:
-        settings = DecodingSettings(
-            max_new_tokens=args.max_new_tokens,
-            do_sample=args.sample,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            num_beams=args.num_beams,
-            num_return_sequences=args.num_return_sequences,
-            seed=args.seed,
-            batch_size=args.batch_size,
-        )
-        if args.explain and settings.num_beams > 1:
-            raise ValueError(
-                "--explain follows one sequence per row and cannot follow beams; drop --num-beams"
-            )
-        prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
-        empty = [index + 1 for index, prompt in enumerate(prompts) if not prompt.strip()]
-        if empty:
-            raise ValueError(f"prompt {empty[0]} is empty; give every prompt some text")
+    try:  # everything the command line alone decides is checked before anything loads
+        settings, prompts = _settings_and_prompts(args)
         check_device(args.device)
     except ValueError as error:
-        return _fail(str(error))
+        return fail(str(error))
 
     from memfree.errors import FilterError
     from memfree.filter import NgramFilter
@@ -199,30 +147,101 @@ def run(args: argparse.Namespace) -> int:
     try:
         ngram_filter = NgramFilter.open(args.filter)
     except (FileNotFoundError, FilterError) as error:
-        return _fail(str(error))
+        return fail(str(error))
 
-    from transformers.utils import logging as hf_logging
+    from memfree.cli.common import disable_download_bars
 
-    hf_logging.disable_progress_bar()
+    disable_download_bars()
     from memfree.models import ModelNotFoundError, load_model
     from memfree.processor import MemFreeLogitsProcessor
 
     try:
         model, tokenizer = load_model(args.model, device=args.device)
+        # The guard refuses a filter of another tokenizer (FilterMismatchError, a FilterError).
         guard = MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)
     except (ModelNotFoundError, FilterError) as error:
-        return _fail(str(error))
+        return fail(str(error))
     if args.chat:
-        prompts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        prompts = [  # tokenize=False: the template's text
+            str(
+                tokenizer.apply_chat_template(
+                    [{"role": "user", "content": prompt}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
             )
             for prompt in prompts
         ]
+    try:
+        guarded, plain = _complete(args, model, tokenizer, prompts, settings, guard, ngram_filter)
+    except ValueError as error:
+        return fail(str(error))
+    if args.json:
+        _print_records(tokenizer, guarded, plain)
+    else:
+        color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+        _print_text(tokenizer, guarded, plain, ngram_filter.n, args.explain, color)
+    return 0
 
+
+def decoding_settings(args: argparse.Namespace) -> Any:
+    """The :class:`~memfree.generation.DecodingSettings` of parsed ``memfree generate`` options.
+
+    Raises:
+        ValueError: a decoding option out of range (DecodingSettings names it).
+    """
+    from memfree.generation import DecodingSettings
+
+    return DecodingSettings(
+        max_new_tokens=args.max_new_tokens,
+        do_sample=args.sample,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        num_beams=args.num_beams,
+        num_return_sequences=args.num_return_sequences,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+
+
+def _settings_and_prompts(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The decoding settings and the prompts the command line gives.
+
+    Raises:
+        ValueError: a bad decoding option, --explain with beams, an unreadable prompts file or
+            an empty prompt (named by its number).
+    """
+    settings = decoding_settings(args)
+    if args.explain and settings.num_beams > 1:
+        raise ValueError(
+            "--explain follows one sequence per row and cannot follow beams; drop --num-beams"
+        )
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(args.prompts)
+    # Before the model loads; whitespace-only prompts too, which do tokenize to something.
+    empty = [index + 1 for index, prompt in enumerate(prompts) if not prompt.strip()]
+    if empty:
+        raise ValueError(f"prompt {empty[0]} is empty; give every prompt some text")
+    return settings, prompts
+
+
+def _complete(
+    args: argparse.Namespace,
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    settings: Any,
+    guard: Any,
+    ngram_filter: Any,
+) -> tuple[list[Any], list[Any] | None]:
+    """Guarded completions and, with --compare, unguarded ones, under one progress bar.
+
+    Raises:
+        ValueError: ``complete()`` refused a prompt or the number of new tokens.
+    """
     from tqdm import tqdm
 
-    from memfree.generation import PromptCutWarning, complete, explain
+    from memfree.generation import PromptCutWarning, complete
 
     total = len(prompts) * (2 if args.compare else 1)
     with (
@@ -236,101 +255,75 @@ def run(args: argparse.Namespace) -> int:
         ) as bar,
         warnings_to_stderr(),
     ):
-        try:
-            guarded = complete(model, tokenizer, prompts, settings, guard, progress=bar.update)
-            with warnings.catch_warnings():  # the same prompts again: their cuts were told
-                warnings.simplefilter("ignore", PromptCutWarning)
-                plain = (
-                    complete(
-                        model,
-                        tokenizer,
-                        prompts,
-                        settings,
-                        None,
-                        ngram_filter=ngram_filter,
-                        progress=bar.update,
-                    )
-                    if args.compare
-                    else None
-                )
-        except ValueError as error:
-            return _fail(str(error))
-    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    if args.json:
-        for index, completion in enumerate(guarded):
-            record: dict[str, Any] = {
-                "prompt": completion.prompt,
-                "guarded": completion.text,
-                "guarded_stored_ngrams": completion.stored_ngrams,
-                "interventions": [
-                    {
-                        "position": item.position,
-                        "blocked": tokenizer.decode([item.blocked]),
-                        "chosen": tokenizer.decode([item.chosen]),
-                    }
-                    for item in completion.interventions
-                ],
-            }
-            if plain is not None:
-                record["unguarded"] = plain[index].text
-                record["unguarded_stored_ngrams"] = plain[index].stored_ngrams
-            print(json.dumps(record, ensure_ascii=False))
-        return 0
+        guarded = complete(model, tokenizer, prompts, settings, guard, progress=bar.update)
+        if not args.compare:
+            return guarded, None
+        with warnings.catch_warnings():  # the same prompts again: their cuts were told
+            warnings.simplefilter("ignore", PromptCutWarning)
+            plain = complete(
+                model,
+                tokenizer,
+                prompts,
+                settings,
+                None,
+                ngram_filter=ngram_filter,
+                progress=bar.update,
+            )
+    return guarded, plain
+
+
+def _print_records(tokenizer: Any, guarded: list[Any], plain: list[Any] | None) -> None:
+    """One JSON record per prompt on stdout (``--json``)."""
     for index, completion in enumerate(guarded):
-        text = explain(tokenizer, completion, color) if args.explain else completion.text
+        record: dict[str, Any] = {
+            "prompt": completion.prompt,
+            "guarded": completion.text,
+            "guarded_stored_ngrams": completion.stored_ngrams,
+            "interventions": [
+                {
+                    "position": item.position,
+                    "blocked": tokenizer.decode([item.blocked]),
+                    "chosen": tokenizer.decode([item.chosen]),
+                }
+                for item in completion.interventions
+            ],
+        }
+        if plain is not None:
+            record["unguarded"] = plain[index].text
+            record["unguarded_stored_ngrams"] = plain[index].stored_ngrams
+        print(json.dumps(record, ensure_ascii=False))
+
+
+def _print_text(
+    tokenizer: Any,
+    guarded: list[Any],
+    plain: list[Any] | None,
+    ngram_size: int,
+    show_blocked: bool,
+    color: bool,
+) -> None:
+    """Each prompt with its completions (side by side with --compare), then a summary line."""
+    from memfree.generation import explain
+
+    for index, completion in enumerate(guarded):
+        text = explain(tokenizer, completion, color) if show_blocked else completion.text
         header = f"── prompt {index + 1}/{len(guarded)} " + "─" * 40
         print(header)
-        print(_indent(completion.prompt[-400:]))
+        print(indent(completion.prompt[-400:]))
         guarded_title = (
-            f"guarded: {completion.stored_ngrams} stored {ngram_filter.n}-grams, "
+            f"guarded: {completion.stored_ngrams} stored {ngram_size}-grams, "
             f"{len(completion.interventions)} interventions"
         )
         if plain is None:
             print(guarded_title)
-            print(_indent(text))
+            print(indent(text))
             continue
-        plain_title = f"unguarded: {plain[index].stored_ngrams} stored {ngram_filter.n}-grams"
+        plain_title = f"unguarded: {plain[index].stored_ngrams} stored {ngram_size}-grams"
         print(side_by_side(plain_title, plain[index].text, guarded_title, text))
     total = sum(c.stored_ngrams or 0 for c in guarded)
-    summary = f"guarded completions with a stored {ngram_filter.n}-gram: " + str(
+    summary = f"guarded completions with a stored {ngram_size}-gram: " + str(
         sum(1 for c in guarded if c.stored_ngrams)
     )
     if plain is not None:
         summary += f"; unguarded: {sum(1 for c in plain if c.stored_ngrams)} of {len(plain)}"
     print(f"{summary} (stored n-grams in guarded output: {total})")
-    return 0
-
-
-def _indent(text: str) -> str:
-    return textwrap.indent(text, "  │ ", lambda _: True)
-
-
-def side_by_side(left_title: str, left: str, right_title: str, right: str) -> str:
-    """Two texts in columns when the terminal is wide enough, else one after the other."""
-    width = shutil.get_terminal_size((100, 24)).columns
-    if width < 100:
-        return "\n".join([left_title, _indent(left), right_title, _indent(right)])
-    column = (width - 3) // 2
-    left_lines = _wrap(left, column)
-    right_lines = _wrap(right, column)
-    rows = [f"{left_title[:column]:<{column}} │ {right_title[:column]}"]
-    for index in range(max(len(left_lines), len(right_lines))):
-        a = left_lines[index] if index < len(left_lines) else ""
-        b = right_lines[index] if index < len(right_lines) else ""
-        rows.append(f"{a}{' ' * max(column - _visible_length(a), 0)} │ {b}")
-    return "\n".join(rows)
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    lines: list[str] = []
-    for line in text.expandtabs(4).split("\n"):
-        lines.extend(
-            textwrap.wrap(line, width, drop_whitespace=False, replace_whitespace=False) or [""]
-        )
-    return lines
-
-
-def _visible_length(text: str) -> int:
-    import re
-
-    return len(re.sub(r"\033\[[0-9;]*m", "", text))

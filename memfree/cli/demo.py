@@ -1,4 +1,4 @@
-"""``make demo``: the main job on the embedded defaults.
+"""``make demo`` (``python -m memfree.cli.demo``): the main job on the embedded defaults.
 
 Builds a filter of this Python's standard library with SmolLM2-135M-Instruct's tokenizer, then
 completes real stdlib code prompts with and without the guard and shows, side by side, how much
@@ -55,6 +55,7 @@ def stdlib_prompts(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns 0 when no guarded completion holds a stored 10-gram, else 1."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--prompts", type=int, default=20, help="stdlib prompts to complete")
     parser.add_argument("--show", type=int, default=3, help="completions to print side by side")
@@ -62,29 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default="out/stdlib.memfree", help="filter file (reused)")
     args = parser.parse_args(argv)
 
-    from transformers.utils import logging as hf_logging
+    from memfree.cli.common import disable_download_bars
 
-    hf_logging.disable_progress_bar()
-    from bloom_builder.build import build_filter
-    from bloom_builder.settings import BuildSettings
-    from memfree import MemFreeLogitsProcessor, NgramFilter
-    from memfree.cli_generate import side_by_side
-    from memfree.generation import DecodingSettings, complete, explain
-    from memfree.models import load_model
-    from memfree.tokenizer import cache_dir
+    disable_download_bars()
+    from memfree import MemFreeLogitsProcessor
+    from memfree.generation import DecodingSettings, complete
 
-    output = Path(args.output)
-    started = time.perf_counter()
-    print("loading SmolLM2-135M-Instruct (de-quantized once, then cached) ...", flush=True)
-    model, tokenizer = load_model()
-    print(f"  loaded in {time.perf_counter() - started:.1f} s (cache: {cache_dir()})")
-    if output.exists():
-        print(f"reusing {output} (delete it to rebuild)")
-    else:
-        print("building a filter of the standard library's 10-grams ...", flush=True)
-        summary = build_filter(["stdlib:"], output, BuildSettings(), tokenizer=tokenizer)
-        print(summary.to_text())
-    filt = NgramFilter.open(output)
+    model, tokenizer, filt = _model_and_filter(Path(args.output))
     guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
     prompts = stdlib_prompts(tokenizer, args.prompts)
     settings = DecodingSettings(max_new_tokens=args.max_new_tokens, batch_size=10)
@@ -101,27 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     guarded = complete(model, tokenizer, ids, settings, guard)
     guarded_seconds = time.perf_counter() - started
 
-    order = sorted(range(len(prompts)), key=lambda i: -(plain[i].stored_ngrams or 0))
-    for index in order[: args.show]:
-        name = prompts[index][0]
-        print(f"\n── {name} " + "─" * max(0, 70 - len(name)))
-        prompt_text = str(tokenizer.decode(ids[index]))
-        print("\n".join("  │ " + line for line in prompt_text.split("\n")))
-        print(
-            side_by_side(
-                f"unguarded: {plain[index].stored_ngrams} stored 10-grams",
-                plain[index].text,
-                f"guarded: {guarded[index].stored_ngrams} stored, "
-                f"{len(guarded[index].interventions)} blocked",
-                explain(tokenizer, guarded[index], color=sys.stdout.isatty()),
-            )
-        )
-    print("\n  prompt (stdlib module)                    unguarded   guarded   interventions")
-    for index, (name, _) in enumerate(prompts):
-        print(
-            f"  {name[:40]:40s} {plain[index].stored_ngrams:9d} {guarded[index].stored_ngrams:9d}"
-            f" {len(guarded[index].interventions):15d}"
-        )
+    _show(tokenizer, prompts, plain, guarded, args.show)
     copied = sum(1 for c in plain if c.stored_ngrams)
     still = sum(1 for c in guarded if c.stored_ngrams)
     print(
@@ -140,6 +105,61 @@ def main(argv: list[str] | None = None) -> int:
         "`memfree eval styles` measures both."
     )
     return 1 if still else 0
+
+
+def _model_and_filter(output: Path) -> tuple[Any, Any, Any]:
+    """The default model, its tokenizer, and the stdlib filter at ``output`` (built if missing)."""
+    from bloom_builder.build import build_filter
+    from bloom_builder.settings import BuildSettings
+    from memfree import NgramFilter
+    from memfree.models import load_model
+    from memfree.tokenizer import cache_dir
+
+    started = time.perf_counter()
+    print("loading SmolLM2-135M-Instruct (de-quantized once, then cached) ...", flush=True)
+    model, tokenizer = load_model()
+    print(f"  loaded in {time.perf_counter() - started:.1f} s (cache: {cache_dir()})")
+    if output.exists():
+        print(f"reusing {output} (delete it to rebuild)")
+    else:
+        print("building a filter of the standard library's 10-grams ...", flush=True)
+        summary = build_filter(["stdlib:"], output, BuildSettings(), tokenizer=tokenizer)
+        print(summary.to_text())
+    return model, tokenizer, NgramFilter.open(output)
+
+
+def _show(
+    tokenizer: Any,
+    prompts: list[tuple[str, list[int]]],
+    plain: list[Any],
+    guarded: list[Any],
+    show: int,
+) -> None:
+    """The ``show`` most-copied prompts side by side, then a table of every prompt."""
+    from memfree.cli.common import side_by_side
+    from memfree.generation import explain
+
+    order = sorted(range(len(prompts)), key=lambda i: -(plain[i].stored_ngrams or 0))
+    for index in order[:show]:
+        name, ids = prompts[index]
+        print(f"\n── {name} " + "─" * max(0, 70 - len(name)))
+        prompt_text = str(tokenizer.decode(ids))
+        print("\n".join("  │ " + line for line in prompt_text.split("\n")))
+        print(
+            side_by_side(
+                f"unguarded: {plain[index].stored_ngrams} stored 10-grams",
+                plain[index].text,
+                f"guarded: {guarded[index].stored_ngrams} stored, "
+                f"{len(guarded[index].interventions)} blocked",
+                explain(tokenizer, guarded[index], color=sys.stdout.isatty()),
+            )
+        )
+    print("\n  prompt (stdlib module)                    unguarded   guarded   interventions")
+    for index, (name, _) in enumerate(prompts):
+        print(
+            f"  {name[:40]:40s} {plain[index].stored_ngrams:9d} {guarded[index].stored_ngrams:9d}"
+            f" {len(guarded[index].interventions):15d}"
+        )
 
 
 if __name__ == "__main__":

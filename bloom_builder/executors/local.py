@@ -1,0 +1,74 @@
+"""The local executor: a spawned process pool on this machine (or this process for one worker)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from typing import Any
+
+from bloom_builder.executors.base import TaskT, WorkerSetup
+from bloom_builder.executors.markers import record_done, reusable_result
+
+
+class LocalExecutor:
+    """Runs step functions over tasks in this process (one worker) or in a spawned process pool.
+
+    Results come back in completion order with their task, so progress can be shown as they land.
+    Finished tasks (marker and outputs intact) are skipped; markers are written here, in the
+    process that drives the build, once a task's result has come back.
+
+    Args:
+        workers: processes to run tasks in; 1 runs them in this process, without a pool.
+        setup: run once in each worker process (in this process for one worker) before any task.
+
+    Example:
+        >>> with LocalExecutor(2, setup) as executor:  # doctest: +SKIP
+        ...     for task, result in executor.run(map_shard, tasks):
+        ...         print(task.index, result["reused"])
+    """
+
+    def __init__(self, workers: int, setup: WorkerSetup | None = None) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"LocalExecutor needs workers >= 1, got {workers!r}; pass e.g. 2")
+        self.workers = workers
+        self.setup = setup
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> LocalExecutor:
+        if self.workers > 1:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=get_context("spawn"),  # no fork: workers share no tokenizer threads
+                initializer=self.setup,
+            )
+        elif self.setup is not None:
+            self.setup()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def run(
+        self, function: Callable[[TaskT], dict[str, Any]], tasks: Sequence[TaskT]
+    ) -> Iterator[tuple[TaskT, dict[str, Any]]]:
+        """Yield ``(task, result)`` for every task in completion order (see ``Executor.run``)."""
+        pending: list[TaskT] = []
+        for task in tasks:
+            reused = reusable_result(task)
+            if reused is None:
+                pending.append(task)
+            else:
+                yield task, reused
+        if self._pool is None:
+            for task in pending:
+                yield task, record_done(task, function(task))
+            return
+        futures: dict[Future[dict[str, Any]], TaskT] = {
+            self._pool.submit(function, task): task for task in pending
+        }
+        for future in as_completed(futures):
+            task = futures[future]
+            yield task, record_done(task, future.result())

@@ -1,0 +1,160 @@
+"""Planning a build: the corpus's work units, their shards, and the configuration that decides
+whether a work directory's finished tasks can be reused (no document is read here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from bloom_builder.errors import BuildError
+from bloom_builder.outputs import check_not_an_input
+from bloom_builder.settings import BuildSettings
+from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
+from memfree.units import BuildParts, get_unit
+
+BUILDER_VERSION = "bloom_builder 0.1.0"
+
+
+@dataclass
+class BuildPlan:
+    """What the build found and decided before its work directory was taken.
+
+    Attributes:
+        units: the corpus's work units, sorted by path.
+        shards: the units grouped, in order, into map tasks' shards.
+        problems: what discovery skipped (the map step adds what reading skips).
+        options: how the sources are selected and read.
+        use_prefixes: whether the filter gets a prefix section.
+        config: everything that decides the tasks' outputs (hashed to reuse a work directory).
+    """
+
+    units: list[WorkUnit]
+    shards: list[tuple[WorkUnit, ...]]
+    problems: ProblemLog
+    options: SourceOptions
+    use_prefixes: bool
+    config: dict[str, Any]
+
+    @property
+    def config_hash(self) -> str:
+        """xxh3 of the configuration: equal hashes, reusable work."""
+        encoded = json.dumps(self.config, sort_keys=True).encode("utf-8")
+        return xxhash.xxh3_64_hexdigest(encoded)
+
+
+def unit_parts(settings: BuildSettings, tokenizer: Any = None) -> BuildParts:
+    """What the build's unit gives it (:meth:`memfree.units.base.Unit.build_parts`): the encoder
+    payload, the header and work-directory fields and the progress label.
+
+    Raises:
+        BuildError: the unit cannot take the tokenizer given (a word build takes none).
+    """
+    unit = get_unit(settings.unit)
+    problem = unit.tokenizer_problem(settings.tokenizer, tokenizer)
+    if problem:
+        raise BuildError(problem)
+    return unit.build_parts(settings.tokenizer, tokenizer)
+
+
+def plan_build(
+    paths: list[str],
+    output: Path,
+    written: list[str],
+    settings: BuildSettings,
+    parts: BuildParts,
+) -> BuildPlan:
+    """Discover ``paths``, refuse an output that is one of them, and plan the shards.
+
+    Args:
+        paths: files, directories, globs, saved ``datasets`` directories, or ``stdlib:``.
+        output: the filter path.
+        written: every path the build writes (output, sidecar, work directory): never read.
+        settings: the build's settings.
+        parts: the unit's choices (its configuration fields enter the work-directory hash).
+
+    Raises:
+        BuildError: no readable input.
+        OutputError: the output (or its sidecar) is one of the inputs.
+    """
+    pybloom = settings.output_format != "memfree"
+    options = SourceOptions(
+        text_field=settings.text_field,
+        include=settings.include,
+        exclude=settings.exclude,
+        follow_symlinks=settings.follow_symlinks,
+    )
+    problems = ProblemLog()
+    # Named files first: discovery leaves out the build's own paths, so an output named as an
+    # input would not be among the units; then every file discovery found.
+    check_not_an_input(output, _named_files(paths), pybloom)
+    units = discover(list(paths), options, problems, reserved=written)
+    check_not_an_input(output, [unit.path for unit in units], pybloom)
+    if not units:
+        raise BuildError(nothing_usable(problems, "no readable input found"))
+    use_prefixes = (
+        settings.prefix_false_positive_rate is not None
+        and settings.ngram_size > 1
+        and settings.output_format == "memfree"
+    )
+    config = {
+        "builder": BUILDER_VERSION,
+        "units": [
+            [u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, _mtime(u.path)]
+            for u in units
+        ],
+        **parts.config_fields,
+        "unit": settings.unit,
+        "ngram_size": settings.ngram_size,
+        "hash_seed": settings.hash_seed,
+        "shard_bytes": settings.shard_bytes,
+        "num_partitions": settings.num_partitions,
+        "options": asdict(options),
+        "prefixes": use_prefixes,
+    }
+    shards = plan_shards(units, settings.shard_bytes)
+    return BuildPlan(units, shards, problems, options, use_prefixes, config)
+
+
+def plan_shards(units: list[WorkUnit], shard_bytes: int) -> list[tuple[WorkUnit, ...]]:
+    """Group work units, in order, into shards of about ``shard_bytes`` input bytes."""
+    shards: list[tuple[WorkUnit, ...]] = []
+    current: list[WorkUnit] = []
+    current_bytes = 0
+    for unit in units:
+        current.append(unit)
+        current_bytes += max(unit.size_bytes, 1)
+        if current_bytes >= shard_bytes:
+            shards.append(tuple(current))
+            current, current_bytes = [], 0
+    if current:
+        shards.append(tuple(current))
+    return shards
+
+
+def nothing_usable(problems: ProblemLog, headline: str) -> str:
+    """The error of a build with nothing to read: the headline, then each kind of problem."""
+    lines = [f"{headline}; nothing to build a filter from."]
+    data = problems.to_dict()
+    for kind, count in sorted(data["counts"].items()):
+        examples = "; ".join(data["examples"].get(kind, []))
+        lines.append(f"  {kind}: {count} ({examples})")
+    lines.append("Check the paths, --text-field and --include/--exclude.")
+    return "\n".join(lines)
+
+
+def _mtime(path: str) -> int:
+    try:
+        return Path(path).stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _named_files(paths: list[str]) -> list[str]:
+    """The paths given by name that exist as files (a glob or a directory is checked later)."""
+    return [path for path in (os.path.expanduser(p) for p in paths) if os.path.isfile(path)]

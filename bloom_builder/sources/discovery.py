@@ -1,0 +1,210 @@
+"""Discovery: expand files, directories, globs and ``stdlib:`` into a corpus's work units, with
+the symbolic-link policy, hidden and reserved paths skipped, and saved datasets taken whole.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import glob
+import os
+import stat
+import sysconfig
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from bloom_builder.sources.parquet import parquet_units
+from bloom_builder.sources.saved_datasets import dataset_splits, dataset_units
+from bloom_builder.sources.streams import COMPRESSION_RATIO, COMPRESSION_SUFFIXES
+from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
+
+STDLIB = "stdlib:"
+
+
+def discover(
+    paths: Sequence[str],
+    options: SourceOptions,
+    problems: ProblemLog,
+    reserved: Sequence[str] = (),
+) -> list[WorkUnit]:
+    """Expand files, directories, globs and :data:`STDLIB` into work units.
+
+    Args:
+        paths: files; directories (walked recursively, hidden entries skipped, saved datasets
+            taken whole); glob patterns (``**`` allowed); ``"stdlib:"`` for the standard library.
+        options: selection, splitting and symbolic-link settings.
+        problems: receives "missing", "unreadable", "missing column", "symlink" and "symlink loop"
+            entries.
+        reserved: paths the build writes (its filter, sidecar, work directory): never read when
+            a walk or a glob meets them, and not reported (they are not part of the corpus).
+
+    Returns:
+        Units sorted by path, then start; a file reached twice (through links too) appears once.
+    """
+    if isinstance(paths, str):
+        raise ValueError(f"discover() takes a list of paths, got the string {paths!r}; pass [path]")
+    chosen: dict[str, tuple[str, bool]] = {}  # real path -> (absolute path, is a dataset)
+    walk = _Walk(options.follow_symlinks, {os.path.realpath(path) for path in reserved}, problems)
+
+    def add(path: str, relative: str | None, is_dataset: bool) -> None:
+        """Take ``path``; ``relative`` (None: named explicitly, always taken) meets the patterns."""
+        names = () if relative is None else (relative, os.path.basename(relative))
+        if names and options.include and not _matches(names, options.include):
+            return
+        absolute, key = os.path.abspath(path), os.path.realpath(path)
+        if key in walk.reserved:
+            return  # the build's own output: never part of the corpus, so not reported either
+        if not _matches(names, options.exclude) and (
+            key not in chosen or absolute < chosen[key][0]
+        ):
+            chosen[key] = (absolute, is_dataset)
+
+    for spec in paths:
+        path = os.path.expanduser(spec)
+        if spec == STDLIB:
+            walk.run(sysconfig.get_paths()["stdlib"], add, python_only=True)
+        elif os.path.isdir(path):
+            walk.run(path, add)
+        elif os.path.exists(path):
+            add(path, None, False)
+        elif glob.has_magic(path):
+            matches = sorted(glob.glob(path, recursive=True))
+            for match in matches:
+                if walk.refuse_link(match):
+                    continue
+                if os.path.isdir(match):
+                    walk.run(match, add)
+                else:
+                    add(match, os.path.basename(match), False)
+            if not matches:
+                problems.record("missing", spec, "the glob pattern matched nothing")
+        elif os.path.islink(path):
+            try:
+                os.stat(path)
+                problems.record("missing", spec, _dangling(path))
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    problems.record("symlink loop", spec, "a symbolic link that leads to itself")
+                else:
+                    problems.record("missing", spec, _dangling(path))
+        else:
+            problems.record("missing", spec, "no such file or directory")
+    units: list[WorkUnit] = []
+    for absolute, is_dataset in sorted(chosen.values()):
+        units += (dataset_units if is_dataset else _file_units)(absolute, options, problems)
+    return units
+
+
+def _matches(names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for name in names for pattern in patterns)
+
+
+def _dangling(path: str) -> str:
+    return f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+
+
+@dataclass
+class _Walk:
+    """Directory walks of one discovery: the symbolic-link policy, and the directories already
+    walked (by real path), so that links never make a file read twice or a walk loop."""
+
+    follow: bool
+    reserved: set[str]
+    problems: ProblemLog
+    walked: set[str] = field(default_factory=set)
+
+    def refuse_link(self, path: str) -> bool:
+        """True (and recorded) for a symbolic link that the policy does not follow."""
+        if self.follow or not os.path.islink(path):
+            return False
+        target = os.readlink(path)
+        reason = f"a symbolic link to {target!r}, not followed (--no-follow-symlinks)"
+        self.problems.record("symlink", path, reason)
+        return True
+
+    def run(
+        self, root: str, add: Callable[[str, str | None, bool], None], python_only: bool = False
+    ) -> None:
+        """Offer every file under ``root`` to ``add``, and saved datasets as a whole."""
+        splits = dataset_splits(root, self.problems)
+        for split in splits or ():
+            add(split, None, True)  # a root is named by the user (or matched by a glob)
+        if splits is not None:
+            return
+        skipped = {"site-packages", "dist-packages", "__pycache__"} if python_only else set()
+        self.walked.add(os.path.realpath(root))
+
+        def unreadable(error: OSError) -> None:
+            self.problems.record("unreadable", str(error.filename or root), reason(error))
+
+        for directory, subdirectories, files in os.walk(
+            root, onerror=unreadable, followlinks=self.follow
+        ):
+            kept = []
+            for name in sorted(set(subdirectories) - skipped):
+                path = os.path.join(directory, name)
+                if name.startswith(".") or self.refuse_link(path) or not self._enter(path):
+                    continue
+                splits = dataset_splits(path, self.problems)
+                for split in splits or ():
+                    add(split, os.path.relpath(split, root), True)
+                if splits is None:
+                    kept.append(name)
+            subdirectories[:] = kept
+            for name in sorted(files):
+                path = os.path.join(directory, name)
+                if name.startswith(".") or (python_only and not name.endswith(".py")):
+                    continue
+                if not self.refuse_link(path):
+                    add(path, os.path.relpath(path, root), False)
+
+    def _enter(self, path: str) -> bool:
+        """Whether to walk the directory ``path``: not reserved, not walked yet, not a loop."""
+        real = os.path.realpath(path)
+        if real in self.reserved:
+            return False  # the build's own work directory
+        if os.path.islink(path):
+            parent = os.path.realpath(os.path.dirname(path))
+            if os.path.commonpath([real, parent]) == real:
+                reason = f"a symbolic link back to {real}, which is being read already"
+                self.problems.record("symlink loop", path, reason)
+                return False
+            if real in self.walked:
+                return False  # reached before through another path: its files are read once
+        self.walked.add(real)
+        return True
+
+
+def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
+    try:
+        info = os.stat(path)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            problems.record("symlink loop", path, "a symbolic link that leads back to itself")
+        elif os.path.islink(path) and isinstance(error, FileNotFoundError):
+            problems.record("missing", path, _dangling(path))
+        else:
+            problems.record("unreadable", path, reason(error))
+        return []
+    if not stat.S_ISREG(info.st_mode):
+        problems.record("unreadable", path, "not a regular file (a device, socket or pipe)")
+        return []
+    name, compression = path.lower(), ""
+    for suffix, method in COMPRESSION_SUFFIXES.items():
+        if name.endswith(suffix):
+            name, compression = name[: -len(suffix)], method
+    kind = "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "text"
+    size, step = info.st_size, options.split_bytes
+    if name.endswith(".parquet"):
+        if not compression:
+            return parquet_units(path, options, problems)
+        problems.record("unreadable", path, "compressed Parquet: decompress it first")
+        return []
+    if compression:
+        return [WorkUnit(path, kind, compression, size_bytes=size * COMPRESSION_RATIO)]
+    if kind == "jsonl" and size > step:
+        bounds = [
+            (start, start + step if start + step < size else -1) for start in range(0, size, step)
+        ]
+        return [WorkUnit(path, kind, "", a, b, (size if b < 0 else b) - a) for a, b in bounds]
+    return [WorkUnit(path, kind, "", size_bytes=size)]

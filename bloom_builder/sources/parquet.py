@@ -1,0 +1,82 @@
+"""The Parquet reader (one document per row of the text column, a row group per unit), and the
+two checks every Arrow-backed format shares: can a column supply text, is a value a document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from bloom_builder.segments import Document
+from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
+from memfree.errors import require
+
+BATCH_ROWS = 256  # rows converted to Python at once: bounds memory on wide rows
+
+
+def column_problem(schema: Any, column: str) -> str | None:
+    """Why ``column`` of an Arrow schema cannot supply text, or None if it can."""
+    import pyarrow as pa
+
+    if column not in schema.names:
+        return f"no column {column!r}; columns: {', '.join(schema.names)}; set text_field"
+    column_type = schema.field(column).type
+    if pa.types.is_dictionary(column_type):
+        column_type = column_type.value_type
+    if str(column_type) in ("string", "large_string", "string_view"):
+        return None
+    return f"column {column!r} holds {column_type}, not strings; set text_field"
+
+
+def checked(value: Any, where: str, problems: ProblemLog) -> Iterator[Document]:
+    """The Document of a non-blank column value; nulls and blanks are recorded as "empty"."""
+    if value is not None and str(value).strip():
+        yield Document(str(value))
+    else:
+        problems.record("empty", where, "null value" if value is None else "blank text")
+
+
+def parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
+    """One work unit per row group of the Parquet file ``path`` (none, recorded, if unusable)."""
+    require("pyarrow", "sources")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        metadata = pq.read_metadata(path)
+        problem = column_problem(metadata.schema.to_arrow_schema(), options.text_field)
+    except (OSError, pa.ArrowException) as error:
+        problems.record("unreadable", path, reason(error))
+        return []
+    if problem:
+        problems.record("missing column", path, problem)
+        return []
+    groups = range(metadata.num_row_groups)
+    sizes = [metadata.row_group(group).total_byte_size for group in groups]
+    return [WorkUnit(path, "parquet", "", group, group + 1, sizes[group]) for group in groups]
+
+
+def read_parquet(
+    unit: WorkUnit, options: SourceOptions, problems: ProblemLog
+) -> Iterator[Document]:
+    """The documents of a Parquet unit's row groups, in row order."""
+    require("pyarrow", "sources")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with pq.ParquetFile(unit.path) as parquet:
+            problem = column_problem(parquet.schema_arrow, options.text_field)
+            if problem:
+                problems.record("missing column", unit.path, problem)
+                return
+            stop = parquet.num_row_groups if unit.stop < 0 else unit.stop
+            row = sum(parquet.metadata.row_group(group).num_rows for group in range(unit.start))
+            groups, columns = list(range(unit.start, stop)), [options.text_field]
+            batches = parquet.iter_batches(BATCH_ROWS, groups, columns, use_threads=False)
+            for batch in batches:
+                for value in batch.column(0).to_pylist():
+                    row += 1
+                    yield from checked(value, f"{unit.path}:row {row - 1}", problems)
+    except (OSError, pa.ArrowException) as error:
+        problems.record("unreadable", unit.path, reason(error))

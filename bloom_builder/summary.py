@@ -1,0 +1,62 @@
+"""What a build did: the summary printed at its end and returned as JSON (``--json``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class BuildSummary:
+    """What a build did; printed at the end and available as JSON (``--json``)."""
+
+    output: str
+    unit: str
+    output_format: str
+    documents: int
+    tokens: int
+    ngrams: int
+    distinct_ngrams: int
+    kept_ngrams: int
+    kept_prefixes: int
+    num_bits: int
+    num_probes: int
+    expected_false_positive_rate: float
+    size_bytes: int
+    theoretical_minimum_bytes: float
+    seconds: float
+    tokens_per_second: float
+    seconds_tokenizing: float
+    seconds_hashing_counting: float
+    map_tasks: int
+    reused_tasks: int
+    workers: int
+    skipped: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_text(self) -> str:
+        counts = self.skipped.get("counts", {})
+        lines = [
+            f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes; n-gram bits "
+            f"{self.num_bits / 8 / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical "
+            "minimum)",
+            f"  documents {self.documents:,}   {self.unit}s {self.tokens:,}   "
+            f"n-grams {self.ngrams:,}",
+            f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}   "
+            f"prefixes {self.kept_prefixes:,}",
+            f"  bits {self.num_bits:,}   probes {self.num_probes}   "
+            f"expected false-positive rate {self.expected_false_positive_rate:.3g}",
+            f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} {self.unit}s/s   "
+            f"workers {self.workers}   tasks {self.map_tasks} ({self.reused_tasks} reused)",
+        ]
+        if counts:
+            lines.append(
+                "  skipped: "
+                + ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
+            )
+            for kind, examples in sorted(self.skipped.get("examples", {}).items()):
+                for example in examples:
+                    lines.append(f"    {kind}: {example}")
+        return "\n".join(lines)

@@ -1,0 +1,168 @@
+"""The audit's report: ``audit.json`` (every result with its settings and signature),
+``audit.md`` (exposure, extraction and k-extractability tables) and ``exposure.png``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from eval.exposure import RANDOM_GUESSING_MEDIAN
+from eval.records import JsonView
+from memfree.fileio import atomic_write
+
+
+def write_audit_report(
+    out_dir: str | os.PathLike[str], results: dict[str, Any], title: str
+) -> list[str]:
+    """``audit.json``, ``audit.md`` and, for exposure results, ``exposure.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plain = {
+        label: part.to_dict() if isinstance(part, JsonView) else part
+        for label, part in results.items()
+    }
+    atomic_write(out / "audit.json", json.dumps(plain, indent=2))
+    lines = [f"# {title}", ""]
+    written = ["audit.json", "audit.md"]
+    for label, part in results.items():
+        if not isinstance(part, Mapping):
+            continue
+        for key, section in _SECTIONS:
+            if key in part:
+                lines += section(label, part)
+    plot = _exposure_plot(out, results)
+    if plot:
+        lines += plot
+        written.append("exposure.png")
+    atomic_write(out / "audit.md", "\n".join(lines) + "\n")
+    return written
+
+
+def _exposure_lines(label: str, part: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    lines += [
+        f"## Exposure ({label}): |R| = {part['space_size']:,}, maximum "
+        f"{part['max_exposure']:.1f} bits, {part['references']:,} references "
+        f"({'all of R' if part['exact'] else 'sampled'})",
+        "",
+        "| repetitions | canaries | median exposure | 10%–90% | ε lower bound |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for group in part["by_repetitions"]:
+        low, high = group["quantiles_10_90"]
+        lines.append(
+            f"| {group['repetitions']} | {group['canaries']} | "
+            f"{group['median_exposure']:.2f} | {low:.2f}–{high:.2f} | "
+            f"{group['epsilon_lower_bound']:.2f} |"
+        )
+    lines += [
+        "",
+        "Random guessing gives a median exposure of 1 (mean 1/ln 2 ≈ 1.44). The ε bound "
+        "(Jagielski: ε ≥ ln 2 · (exposure − 1) / repetitions) holds only for the median "
+        "over many canaries, assumes the canaries are drawn as the DP definition's "
+        "neighbouring datasets differ, and a low exposure proves nothing about privacy.",
+        "",
+    ]
+    return lines
+
+
+def _extraction_lines(label: str, part: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    search = part["shortest_path"]
+    lines += [
+        f"## Extraction ({label})",
+        "",
+        "| canary | repetitions | greedy from the prefix |",
+        "|---|---:|---|",
+    ]
+    for row in part["canaries"]:
+        lines.append(
+            f"| `{row['canary']}` | {row['repetitions']} | "
+            f"{'recovered' if row['greedy_recovered'] else 'not recovered'} |"
+        )
+    lines += [
+        "",
+        f"Shortest-path search: best secret `{search['guess']}` after {search['queries']:,} "
+        f"scored sequences (brute force: {search['brute_force_queries']:,}); "
+        + (
+            f"it is the canary inserted {search['recovered_repetitions']} times."
+            if search["recovered_canary"]
+            else "it is no planted canary."
+        ),
+        "",
+    ]
+    return lines
+
+
+def _extractability_lines(label: str, part: Mapping[str, Any]) -> list[str]:
+    lines: list[str] = []
+    lines += [
+        f"## k-extractability ({label}): greedy reproduces the next "
+        f"{part['truth_tokens']} tokens exactly",
+        "",
+        "| k (prompt tokens) | sequences | extractable |",
+        "|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {row['k']} | {row['sequences']} | {row['extractable']:.0%} |" for row in part["by_k"]
+    ]
+    if part["by_bucket"]:
+        lines += [
+            "",
+            "| occurrences ≥ | sequences | extractable |",
+            "|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {row['occurrences_from']:.1f} | {row['sequences']} | {row['extractable']:.0%} |"
+            for row in part["by_bucket"]
+        ]
+    lines.append("")
+    return lines
+
+
+_SECTIONS = (
+    ("by_repetitions", _exposure_lines),
+    ("shortest_path", _extraction_lines),
+    ("by_k", _extractability_lines),
+)
+
+
+def _exposure_plot(out: Path, results: dict[str, Any]) -> list[str]:
+    """``exposure.png`` (median exposure against repetitions) when there are exposure results;
+    the Markdown line that shows it."""
+    lines: list[str] = []
+    exposure_parts = {
+        k: v for k, v in results.items() if isinstance(v, Mapping) and "by_repetitions" in v
+    }
+    if exposure_parts:
+        from memfree.errors import require
+
+        require("matplotlib", "eval")
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        figure, axis = plt.subplots(figsize=(5, 3.5))
+        for label, part in exposure_parts.items():
+            groups = part["by_repetitions"]
+            axis.plot(
+                [g["repetitions"] for g in groups],
+                [g["median_exposure"] for g in groups],
+                marker="o",
+                label=label,
+            )
+            axis.axhline(part["max_exposure"], color="grey", linewidth=0.6, linestyle=":")
+        axis.axhline(RANDOM_GUESSING_MEDIAN, color="grey", linewidth=0.6)
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("times the canary was inserted")
+        axis.set_ylabel("median exposure (bits)")
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(out / "exposure.png", dpi=120)
+        plt.close(figure)
+        lines += ["![exposure against repetitions](exposure.png)", ""]
+    return lines

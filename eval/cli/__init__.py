@@ -1,0 +1,6 @@
+"""eval's commands, which ``memfree`` (:mod:`memfree.cli`) loads when they are named.
+
+evaluate.py   memfree eval discoverable|styles (defaults: ExperimentSettings)
+utility.py    memfree eval utility
+audit.py      memfree audit insert|extractable|exposure|extract (defaults: AuditSettings)
+"""

@@ -1,0 +1,352 @@
+"""``memfree audit``: plant canaries, measure their exposure, try to extract them, and measure
+k-extractability — with and without the guard. Defaults and checks: :class:`AuditSettings`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from memfree.cli.common import disable_download_bars, fail, warnings_to_stderr
+
+DEFAULT_EXTRACTABLE_OUT = "out/audit/extractable"
+
+# Each option of a step (its argparse dest) and the AuditSettings field it sets.
+_OPTION_FIELDS = {
+    "format": "canary_format",
+    "repetitions": "repetitions",
+    "per_repetition": "canaries_per_repetition",
+    "seed": "seed",
+    "text_field": "text_field",
+    "prompt_tokens": "prompt_lengths",
+    "truth_tokens": "truth_tokens",
+    "num_examples": "num_examples",
+    "per_bucket": "per_bucket",
+    "references": "references",
+    "max_queries": "max_queries",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Give ``memfree audit``'s parser its description and steps, defaults from AuditSettings."""
+    from eval.settings import AuditSettings
+
+    defaults = AuditSettings()
+    parser.description = (
+        "The Secret Sharer's audit: plant random canaries in a corpus, train on it (outside "
+        "memfree), then measure how exposed the canaries are and whether they can be extracted, "
+        "with and without the guard."
+    )
+    steps = parser.add_subparsers(dest="step", metavar="STEP", required=True)
+    insert = steps.add_parser("insert", help="plant canaries in a corpus")
+    insert.add_argument("corpus", nargs="+", metavar="CORPUS")
+    insert.add_argument(
+        "-o", "--output", required=True, help="directory for corpus.jsonl + manifest"
+    )
+    insert.add_argument(
+        "--format",
+        default=defaults.canary_format,
+        help="template with holes: {d..} digits, {a..} letters, {x..} hex, {word}",
+    )
+    insert.add_argument("--words", default=None, help="file of words for {word} holes")
+    insert.add_argument("--repetitions", type=int, nargs="+", default=list(defaults.repetitions))
+    insert.add_argument(
+        "--per-repetition",
+        type=int,
+        default=defaults.canaries_per_repetition,
+        help="canaries per count",
+    )
+    insert.add_argument("--seed", type=int, default=defaults.seed)
+    insert.add_argument("--text-field", default=defaults.text_field)
+    insert.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the manifest.json and corpus.jsonl already in the output directory (the "
+        "manifest is the only record of which secrets were planted there)",
+    )
+    _add_extractable(steps, defaults)
+    for name, help_text in (
+        ("exposure", "exposure of each canary (rank and skew-normal extrapolation)"),
+        ("extract", "greedy and shortest-path extraction of the secrets"),
+    ):
+        step = steps.add_parser(name, help=help_text, description=help_text)
+        step.add_argument("--manifest", required=True, help="manifest.json or its directory")
+        step.add_argument("--model", required=True, help="the model trained on the corpus")
+        step.add_argument(
+            "--filter", default=None, help="a filter of the training corpus: also run guarded"
+        )
+        step.add_argument("--out", default=None, help="report directory (default: beside manifest)")
+        step.add_argument("--json", action="store_true")
+        if name == "exposure":
+            step.add_argument("--references", type=int, default=defaults.references)
+            step.add_argument("--seed", type=int, default=defaults.seed)
+        else:
+            step.add_argument("--max-queries", type=int, default=defaults.max_queries)
+
+
+def _add_extractable(steps: Any, defaults: Any) -> None:
+    """The ``extractable`` step; its lengths are named as in ``memfree eval`` (--k/--m too)."""
+    extractable = steps.add_parser(
+        "extractable",
+        help="k-extractability of corpus sequences (greedy reproduces the next m tokens)",
+        description="Quantifying Memorization, Definition 3.1: the share of corpus sequences "
+        "whose next m tokens greedy decoding reproduces from a k-token prompt, by k and by "
+        "repetition bucket; with --filter also guarded.",
+    )
+    extractable.add_argument("corpus", nargs="+", metavar="CORPUS")
+    extractable.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    extractable.add_argument("--filter", default=None, help="filter of the corpus: also guarded")
+    extractable.add_argument(
+        "--prompt-tokens",
+        "--k",
+        dest="prompt_tokens",
+        type=int,
+        nargs="+",
+        default=list(defaults.prompt_lengths),
+        metavar="K",
+        help="k, prompt lengths in tokens, one result each (default: "
+        + " ".join(str(k) for k in defaults.prompt_lengths)
+        + ")",
+    )
+    extractable.add_argument(
+        "--truth-tokens",
+        "--m",
+        dest="truth_tokens",
+        type=int,
+        default=defaults.truth_tokens,
+        metavar="M",
+        help="m, tokens after the prompt that greedy decoding must reproduce (default %(default)s)",
+    )
+    extractable.add_argument("--num-examples", type=int, default=defaults.num_examples)
+    extractable.add_argument("--per-bucket", type=int, default=defaults.per_bucket)
+    extractable.add_argument("--seed", type=int, default=defaults.seed)
+    extractable.add_argument("--out", default=DEFAULT_EXTRACTABLE_OUT)
+    extractable.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``memfree audit``; returns the exit status (2 for bad settings or inputs)."""
+    if args.step == "insert":
+        return _insert(args)
+    if args.step == "extractable":
+        return _extractable(args)
+    return _canary_step(args)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`~eval.settings.AuditSettings` of a step's parsed options (the fields of other
+    steps keep their defaults).
+
+    Raises:
+        ValueError: a setting out of range, naming its option.
+    """
+    from eval.settings import AuditSettings
+
+    values = {
+        name: getattr(args, option)
+        for option, name in _OPTION_FIELDS.items()
+        if hasattr(args, option)
+    }
+    for name in ("repetitions", "prompt_lengths"):  # nargs="+" gives lists
+        if name in values:
+            values[name] = tuple(values[name])
+    return AuditSettings(**values)
+
+
+def as_json(result: Any) -> Any:
+    """A result as JSON values: typed results (``to_dict()``) and mappings become dicts."""
+    if hasattr(result, "to_dict"):
+        return result.to_dict()
+    if isinstance(result, Mapping):
+        return {key: as_json(value) for key, value in result.items()}
+    return result
+
+
+def _model_and_guard(model_name: str | None, filter_path: str | None) -> tuple[Any, Any, Any]:
+    """The model, its tokenizer and, with a filter, its guard.
+
+    Raises:
+        memfree.models.ModelNotFoundError, memfree.errors.FilterError (a damaged filter, or one
+        of another tokenizer: the guard checks), FileNotFoundError.
+    """
+    from memfree.models import load_model
+
+    disable_download_bars()
+    model, tokenizer = load_model(model_name)
+    guard = None
+    if filter_path:
+        from memfree.processor import MemFreeLogitsProcessor
+
+        guard = MemFreeLogitsProcessor(filter_path, tokenizer=tokenizer)
+    return model, tokenizer, guard
+
+
+def _canary_step(args: argparse.Namespace) -> int:
+    """``exposure`` or ``extract``: the canaries of a manifest, unguarded and (--filter) guarded."""
+    from eval.canaries import load_manifest
+
+    try:
+        settings = settings_from_args(args)
+        canary_format, canaries, _ = load_manifest(args.manifest)
+    except (FileNotFoundError, ValueError) as error:
+        return fail(str(error))
+    from memfree.errors import FilterError
+    from memfree.models import ModelNotFoundError
+
+    try:
+        model, tokenizer, guard = _model_and_guard(args.model, args.filter)
+    except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
+        return fail(str(error))
+    from eval.audit import run_exposure, run_extraction
+    from eval.audit_report import write_audit_report
+
+    results: dict[str, Any] = {}
+    for label, processor in (("unguarded", None), ("guarded", guard)):
+        if label == "guarded" and guard is None:
+            continue
+        print(f"{args.step} ({label}) ...", file=sys.stderr, flush=True)
+        if args.step == "exposure":
+            results[label] = run_exposure(
+                model,
+                tokenizer,
+                canary_format,
+                canaries,
+                processor,
+                settings.references,
+                settings.seed,
+            )
+        else:
+            results[label] = run_extraction(
+                model, tokenizer, canary_format, canaries, processor, settings.max_queries
+            )
+    manifest_dir = Path(args.manifest)
+    out = (
+        Path(args.out)
+        if args.out
+        else (manifest_dir if manifest_dir.is_dir() else manifest_dir.parent) / args.step
+    )
+    try:
+        write_audit_report(out, results, f"audit {args.step}: {args.model}")
+    except (OSError, ImportError) as error:
+        return fail(str(error))
+    if args.json:
+        print(json.dumps(as_json(results), indent=2))
+        return 0
+    _print_canary_results(args.step, results)
+    print(f"report in {out}/")
+    return 0
+
+
+def _print_canary_results(step: str, results: dict[str, Any]) -> None:
+    for label, part in results.items():
+        if step == "exposure":
+            print(f"{label}: |R| = {part['space_size']:,}, max exposure {part['max_exposure']:.1f}")
+            for group in part["by_repetitions"]:
+                print(
+                    f"  inserted {group['repetitions']:3d}x: median exposure "
+                    f"{group['median_exposure']:6.2f}   epsilon >= {group['epsilon_lower_bound']:.2f}"
+                )
+        else:
+            recovered = [row for row in part["canaries"] if row["greedy_recovered"]]
+            search = part["shortest_path"]
+            print(
+                f"{label}: greedy recovered {len(recovered)} of {len(part['canaries'])} canaries; "
+                f"shortest path found {search['recovered_canary'] or 'no canary'} "
+                f"in {search['queries']:,} queries (brute force {search['brute_force_queries']:,})"
+            )
+
+
+def _insert(args: argparse.Namespace) -> int:
+    """``insert``: plant the canaries and write the corpus and its manifest."""
+    from eval.canaries import CanaryFormat, insert_canaries
+    from eval.resultfiles import first_unreadable
+    from memfree.errors import os_problem
+
+    unreadable = first_unreadable(args.corpus)
+    if unreadable:
+        return fail(unreadable)
+    words: tuple[str, ...] = ()
+    if args.words:
+        try:
+            words = tuple(Path(args.words).read_bytes().decode("utf-8").split())
+        except OSError as error:
+            return fail(f"{args.words}: {os_problem(error)}")
+        except UnicodeDecodeError as error:
+            return fail(f"{args.words}: not UTF-8 text ({error.reason} at byte {error.start})")
+    try:
+        settings = settings_from_args(args)
+        canary_format = CanaryFormat(settings.canary_format, words)
+        manifest = insert_canaries(
+            args.corpus,
+            args.output,
+            canary_format,
+            settings.repetitions,
+            settings.canaries_per_repetition,
+            settings.seed,
+            settings.text_field,
+            overwrite=args.force,
+        )
+    except (ValueError, OSError) as error:
+        return fail(str(error))
+    print(
+        f"planted {len(manifest['canaries'])} canaries (|R| = {manifest['space_size']:,}) in "
+        f"{manifest['documents']:,} documents: {args.output}/corpus.jsonl, manifest.json"
+    )
+    return 0
+
+
+def _extractable(args: argparse.Namespace) -> int:
+    """``extractable``: k-extractability of corpus sequences, unguarded and (--filter) guarded."""
+    from eval.resultfiles import first_unreadable
+
+    try:
+        settings = settings_from_args(args)
+    except ValueError as error:
+        return fail(str(error))
+    unreadable = first_unreadable(args.corpus)
+    if unreadable:
+        return fail(unreadable)
+    from memfree.errors import FilterError
+    from memfree.models import ModelNotFoundError
+
+    try:
+        model, tokenizer, guard = _model_and_guard(args.model, args.filter)
+    except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
+        return fail(str(error))
+    from eval.audit import run_extractability
+    from eval.audit_report import write_audit_report
+
+    results: dict[str, Any] = {}
+    try:
+        for label, processor in (("unguarded", None), ("guarded", guard)):
+            if label == "guarded" and guard is None:
+                continue
+            print(f"extractable ({label}) ...", file=sys.stderr, flush=True)
+            with warnings_to_stderr():
+                results[label] = run_extractability(
+                    model,
+                    tokenizer,
+                    args.corpus,
+                    list(settings.prompt_lengths),
+                    settings.truth_tokens,
+                    processor,
+                    settings.num_examples,
+                    settings.per_bucket,
+                    settings.seed,
+                )
+        write_audit_report(args.out, results, f"k-extractability: {args.model or 'default'}")
+    except (ValueError, OSError, ImportError) as error:
+        return fail(str(error))
+    if args.json:
+        print(
+            json.dumps({k: {**as_json(v), "sequences": None} for k, v in results.items()}, indent=2)
+        )
+        return 0
+    for label, part in results.items():
+        shares = ", ".join(f"k={row['k']}: {row['extractable']:.0%}" for row in part["by_k"])
+        print(f"{label}: extractable {shares}")
+    print(f"report in {args.out}/")
+    return 0

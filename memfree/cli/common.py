@@ -1,0 +1,112 @@
+"""What every ``memfree`` subcommand shares: how errors, warnings and texts reach the user.
+
+Kept free of heavy imports: the builder's and eval's commands import it too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+_COLOR_ESCAPE = re.compile(r"\033\[[0-9;]*m")
+
+#: What an interrupted resumable command (build, eval) tells the user.
+INTERRUPTED = "memfree: interrupted; rerun the same command to resume"
+#: The exit status of a command stopped by Ctrl-C (128 + SIGINT), as shells report it.
+INTERRUPTED_STATUS = 130
+
+
+def fail(message: str) -> int:
+    """Print ``memfree: error: MESSAGE`` on stderr and return the usage-error status, 2.
+
+    Args:
+        message: what was wrong and how to fix it; library errors are passed through as they are
+            worded, since they already name the input, the problem and the fix.
+
+    Returns:
+        2, the status argparse uses for bad command lines.
+    """
+    print(f"memfree: error: {message}", file=sys.stderr)
+    return 2
+
+
+def interrupted() -> int:
+    """Tell the user that rerunning resumes, and return the Ctrl-C status (130)."""
+    print(INTERRUPTED, file=sys.stderr)
+    return INTERRUPTED_STATUS
+
+
+def disable_download_bars() -> None:
+    """Hide transformers' per-file progress bars (local loads only: they would only add noise)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+@contextlib.contextmanager
+def warnings_to_stderr() -> Iterator[None]:
+    """Show memfree's warnings (a prompt cut to fit the context) as ``memfree: warning: ...``
+    lines on stderr, above any progress bar; other warnings as Python shows them."""
+    from tqdm import tqdm
+
+    from memfree.generation import PromptCutWarning
+
+    with warnings.catch_warnings():
+        previous = warnings.showwarning
+
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: Any = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, PromptCutWarning):
+                tqdm.write(f"memfree: warning: {message}", file=sys.stderr)
+            else:
+                previous(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
+
+
+def indent(text: str) -> str:
+    """``text`` with every line behind a ``  │ `` gutter (prompts and completions)."""
+    return textwrap.indent(text, "  │ ", lambda _: True)
+
+
+def side_by_side(left_title: str, left: str, right_title: str, right: str) -> str:
+    """Two texts in columns when the terminal is wide enough, else one after the other."""
+    width = shutil.get_terminal_size((100, 24)).columns
+    if width < 100:
+        return "\n".join([left_title, indent(left), right_title, indent(right)])
+    column = (width - 3) // 2
+    left_lines = _wrap(left, column)
+    right_lines = _wrap(right, column)
+    rows = [f"{left_title[:column]:<{column}} │ {right_title[:column]}"]
+    for index in range(max(len(left_lines), len(right_lines))):
+        a = left_lines[index] if index < len(left_lines) else ""
+        b = right_lines[index] if index < len(right_lines) else ""
+        rows.append(f"{a}{' ' * max(column - _visible_length(a), 0)} │ {b}")
+    return "\n".join(rows)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines: list[str] = []
+    for line in text.expandtabs(4).split("\n"):
+        lines.extend(
+            textwrap.wrap(line, width, drop_whitespace=False, replace_whitespace=False) or [""]
+        )
+    return lines
+
+
+def _visible_length(text: str) -> int:
+    """Columns ``text`` takes on a terminal: colour escape sequences take none."""
+    return len(_COLOR_ESCAPE.sub("", text))

@@ -1,0 +1,92 @@
+"""``memfree info``: validate a filter file and show its metadata and false-positive rate."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from memfree.cli.common import fail
+
+# Shown on their own lines first; every other metadata key follows, sorted.
+_SHOWN_FIRST = frozenset(
+    {
+        "layout",
+        "n",
+        "num_ngrams",
+        "num_bits",
+        "num_probes",
+        "size_bytes",
+        "tokenizer",
+        "tokenizer_fingerprint",
+        "expected_false_positive_rate",
+    }
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Give ``memfree info``'s parser its description and options."""
+    parser.description = (
+        "Validate a filter file and print its metadata and expected false-positive rate."
+    )
+    parser.add_argument("filter", metavar="FILTER")
+    parser.add_argument(
+        "--ngram-size",
+        type=int,
+        default=None,
+        help="n, for a pybloomfiltermmap3 file without its .json sidecar",
+    )
+    parser.add_argument("--no-verify", action="store_true", help="skip the bit-array checksum")
+    parser.add_argument("--json", action="store_true", help="print the metadata as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``memfree info``; returns the exit status (2 for a missing or damaged filter)."""
+    from memfree.errors import FilterError
+    from memfree.filter import NgramFilter
+
+    kwargs: dict[str, Any] = {}
+    if args.ngram_size is not None:
+        # A native filter records its n and ignores the argument, so the reader cannot refuse it.
+        if args.ngram_size < 1:
+            return fail(f"--ngram-size must be a positive integer, got {args.ngram_size}")
+        kwargs["ngram_size"] = args.ngram_size
+    try:
+        filt = NgramFilter.open(args.filter, verify=not args.no_verify, **kwargs)
+    except (FileNotFoundError, FilterError, TypeError, ValueError) as error:
+        return fail(str(error))
+    metadata = filt.metadata
+    metadata["size_bytes"] = filt.size_bytes
+    if args.json:
+        print(json.dumps(metadata, indent=2, sort_keys=True))
+        return 0
+    print(describe(filt, metadata))
+    return 0
+
+
+def describe(filt: Any, metadata: dict[str, Any]) -> str:
+    """The text ``memfree info`` prints: the shape and rate first, then every other key sorted.
+
+    Args:
+        filt: an opened filter (:class:`~memfree.NgramFilter` or a pybloomfiltermmap3 reader).
+        metadata: its metadata, with ``size_bytes`` added.
+    """
+    from memfree.filter import describe_rate
+
+    lines = [
+        f"{filt.path}",
+        f"  layout {metadata.get('layout')}   n {filt.n}   n-grams {filt.num_ngrams:,}",
+        f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes",
+        f"  expected false-positive rate {describe_rate(filt.expected_false_positive_rate)}",
+    ]
+    if "tokenizer" in metadata:
+        lines.append(
+            f"  tokenizer {metadata['tokenizer']} (fingerprint {metadata.get('tokenizer_fingerprint')})"
+        )
+    for key in sorted(metadata):
+        if key in _SHOWN_FIRST:
+            continue
+        value = metadata[key]
+        text = json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+        lines.append(f"  {key}: {text}")
+    return "\n".join(lines)

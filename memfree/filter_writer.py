@@ -1,0 +1,269 @@
+"""Writing memfree's filter file (layout in :mod:`memfree.filter`): the blocked bit arrays, the
+header that records what produced them, and one atomic, deterministic write of both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from memfree.fileio import PendingFile
+from memfree.hashing import (
+    BLOCK_BITS,
+    DEFAULT_HASH_SEED,
+    HASH_SCHEME,
+    WORDS_PER_BLOCK,
+    fingerprints_np,
+    probe_positions_np,
+)
+from memfree.header import FORMAT_VERSION, LAYOUT, MAGIC, PREAMBLE, check_metadata, page_round
+from memfree.sizing import choose_size, expected_false_positive_rate
+
+# The prefix section only decides when the guard may skip a row, so a looser rate than the
+# n-gram array's keeps it small (about 10 bits per prefix) while still skipping 99% of the
+# steps whose prefix begins no stored n-gram.
+DEFAULT_PREFIX_FALSE_POSITIVE_RATE = 0.01
+
+
+@dataclass(frozen=True)
+class PrefixSection:
+    """Shape of a filter file's prefix section (see :mod:`memfree.filter`)."""
+
+    num_blocks: int
+    num_probes: int
+    num_prefixes: int
+
+
+class FilterFileWriter:
+    """Writes a filter file in place: the bit words are a writable memory map of a temporary file,
+    so a filter larger than memory can be filled; :meth:`commit` checksums, writes the header and
+    renames the file into place. Used as a context manager, an exception discards the temporary.
+
+    Args:
+        path: final output path.
+        num_blocks: 512-bit blocks of the bit array.
+        metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``.
+        prefix: shape of the optional prefix section (then :attr:`prefix_words` is writable).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        num_blocks: int,
+        metadata: Mapping[str, Any],
+        prefix: PrefixSection | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.metadata = dict(metadata)
+        self.metadata.update(
+            format_version=FORMAT_VERSION,
+            layout=LAYOUT,
+            hash_scheme=HASH_SCHEME,
+            num_bits=num_blocks * BLOCK_BITS,
+            num_blocks=num_blocks,
+            bits_xxh3="0" * 16,
+        )
+        self.metadata["expected_false_positive_rate"] = expected_false_positive_rate(
+            int(self.metadata["num_ngrams"]), num_blocks, int(self.metadata["num_probes"])
+        )
+        self.metadata.pop("prefix", None)
+        if prefix is not None:
+            self.metadata["prefix"] = {
+                "num_bits": prefix.num_blocks * BLOCK_BITS,
+                "num_probes": prefix.num_probes,
+                "num_prefixes": prefix.num_prefixes,
+                "expected_false_positive_rate": expected_false_positive_rate(
+                    prefix.num_prefixes, prefix.num_blocks, prefix.num_probes
+                ),
+                "bits_xxh3": "0" * 16,
+            }
+        problem = check_metadata(self.metadata)
+        if problem:
+            raise ValueError(f"cannot write {self.path}: {problem}")
+        self._data_offset = page_round(PREAMBLE.size + len(self._metadata_bytes()))
+        self._pending = PendingFile(self.path)
+        num_words = num_blocks * WORDS_PER_BLOCK
+        prefix_words = prefix.num_blocks * WORDS_PER_BLOCK if prefix else 0
+        try:
+            with open(self._pending.temporary, "r+b") as out:
+                out.truncate(self._data_offset + (num_words + prefix_words) * 8)
+            self.words = np.memmap(
+                self._pending.temporary,
+                dtype="<u8",
+                mode="r+",
+                offset=self._data_offset,
+                shape=(num_words,),
+            )
+            self.prefix_words: np.memmap[Any, Any] | None = None
+            if prefix is not None:
+                self.prefix_words = np.memmap(
+                    self._pending.temporary,
+                    dtype="<u8",
+                    mode="r+",
+                    offset=self._data_offset + num_words * 8,
+                    shape=(prefix_words,),
+                )
+        except BaseException:  # e.g. no room for the file: leave no temporary behind
+            self.abort()
+            raise
+
+    def _metadata_bytes(self) -> bytes:
+        return json_bytes(self.metadata)
+
+    def commit(self) -> Path:
+        """Checksum the bits, write the header, then fsync and rename into place."""
+        try:
+            self.words.flush()
+            self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(self.words.data.cast("B"))
+            if self.prefix_words is not None:
+                self.prefix_words.flush()
+                self.metadata["prefix"]["bits_xxh3"] = xxhash.xxh3_64_hexdigest(
+                    self.prefix_words.data.cast("B")
+                )
+            raw = self._metadata_bytes()
+            digest = xxhash.xxh3_64_intdigest(raw)
+            header = PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(raw), digest) + raw
+            if len(header) > self._data_offset:  # the checksums have fixed width
+                raise RuntimeError("filter header grew while writing")
+            header += b"\x00" * (self._data_offset - len(header))
+            del self.words
+            self.prefix_words = None
+            with open(self._pending.temporary, "r+b") as out:
+                out.write(header)
+        except BaseException:
+            self.abort()
+            raise
+        self._pending.commit()
+        return self.path
+
+    def abort(self) -> None:
+        """Discard the temporary file."""
+        self.__dict__.pop("words", None)
+        self.prefix_words = None
+        self._pending.discard()
+
+    def __enter__(self) -> FilterFileWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+def json_bytes(metadata: Mapping[str, Any]) -> bytes:
+    """The header's JSON encoding: sorted keys, no spaces, UTF-8 (the same dict, the same bytes)."""
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def write_filter(
+    path: str | os.PathLike[str],
+    words: np.ndarray,
+    metadata: Mapping[str, Any],
+    prefix_words: np.ndarray | None = None,
+    prefix_num_probes: int = 0,
+    num_prefixes: int = 0,
+) -> Path:
+    """Write words (and an optional prefix section) as a filter file, atomically."""
+    arrays = [np.ascontiguousarray(words, dtype="<u8")]
+    if prefix_words is not None:
+        arrays.append(np.ascontiguousarray(prefix_words, dtype="<u8"))
+    for array in arrays:
+        if array.ndim != 1 or array.shape[0] == 0 or array.shape[0] % WORDS_PER_BLOCK:
+            raise ValueError(
+                f"bit words must be a 1-D array of whole 512-bit blocks, got {array.shape}"
+            )
+    prefix = None
+    if prefix_words is not None:
+        prefix = PrefixSection(
+            arrays[1].shape[0] // WORDS_PER_BLOCK, prefix_num_probes, num_prefixes
+        )
+    with FilterFileWriter(path, arrays[0].shape[0] // WORDS_PER_BLOCK, metadata, prefix) as writer:
+        writer.words[:] = arrays[0]
+        if writer.prefix_words is not None:
+            writer.prefix_words[:] = arrays[1]
+    return writer.path
+
+
+def write_ngrams(
+    path: str | os.PathLike[str],
+    ngrams: np.ndarray | list[list[int]],
+    *,
+    false_positive_rate: float = 1e-3,
+    prefix_false_positive_rate: float | None = DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
+    hash_seed: int = DEFAULT_HASH_SEED,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a filter file holding exactly the given n-grams (deduplicated), atomically.
+
+    The body of :meth:`memfree.filter.NgramFilter.from_ngrams`, which documents the arguments.
+
+    Args:
+        path: output path.
+        ngrams: integer array `(N, n)` of token ids; N may be 0.
+        false_positive_rate: target rate of the n-gram bit array.
+        prefix_false_positive_rate: target rate of the prefix section, or None for none.
+        hash_seed: hash seed.
+        metadata: extra header fields (e.g. ``tokenizer_fingerprint``, ``tokenizer``).
+
+    Returns:
+        The path written.
+    """
+    array = np.asarray(ngrams)
+    if array.ndim != 2 or array.shape[1] < 1:
+        raise ValueError(f"ngrams must be a 2-D (N, n) array with n >= 1, got {array.shape}")
+    if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
+        raise ValueError("ngrams must hold non-negative integer token ids")
+    array = np.unique(array.astype(np.int64), axis=0)
+    fingerprints = fingerprints_np(array, hash_seed)
+    size = choose_size(array.shape[0], false_positive_rate)
+    words = bits_from_fingerprints(fingerprints, size.num_blocks, size.num_probes)
+    header = {"unit": "token", "n": int(array.shape[1]), "min_count": 1, **(metadata or {})}
+    header.update(
+        n=int(array.shape[1]),
+        hash_seed=hash_seed,
+        num_probes=size.num_probes,
+        num_ngrams=int(array.shape[0]),
+        target_false_positive_rate=false_positive_rate,
+    )
+    prefix_words, prefix_probes, num_prefixes = None, 0, 0
+    if prefix_false_positive_rate is not None and array.shape[1] > 1:
+        prefixes = np.unique(array[:, :-1], axis=0)
+        num_prefixes = int(prefixes.shape[0])
+        prefix_size = choose_size(num_prefixes, prefix_false_positive_rate)
+        prefix_probes = prefix_size.num_probes
+        prefix_words = bits_from_fingerprints(
+            fingerprints_np(prefixes, hash_seed), prefix_size.num_blocks, prefix_probes
+        )
+    return write_filter(path, words, header, prefix_words, prefix_probes, num_prefixes)
+
+
+def bits_from_fingerprints(
+    fingerprints: np.ndarray, num_blocks: int, num_probes: int
+) -> np.ndarray:
+    """A blocked bit array holding the given fingerprints (uint64 `(num_blocks * 8,)`)."""
+    words = np.zeros(num_blocks * WORDS_PER_BLOCK, dtype=np.uint64)
+    set_fingerprint_bits(words, fingerprints, num_probes)
+    return words
+
+
+def set_fingerprint_bits(
+    words: np.ndarray, fingerprints: np.ndarray, num_probes: int, chunk: int = 1 << 20
+) -> None:
+    """OR the probe bits of ``fingerprints`` into ``words`` in place, in bounded-memory chunks."""
+    num_blocks = words.shape[0] // WORDS_PER_BLOCK
+    fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    for begin in range(0, fingerprints.shape[0], chunk):
+        positions = probe_positions_np(fingerprints[begin : begin + chunk], num_blocks, num_probes)
+        positions = positions.ravel()
+        np.bitwise_or.at(
+            words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64))
+        )

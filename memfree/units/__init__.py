@@ -1,0 +1,99 @@
+"""Units: what a filter's ``unit`` ("token" or "word") means, in one place per unit.
+
+A filter stores n-grams of some unit: token ids of one tokenizer (:mod:`memfree.units.token`),
+or normalized words, for every model (:mod:`memfree.units.word`). Code that works for any unit
+asks the unit instead of branching on its name::
+
+    unit = unit_of(ngram_filter)        # or get_unit("word")
+    unit.name                           # "token" | "word"
+
+The guard (any engine):
+    ``unit.masker(ngram_filter, tokenizer, special_token_ids, *, skip_rows=True,
+    cuda_graphs=True)`` -> a :class:`memfree.core.Masker`, whose ``banned_mask(contexts,
+    vocab_width)`` gives the banned candidates of each row. ``special_token_ids`` are the exempt
+    ids (:func:`memfree.core.exempt_token_ids`); the token masker needs no tokenizer (check its
+    fingerprint first: :func:`memfree.tokenizer.check_tokenizer`), the word masker reads each
+    token's bytes from it. Raises ``FilterMismatchError`` for a filter of another unit.
+
+The evaluation ("n-grams this output created"):
+    ``unit.created_ngram_counts(ngram_filter, prompt_ids, output_ids, *,
+    special_token_ids=None, tokenizer=None)`` -> ``(stored, all)``: token windows of
+    ``prompt ‖ output`` holding an output token (windows with a special id skipped), or word
+    n-grams of the decoded text ending at a word the output created or changed (needs the
+    tokenizer).
+
+The builder:
+    ``unit.tokenizer_problem(requested, tokenizer=None)`` -> why a build of this unit cannot take
+    that tokenizer (the word unit takes none), or None.
+    ``unit.build_parts(requested=None, tokenizer=None)`` -> :class:`BuildParts`: ``payload``, a
+    picklable :class:`EncoderPayload` whose ``encoder()`` (built once per worker) gives an
+    :class:`Encoder` with ``encode(texts) -> list[np.ndarray]`` (uint32 token ids, or uint64 word
+    hashes) and ``special_ids`` (uint32, where windows are cut); ``header_fields`` (token:
+    ``unit``, ``tokenizer``, ``tokenizer_fingerprint``, ``vocab_size``, ``special_token_ids``;
+    word: ``unit``, ``normalizer``, ``unicode_version``); ``config_fields`` (what a resumed work
+    directory must share: ``tokenizer_fingerprint``, ``normalizer``, ``special_ids``); and
+    ``progress_label``. The token unit loads ``requested`` when no tokenizer is given.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from memfree.units.base import BuildParts, Encoder, EncoderPayload, TextNgrams, Unit
+from memfree.units.token import BatchEncoder, TokenizerPayload, TokenUnit
+from memfree.units.word import WordEncoder, WordPayload, WordUnit
+
+if TYPE_CHECKING:
+    from memfree.filter import NgramSet
+
+TOKEN = TokenUnit()
+WORD = WordUnit()
+_UNITS: dict[str, Unit] = {TOKEN.name: TOKEN, WORD.name: WORD}
+UNIT_NAMES: tuple[str, ...] = tuple(_UNITS)
+
+
+def get_unit(name: str) -> Unit:
+    """The unit called ``name``.
+
+    Raises:
+        ValueError: no unit has that name.
+    """
+    unit = _UNITS.get(name)
+    if unit is None:
+        raise ValueError(f"unknown unit {name!r}; memfree knows {', '.join(UNIT_NAMES)}")
+    return unit
+
+
+def unit_of(ngram_filter: NgramSet) -> Unit:
+    """The unit of a filter's n-grams (its header's ``unit``).
+
+    Raises:
+        ValueError: the filter names a unit this memfree does not know.
+    """
+    unit = _UNITS.get(ngram_filter.unit)
+    if unit is None:
+        raise ValueError(
+            f"{ngram_filter.path}: stores n-grams of unit {ngram_filter.unit!r}, which this "
+            f"memfree does not know ({', '.join(UNIT_NAMES)}); upgrade memfree or rebuild it"
+        )
+    return unit
+
+
+__all__ = [
+    "TOKEN",
+    "UNIT_NAMES",
+    "WORD",
+    "BatchEncoder",
+    "BuildParts",
+    "Encoder",
+    "EncoderPayload",
+    "TextNgrams",
+    "TokenUnit",
+    "TokenizerPayload",
+    "Unit",
+    "WordEncoder",
+    "WordPayload",
+    "WordUnit",
+    "get_unit",
+    "unit_of",
+]

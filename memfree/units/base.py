@@ -1,0 +1,138 @@
+"""What every unit gives (the :class:`Unit` protocol) and the shapes it gives them in: the
+builder's encoder (:class:`Encoder`, built in each worker from a picklable :class:`EncoderPayload`)
+and a build's unit fields (:class:`BuildParts`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from memfree.errors import FilterMismatchError
+
+if TYPE_CHECKING:
+    from memfree.core import Masker
+    from memfree.filter import NgramSet
+
+
+class Encoder(Protocol):
+    """Turns texts into the integer sequences whose n-grams a filter stores.
+
+    Attributes:
+        special_ids: uint32 `(num_special,)` ids that no stored window may hold (the builder cuts
+            its windows at them).
+    """
+
+    special_ids: np.ndarray
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """One integer array `(num_ids,)` per text (uint32 token ids, or uint64 word hashes)."""
+        ...
+
+
+class EncoderPayload(Protocol):
+    """A picklable recipe for an :class:`Encoder`, built once per worker process."""
+
+    def encoder(self) -> Encoder: ...
+
+
+@dataclass(frozen=True)
+class TextNgrams:
+    """The n-grams of one text in a unit, and which of them a filter stores.
+
+    Attributes:
+        stored: bool `(num_ngrams,)`, in text order (windows the builder never stores, such as
+            those holding a special token, are left out).
+        ngrams: the same n-grams as text, for quoting (``ngrams[i]`` is n-gram ``i``).
+    """
+
+    stored: np.ndarray
+    ngrams: Sequence[str]
+
+
+@dataclass(frozen=True)
+class BuildParts:
+    """What a build of one unit needs from the unit.
+
+    Attributes:
+        payload: the recipe of the encoder each worker builds.
+        header_fields: the filter header's unit fields (``unit``, tokenizer name, fingerprint,
+            vocabulary size and special ids; or the word normalizer and Unicode version).
+        config_fields: what a resumed work directory must share with this build beyond the
+            settings (tokenizer fingerprint, special ids, normalizer).
+        progress_label: the encode step's progress label.
+    """
+
+    payload: EncoderPayload
+    header_fields: dict[str, Any]
+    config_fields: dict[str, Any]
+    progress_label: str
+
+
+class Unit(Protocol):
+    """What a filter's ``unit`` means, everywhere it matters (see :mod:`memfree.units`)."""
+
+    name: str
+    reads_token_ids: bool  # whether its n-grams are token ids (its filter fits one tokenizer)
+    output_formats: tuple[str, ...]  # the filter file formats that can hold its n-grams
+
+    def masker(
+        self,
+        ngram_filter: NgramSet,
+        tokenizer: Any,
+        special_token_ids: Iterable[int],
+        *,
+        skip_rows: bool = True,
+        cuda_graphs: bool = True,
+    ) -> Masker:
+        """The guard core for ``ngram_filter`` (a filter of this unit) and the model's tokenizer."""
+        ...
+
+    def created_ngram_counts(
+        self,
+        ngram_filter: NgramSet,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        *,
+        special_token_ids: Sequence[int] | None = None,
+        tokenizer: Any = None,
+    ) -> tuple[int, int]:
+        """(stored, all) n-grams that ``output_ids`` created after ``prompt_ids``."""
+        ...
+
+    def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
+        """The n-grams of ``text`` in this unit and which the filter stores (the token unit
+        needs the filter's tokenizer)."""
+        ...
+
+    def tokenizer_problem(
+        self, requested: str | os.PathLike[str] | None, tokenizer: Any = None
+    ) -> str | None:
+        """Why a build of this unit cannot take this tokenizer (name or object), or None."""
+        ...
+
+    def build_parts(
+        self, requested: str | os.PathLike[str] | None = None, tokenizer: Any = None
+    ) -> BuildParts:
+        """The encoder payload, header and configuration fields of a build of this unit."""
+        ...
+
+
+def check_filter_unit(ngram_filter: NgramSet, unit: str, build_hint: str) -> None:
+    """Refuse a filter of another unit than ``unit`` (``build_hint`` says how to build one).
+
+    Raises:
+        FilterMismatchError: the filter's ``unit`` is not ``unit``.
+    """
+    if ngram_filter.unit != unit:
+        raise FilterMismatchError(
+            f"{ngram_filter.path}: is a {ngram_filter.unit} filter; the {unit} guard needs one "
+            f"built with {build_hint}"
+        )
+
+
+__all__ = ["BuildParts", "Encoder", "EncoderPayload", "TextNgrams", "Unit", "check_filter_unit"]

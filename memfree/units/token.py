@@ -1,0 +1,220 @@
+"""The token unit: a filter of one tokenizer's token-id n-grams (the paper's setting).
+
+Its builder encodes texts with that tokenizer (cut at its special tokens); its filter records the
+tokenizer's fingerprint, so the guard refuses any other vocabulary; its guard is the
+:class:`~memfree.core.token.TokenMasker`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from memfree.units.base import BuildParts, TextNgrams, check_filter_unit
+
+if TYPE_CHECKING:
+    from memfree.core import Masker
+    from memfree.filter import NgramSet
+
+
+class BatchEncoder:
+    """Encodes batches of documents to token ids with a Hugging Face tokenizer.
+
+    Fast tokenizers travel to workers as their ``tokenizers`` JSON (workers then never import
+    transformers); other tokenizers travel pickled.
+    """
+
+    def __init__(
+        self, backend_json: str | None, pickled: bytes | None, special_ids: tuple[int, ...] = ()
+    ) -> None:
+        self.special_ids = np.asarray(special_ids, dtype=np.uint32)
+        self._backend: Any = None
+        self._slow: Any = None
+        if backend_json is not None:
+            from tokenizers import Tokenizer
+
+            self._backend = Tokenizer.from_str(backend_json)
+            self._backend.no_truncation()
+            self._backend.no_padding()
+        elif pickled is not None:
+            self._slow = pickle.loads(pickled)
+        else:
+            raise ValueError("a BatchEncoder needs a backend tokenizer or a pickled tokenizer")
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids (uint32 arrays) of each text, without special tokens."""
+        if self._backend is not None:
+            encodings = self._backend.encode_batch(texts, add_special_tokens=False)
+            return [np.asarray(encoding.ids, dtype=np.uint32) for encoding in encodings]
+        ids = self._slow(texts, add_special_tokens=False)["input_ids"]
+        return [np.asarray(row, dtype=np.uint32) for row in ids]
+
+
+@dataclass(frozen=True)
+class TokenizerPayload:
+    """What a worker needs to rebuild the tokenizer."""
+
+    backend_json: str | None
+    pickled: bytes | None
+    special_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> TokenizerPayload:
+        """The payload of a loaded Hugging Face tokenizer (its backend JSON when it is fast)."""
+        from memfree.tokenizer import special_token_ids
+
+        special = special_token_ids(tokenizer)
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and getattr(tokenizer, "is_fast", False):
+            return cls(backend.to_str(), None, special)
+        return cls(None, pickle.dumps(tokenizer), special)
+
+    def encoder(self) -> BatchEncoder:
+        return BatchEncoder(self.backend_json, self.pickled, self.special_ids)
+
+
+class TokenUnit:
+    """The token unit (see :mod:`memfree.units` for what each method gives)."""
+
+    name = "token"
+    reads_token_ids = True  # its n-grams are of one tokenizer's ids
+    output_formats: tuple[str, ...] = (
+        "memfree",
+        "pybloomfiltermmap3",
+    )  # the filter file formats that can hold its n-grams
+
+    def masker(
+        self,
+        ngram_filter: NgramSet,
+        tokenizer: Any,
+        special_token_ids: Iterable[int],
+        *,
+        skip_rows: bool = True,
+        cuda_graphs: bool = True,
+    ) -> Masker:
+        """A :class:`~memfree.core.token.TokenMasker` (the tokenizer was checked by the caller:
+        its fingerprint must match the filter's, see :func:`memfree.tokenizer.check_tokenizer`).
+
+        Raises:
+            FilterMismatchError: ``ngram_filter`` is not a token filter.
+        """
+        from memfree.core.token import TokenMasker
+
+        check_filter_unit(ngram_filter, self.name, "`memfree build` (--unit token)")
+        return TokenMasker(
+            ngram_filter, special_token_ids, skip_rows=skip_rows, cuda_graphs=cuda_graphs
+        )
+
+    def created_ngram_counts(
+        self,
+        ngram_filter: NgramSet,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        *,
+        special_token_ids: Sequence[int] | None = None,
+        tokenizer: Any = None,
+    ) -> tuple[int, int]:
+        """(stored, all) token n-grams of ``prompt ‖ output`` that hold an output token.
+
+        Windows holding one of ``special_token_ids`` are not counted: no such window is stored.
+        """
+        n = ngram_filter.n
+        sequence = np.asarray(list(prompt_ids) + list(output_ids), dtype=np.int64)
+        if len(output_ids) == 0 or sequence.shape[0] < n:
+            return 0, 0
+        first = max(len(prompt_ids) - n + 1, 0)  # first window reaching into the output
+        windows = np.lib.stride_tricks.sliding_window_view(sequence, n)[first:]
+        if special_token_ids:
+            windows = windows[~np.isin(windows, special_token_ids).any(axis=1)]
+        if windows.shape[0] == 0:
+            return 0, 0
+        found = ngram_filter.contains(np.ascontiguousarray(windows))
+        return int(found.sum()), int(windows.shape[0])
+
+    def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
+        """The token n-grams of ``text`` (no special tokens added; windows holding a special id
+        the builder cut at left out), decoded lazily for quoting.
+
+        Raises:
+            ValueError: no tokenizer.
+        """
+        if tokenizer is None:
+            raise ValueError("the token n-grams of a text need the filter's tokenizer")
+        n = ngram_filter.n
+        ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        if ids.shape[0] < n:
+            return TextNgrams(np.zeros(0, dtype=bool), [])
+        windows = np.lib.stride_tricks.sliding_window_view(ids, n)
+        special = ngram_filter.special_token_ids
+        if special:
+            windows = windows[~np.isin(windows, special).any(axis=1)]
+        windows = np.ascontiguousarray(windows)
+        stored = ngram_filter.contains(windows) if windows.shape[0] else np.zeros(0, dtype=bool)
+        return TextNgrams(stored, _Decoded(tokenizer, windows))
+
+    def tokenizer_problem(
+        self, requested: str | os.PathLike[str] | None, tokenizer: Any = None
+    ) -> str | None:
+        """None: a token build takes any tokenizer (the default model's when none is named)."""
+        return None
+
+    def build_parts(
+        self, requested: str | os.PathLike[str] | None = None, tokenizer: Any = None
+    ) -> BuildParts:
+        """The payload, header and configuration fields of a token build.
+
+        Args:
+            requested: the tokenizer named by the user (None: the default model's).
+            tokenizer: the tokenizer already loaded; None loads ``requested``.
+        """
+        from memfree.tokenizer import (
+            load_tokenizer,
+            special_token_ids,
+            tokenizer_fingerprint,
+            tokenizer_name,
+            tokenizer_vocab_size,
+        )
+
+        if tokenizer is None:
+            tokenizer = load_tokenizer(requested)
+        fingerprint = tokenizer_fingerprint(tokenizer)
+        special_ids = list(special_token_ids(tokenizer))
+        header = {
+            "unit": self.name,
+            "tokenizer": tokenizer_name(tokenizer, requested),
+            "tokenizer_fingerprint": fingerprint,
+            "vocab_size": tokenizer_vocab_size(tokenizer),
+            "special_token_ids": special_ids,
+        }
+        config = {
+            "tokenizer_fingerprint": fingerprint,
+            "normalizer": None,
+            "special_ids": special_ids,
+        }
+        return BuildParts(
+            TokenizerPayload.from_tokenizer(tokenizer), header, config, "tokenize+hash"
+        )
+
+
+class _Decoded(Sequence[str]):
+    """Token windows as text, decoded only when asked for."""
+
+    def __init__(self, tokenizer: Any, windows: np.ndarray) -> None:
+        self._tokenizer = tokenizer
+        self._windows = windows
+
+    def __len__(self) -> int:
+        return int(self._windows.shape[0])
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return str(self._tokenizer.decode(self._windows[index].tolist()))
+
+
+__all__ = ["BatchEncoder", "TokenUnit", "TokenizerPayload"]
