@@ -121,6 +121,39 @@ class Canary:
         }
 
 
+def _refuse_overwrite(out: Path, overwrite: bool) -> None:
+    """Refuse an output directory that already holds a manifest or a planted corpus."""
+    present = [name for name in ("manifest.json", "corpus.jsonl") if os.path.lexists(out / name)]
+    if present and not overwrite:
+        why = ""
+        if "manifest.json" in present:
+            why = " (its manifest.json is the only record of which secrets were planted there)"
+        raise ValueError(
+            f"{out}: already holds {' and '.join(present)}{why}; choose another output "
+            f"directory, or replace {'them' if len(present) > 1 else 'it'} with --force "
+            "(overwrite=True in Python)"
+        )
+
+
+def _plant(lines: list[str], cuts: list[int], canaries: list[str]) -> tuple[str, list[int]]:
+    """The document with each canary inserted as a line before line ``cuts[i]`` (sorted), and
+    each canary's character offset in it."""
+    pieces: list[str] = []
+    offsets: list[int] = []
+    previous = offset = 0
+    for cut, canary in zip(cuts, canaries, strict=True):
+        chunk = "\n".join(lines[previous:cut])
+        if previous < cut:
+            pieces.append(chunk + "\n")
+            offset += len(chunk) + 1
+        offsets.append(offset)
+        pieces.append(canary + "\n")
+        offset += len(canary) + 1
+        previous = cut
+    pieces.append("\n".join(lines[previous:]))
+    return "".join(pieces), offsets
+
+
 def insert_canaries(
     corpus: Sequence[str],
     output_dir: str | os.PathLike[str],
@@ -163,16 +196,7 @@ def insert_canaries(
     if canaries_per_repetition < 1 or not repetitions or min(repetitions) < 1:
         raise ValueError("repetitions and canaries_per_repetition must be >= 1")
     out = Path(output_dir)
-    present = [name for name in ("manifest.json", "corpus.jsonl") if os.path.lexists(out / name)]
-    if present and not overwrite:
-        why = ""
-        if "manifest.json" in present:
-            why = " (its manifest.json is the only record of which secrets were planted there)"
-        raise ValueError(
-            f"{out}: already holds {' and '.join(present)}{why}; choose another output "
-            f"directory, or replace {'them' if len(present) > 1 else 'it'} with --force "
-            "(overwrite=True in Python)"
-        )
+    _refuse_overwrite(out, overwrite)
     options = SourceOptions(text_field=text_field)
     problems = ProblemLog()
     documents = [found.text for found in iter_documents(list(corpus), options, problems)]
@@ -190,24 +214,12 @@ def insert_canaries(
         inserted.setdefault(document_index, []).append(str(index))
     texts = list(documents)
     for document_index, canary_indices in inserted.items():
-        text = texts[document_index]
-        lines = text.split("\n")
+        lines = texts[document_index].split("\n")
         cuts = sorted(int(rng.integers(len(lines))) for _ in canary_indices)  # before a line
-        pieces: list[str] = []
-        previous = 0
-        offset = 0
-        for cut, canary_index in zip(cuts, canary_indices, strict=True):
-            chunk = "\n".join(lines[previous:cut])
-            if previous < cut:
-                pieces.append(chunk + "\n")
-                offset += len(chunk) + 1
-            canary = canary_format.fill(secrets[int(canary_index)])
+        fills = [canary_format.fill(secrets[int(i)]) for i in canary_indices]
+        texts[document_index], offsets = _plant(lines, cuts, fills)
+        for canary_index, offset in zip(canary_indices, offsets, strict=True):
             positions[int(canary_index)].append((document_index, offset))
-            pieces.append(canary + "\n")
-            offset += len(canary) + 1
-            previous = cut
-        pieces.append("\n".join(lines[previous:]))
-        texts[document_index] = "".join(pieces)
     out.mkdir(parents=True, exist_ok=True)
     # Written whole or not at all, the corpus before its manifest: an interrupted run never
     # leaves a manifest describing a corpus that is not there.
