@@ -115,9 +115,6 @@ def fmix64_np(values: np.ndarray) -> np.ndarray:
     return values
 
 
-_fmix64_np = fmix64_np
-
-
 def sparse_members_np(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
     """Indices of the fingerprints whose probes are all set in a blocked bit array.
 
@@ -183,7 +180,7 @@ def fingerprints_np(ngrams: np.ndarray, seed: int = DEFAULT_HASH_SEED) -> np.nda
         multiplier = np.uint64(HORNER_MULTIPLIER)
         for column in range(ngram_size):
             state = state * multiplier + (ngrams[:, column].astype(np.uint64) + np.uint64(1))
-        return _fmix64_np(state)
+        return fmix64_np(state)
 
 
 def sliding_fingerprints_np(
@@ -212,7 +209,7 @@ def sliding_fingerprints_np(
         state = np.full(count, np.uint64(seed & MASK64) * powers[ngram_size], dtype=np.uint64)
         for column in range(ngram_size):
             state += shifted[column : column + count] * powers[ngram_size - 1 - column]
-        return _fmix64_np(state)
+        return fmix64_np(state)
 
 
 def probe_positions_np(fingerprints: np.ndarray, num_blocks: int, num_probes: int) -> np.ndarray:

@@ -10,6 +10,8 @@ import math
 import numpy as np
 import xxhash
 
+from memfree.hashing import fmix64_np
+
 MAX_HASHES = 256  # hash_seeds[256] in the library's struct _BloomFilter
 _C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)
 
@@ -36,14 +38,6 @@ def ngram_key_bytes(ngrams: np.ndarray) -> np.ndarray:
 
 def _rotl(values: np.ndarray, shift: int) -> np.ndarray:
     return (values << np.uint64(shift)) | (values >> np.uint64(64 - shift))
-
-
-def _fmix64(values: np.ndarray) -> np.ndarray:
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(0xFF51AFD7ED558CCD)
-    values = values ^ (values >> np.uint64(33))
-    values = values * np.uint64(0xC4CEB9FE1A85EC53)
-    return values ^ (values >> np.uint64(33))
 
 
 def murmur3_x64_128_xor(keys: np.ndarray, seed: int) -> np.ndarray:
@@ -80,7 +74,7 @@ def murmur3_x64_128_xor(keys: np.ndarray, seed: int) -> np.ndarray:
         h2 ^= np.uint64(key_bytes)
         h1 += h2
         h2 += h1
-        h1, h2 = _fmix64(h1), _fmix64(h2)
+        h1, h2 = fmix64_np(h1), fmix64_np(h2)
         h1 += h2
         h2 += h1
     result: np.ndarray = h1 ^ h2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from multiprocessing import get_context
 from typing import Any
 
@@ -69,6 +69,23 @@ class LocalExecutor:
         futures: dict[Future[dict[str, Any]], TaskT] = {
             self._pool.submit(function, task): task for task in pending
         }
-        for future in as_completed(futures):
-            task = futures[future]
-            yield task, record_done(task, future.result())
+        collected: set[Future[dict[str, Any]]] = set()
+        try:
+            for future in as_completed(futures):
+                collected.add(future)
+                yield futures[future], record_done(futures[future], future.result())
+        finally:
+            _keep_finished(futures, collected)
+
+
+def _keep_finished(futures: dict[Future[dict[str, Any]], Any], collected: set[Any]) -> None:
+    """When a run stops early (Ctrl-C, another task's failure), mark every task that finished
+    anyway, including those still running now, so that a rerun skips them (the tasks that had
+    not started are cancelled)."""
+    for future in futures:
+        future.cancel()
+    wait(futures)
+    for future, task in futures.items():
+        if future in collected or future.cancelled() or future.exception() is not None:
+            continue
+        record_done(task, future.result())

@@ -121,7 +121,11 @@ class WordUnit:
         self, requested: str | os.PathLike[str] | None, tokenizer: Any = None
     ) -> str | None:
         """A word build takes no tokenizer: one word filter serves every model."""
-        return _NO_TOKENIZER if requested is not None or tokenizer is not None else None
+        if requested is not None:
+            return _NO_TOKENIZER
+        if tokenizer is not None:
+            return "--unit word needs no tokenizer (one filter serves every model)"
+        return None
 
     def build_parts(
         self, requested: str | os.PathLike[str] | None = None, tokenizer: Any = None

@@ -94,3 +94,31 @@ def test_make_executor_gives_a_local_pool_and_refuses_bad_worker_counts(tmp_path
     assert not any_done(tmp_path)
     with pytest.raises(ValueError, match="workers >= 1"):
         LocalExecutor(0)
+
+
+def slow_or_failing_step(task: ToyTask) -> dict[str, Any]:
+    """Task 0 fails at once; the others take a moment, so they are still running (or done but
+    not yet collected) when the failure reaches the driver."""
+    import time
+
+    if task.index == 0:
+        raise RuntimeError("task 0 fails")
+    time.sleep(0.5)
+    return toy_step(task)
+
+
+def test_tasks_finished_when_another_fails_keep_their_markers(tmp_path: Path) -> None:
+    tasks = [ToyTask(index, str(tmp_path)) for index in range(3)]
+    with (
+        pytest.raises(RuntimeError, match="task 0 fails"),
+        LocalExecutor(2, partial(remember_prefix, "out-")) as executor,
+    ):
+        for _ in executor.run(slow_or_failing_step, tasks):
+            pass
+    finished = calls(tmp_path)
+    assert finished, "no task finished besides the failing one"
+    # Every task that finished is marked, so a rerun does not redo it.
+    assert all(tasks[index].marker.exists() for index in finished)
+    rerun = run_all(2, tasks)
+    assert all(rerun[index]["reused"] for index in finished)
+    assert calls(tmp_path) == [0, 1, 2]  # each task ran once in all: nothing finished ran twice
