@@ -23,7 +23,15 @@ from memfree.hashing import (
     fingerprints_np,
     probe_positions_np,
 )
-from memfree.header import FORMAT_VERSION, LAYOUT, MAGIC, PREAMBLE, check_metadata, page_round
+from memfree.header import (
+    FORMAT_VERSION,
+    LAYOUT,
+    MAGIC,
+    PREAMBLE,
+    check_metadata,
+    hashing_digest,
+    page_round,
+)
 from memfree.sizing import choose_size, expected_false_positive_rate
 
 # The prefix section only decides when the guard may skip a row, so a looser rate than the
@@ -69,6 +77,7 @@ class FilterFileWriter:
             num_bits=num_blocks * BLOCK_BITS,
             num_blocks=num_blocks,
             bits_xxh3="0" * 16,
+            hashing_xxh3="0" * 16,
         )
         self.metadata["expected_false_positive_rate"] = expected_false_positive_rate(
             int(self.metadata["num_ngrams"]), num_blocks, int(self.metadata["num_probes"])
@@ -127,6 +136,7 @@ class FilterFileWriter:
                 self.metadata["prefix"]["bits_xxh3"] = xxhash.xxh3_64_hexdigest(
                     self.prefix_words.data.cast("B")
                 )
+            self.metadata["hashing_xxh3"] = hashing_digest(self.metadata)
             raw = self._metadata_bytes()
             digest = xxhash.xxh3_64_intdigest(raw)
             header = PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(raw), digest) + raw

@@ -148,6 +148,28 @@ def read_header(path: Path, head: bytes, file_size: int) -> tuple[dict[str, Any]
     return metadata, data_offset
 
 
+# What decides where an n-gram's bits are: a header edit of any of these (with the header's
+# checksum recomputed) would make the filter answer "absent" for stored n-grams.
+_HASHING_FIELDS = ("hash_scheme", "hash_seed", "layout", "n", "num_probes", "num_bits", "unit")
+
+
+def hashing_digest(metadata: dict[str, Any]) -> str:
+    """xxh3-64 binding the bit arrays' checksums to the parameters that placed their bits.
+
+    The header's own checksum is recomputed by anyone who edits it; this one also has to be, and
+    an edit of the seed or the probe count that misses it is refused rather than silently
+    finding nothing.
+    """
+    prefix = metadata.get("prefix") or {}
+    bound = {
+        "bits_xxh3": metadata.get("bits_xxh3"),
+        "prefix": [prefix.get("bits_xxh3"), prefix.get("num_probes"), prefix.get("num_bits")],
+        "normalizer": metadata.get("normalizer"),
+        **{field: metadata.get(field) for field in _HASHING_FIELDS},
+    }
+    return xxhash.xxh3_64_hexdigest(json.dumps(bound, sort_keys=True).encode("utf-8"))
+
+
 def verify_bits(
     path: Path, metadata: dict[str, Any], words: np.ndarray, prefix_words: np.ndarray | None
 ) -> None:
@@ -184,6 +206,14 @@ def verify_bits(
         )
     if problem:
         raise damaged_error(path, problem)
+    # Last, so that the checks above name what they find first (an emptied array, more probes).
+    recorded = metadata.get("hashing_xxh3")  # absent in files written before it existed
+    if recorded is not None and recorded != hashing_digest(metadata):
+        raise damaged_error(
+            path,
+            "its hashing parameters (hash_seed, n, num_probes, scheme, unit) are not those the "
+            "bit array was written with: the header was edited",
+        )
 
 
 def _xxh3(words: np.ndarray) -> str:

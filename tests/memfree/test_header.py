@@ -215,3 +215,16 @@ def test_directories_and_link_loops_are_named_for_what_they_are(tmp_path: Path) 
     dangling.symlink_to(tmp_path / "gone.memfree")
     with pytest.raises(FileNotFoundError, match="symbolic link to"):
         NgramFilter.open(dangling)
+
+
+@pytest.mark.parametrize(("field", "value"), [("hash_seed", 0), ("n", 5)])
+def test_hashing_parameters_edited_behind_the_checksum_are_refused(
+    filter_path: Path, field: str, value: int
+) -> None:
+    """A new seed (or n) would put every stored n-gram's bits elsewhere: the filter would find
+    none of them. Found by the Hypothesis test above (hash_seed=0); refused, naming the edit."""
+    metadata, _ = read_header(filter_path)
+    metadata[field] = value
+    rewrite(filter_path, metadata)
+    with pytest.raises(DamagedFilterError, match="the header was edited"):
+        NgramFilter.open(filter_path)
