@@ -113,6 +113,14 @@ def _add_reading_and_output_options(parser: argparse.ArgumentParser, defaults: A
         help="JSONL field / Parquet or dataset column with the text (default %(default)s)",
     )
     parser.add_argument(
+        "--ids-field",
+        default=defaults.ids_field,
+        metavar="COLUMN",
+        help="a pre-tokenized corpus: the Parquet or dataset column of token ids to read instead "
+        "of text (e.g. input_ids; the ids must be --tokenizer's). Megatron .bin/.idx datasets "
+        "are read as token ids without it",
+    )
+    parser.add_argument(
         "--include",
         action="append",
         default=[],
@@ -171,6 +179,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         prefix_false_positive_rate=args.prefix_fpr or None,  # 0: no prefix section
         tokenizer=args.tokenizer,
         text_field=args.text_field,
+        ids_field=args.ids_field,
         include=tuple(args.include),
         exclude=tuple(args.exclude),
         output_format=args.format,

@@ -68,7 +68,7 @@ def encoded_batches(
         Lists of ``(document, ids)``: ids an integer array `(num_ids,)` per document piece.
     """
     seconds = seconds if seconds is not None else EncodeSeconds()
-    documents = split_long(read_unit(unit, options, problems))
+    documents = split_long(_usable_ids(read_unit(unit, options, problems), encoder, problems))
     while True:
         started = time.perf_counter()
         batch = take_batch(documents, batch_documents, batch_bytes)
@@ -76,6 +76,43 @@ def encoded_batches(
         if not batch:
             return
         started = time.perf_counter()
-        encoded = encoder.encode([document.text for document in batch])
+        texts = [document.text for document in batch if document.ids is None]
+        encoded = iter(encoder.encode(texts) if texts else [])
+        ids = [
+            next(encoded) if document.ids is None else document.ids.astype(np.uint32)
+            for document in batch
+        ]
         seconds.encoding += time.perf_counter() - started
-        yield list(zip(batch, encoded, strict=True))
+        yield list(zip(batch, ids, strict=True))
+
+
+def _usable_ids(
+    documents: Iterator[Document], encoder: Encoder, problems: ProblemLog
+) -> Iterator[Document]:
+    """The documents, less pre-tokenized ones the encoder cannot take (recorded, with the file,
+    the row and the first bad position): ids outside the tokenizer's vocabulary, or ids given
+    to a unit that reads text. Checked whole, before any cut, so no n-gram spans a gap."""
+    for document in documents:
+        ids = document.ids
+        if ids is None:
+            yield document
+            continue
+        vocab = encoder.vocab_size
+        if vocab is None:
+            problems.record(
+                "token ids",
+                document.where,
+                "pre-tokenized documents need --unit token (the word unit reads text)",
+            )
+            continue
+        bad = np.flatnonzero((ids < 0) | (ids >= vocab)) if ids.size else ids[:0]
+        if bad.size:
+            position = int(bad[0])
+            problems.record(
+                "ids out of range",
+                document.where,
+                f"id {int(ids[position])} at position {position} is outside the tokenizer's "
+                f"vocabulary [0, {vocab}); give the tokenizer the ids belong to (--tokenizer)",
+            )
+            continue
+        yield document

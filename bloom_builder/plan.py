@@ -85,6 +85,7 @@ def plan_build(
     pybloom = settings.output_format != "memfree"
     options = SourceOptions(
         text_field=settings.text_field,
+        ids_field=settings.ids_field,
         include=settings.include,
         exclude=settings.exclude,
         follow_symlinks=settings.follow_symlinks,

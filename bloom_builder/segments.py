@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
+
+import numpy as np
 
 # Fixed, so that the same corpus gives the same token ids (and filter bytes) whatever the
 # memory limit or number of workers; its tokenization costs a bounded ~40 MB at most.
@@ -26,10 +28,24 @@ AnyStr = TypeVar("AnyStr", str, bytes)
 
 @dataclass(frozen=True)
 class Document:
-    """One document's text; ``continues`` means the next Document yielded goes on with it."""
+    """One document: its text, or its token ids when the corpus is pre-tokenized.
+
+    Attributes:
+        text: the text ("" for a pre-tokenized document).
+        continues: the next Document yielded goes on with this one.
+        ids: int64 `(num_ids,)` token ids of a pre-tokenized document (None: encode ``text``).
+        where: the file and row (or document) it comes from, to name it in problems.
+    """
 
     text: str
     continues: bool = False
+    ids: np.ndarray | None = field(default=None, compare=False)
+    where: str = ""
+
+    @property
+    def size(self) -> int:
+        """Characters of text, or token ids: what encoding it costs."""
+        return len(self.text) if self.ids is None else int(self.ids.shape[0])
 
 
 def cut_point(text: AnyStr, limit: int) -> int:
@@ -76,6 +92,9 @@ def split_long(documents: Iterator[Document], limit: int = SEGMENT_BYTES) -> Ite
     single huge line) is cut elsewhere: at a newline, else a space, else a character boundary.
     """
     for document in documents:
+        if document.ids is not None:
+            yield from _split_ids(document, limit)
+            continue
         text = document.text
         start = 0
         while len(text) - start > limit:
@@ -83,6 +102,19 @@ def split_long(documents: Iterator[Document], limit: int = SEGMENT_BYTES) -> Ite
             yield Document(text[start:cut], continues=True)
             start = cut
         yield document if start == 0 else Document(text[start:], document.continues)
+
+
+def _split_ids(document: Document, limit: int) -> Iterator[Document]:
+    """A pre-tokenized document cut every ``limit`` ids (pieces continue: n-grams carry over)."""
+    ids = document.ids
+    assert ids is not None
+    if ids.shape[0] <= limit:
+        yield document
+        return
+    for start in range(0, ids.shape[0], limit):
+        last = start + limit >= ids.shape[0]
+        piece = ids[start : start + limit]
+        yield Document("", document.continues if last else True, piece, document.where)
 
 
 def take_batch(documents: Iterator[Document], max_documents: int, max_bytes: int) -> list[Document]:
@@ -93,7 +125,7 @@ def take_batch(documents: Iterator[Document], max_documents: int, max_bytes: int
     size = 0
     for document in documents:
         batch.append(document)
-        size += len(document.text)
+        size += document.size
         if len(batch) >= max_documents or size >= max_bytes:
             break
     return batch

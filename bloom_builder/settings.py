@@ -26,6 +26,8 @@ class BuildSettings:
         false_positive_rate: target false-positive rate the filter is sized for.
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
         text_field: JSONL field / Parquet column / dataset column holding the text.
+        ids_field: Parquet / dataset column holding token ids (a pre-tokenized corpus) to read
+            instead of text; the ids must be ``tokenizer``'s (token unit only).
         include: fnmatch patterns selecting files inside walked directories.
         exclude: fnmatch patterns excluding files inside walked directories.
         output_format: "memfree" (native) or "pybloomfiltermmap3" (interchange).
@@ -50,6 +52,7 @@ class BuildSettings:
     false_positive_rate: float = 1e-3
     tokenizer: str | None = None
     text_field: str = "text"
+    ids_field: str | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     output_format: str = "memfree"
@@ -103,6 +106,10 @@ class BuildSettings:
             return f"batch_documents must be >= 1, got {self.batch_documents}"
         if not self.text_field:
             return "--text-field must not be empty"
+        if self.ids_field is not None and not get_unit(self.unit).reads_token_ids:
+            return f"--ids-field reads token ids: it needs --unit token, not --unit {self.unit}"
+        if self.ids_field == "":
+            return "--ids-field must not be empty"
         rate = self.prefix_false_positive_rate
         if rate is not None and not 0.0 < float(rate) < 1.0:
             return f"--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got {rate!r}"

@@ -13,6 +13,7 @@ import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from bloom_builder.sources.megatron import bin_path, megatron_units
 from bloom_builder.sources.parquet import parquet_units
 from bloom_builder.sources.saved_datasets import dataset_splits, dataset_units
 from bloom_builder.sources.streams import COMPRESSION_RATIO, COMPRESSION_SUFFIXES
@@ -195,6 +196,10 @@ def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list
             name, compression = name[: -len(suffix)], method
     kind = "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "text"
     size, step = info.st_size, options.split_bytes
+    if name.endswith(".idx") and not compression and os.path.exists(bin_path(path)):
+        return megatron_units(path, problems)
+    if name.endswith(".bin") and not compression and os.path.exists(path[:-4] + ".idx"):
+        return []  # a Megatron dataset's token ids: read through its .idx
     if name.endswith(".parquet"):
         if not compression:
             return parquet_units(path, options, problems)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from bloom_builder.segments import Document
 from bloom_builder.sources.discovery import discover
 from bloom_builder.sources.jsonl import read_jsonl
+from bloom_builder.sources.megatron import read_megatron
 from bloom_builder.sources.parquet import read_parquet
 from bloom_builder.sources.saved_datasets import read_dataset
 from bloom_builder.sources.text import read_text
@@ -23,6 +24,7 @@ READERS: dict[str, Reader] = {
     "jsonl": read_jsonl,
     "parquet": read_parquet,
     "dataset": read_dataset,
+    "megatron": read_megatron,
 }
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from bloom_builder.segments import Document
 from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
 from memfree.errors import require
@@ -14,10 +16,22 @@ from memfree.errors import require
 BATCH_ROWS = 256  # rows converted to Python at once: bounds memory on wide rows
 
 
-def column_problem(schema: Any, column: str) -> str | None:
-    """Why ``column`` of an Arrow schema cannot supply text, or None if it can."""
+def column_problem(schema: Any, column: str, ids: bool = False) -> str | None:
+    """Why ``column`` of an Arrow schema cannot supply text (or, with ``ids``, lists of token
+    ids), or None if it can."""
     import pyarrow as pa
 
+    if ids:
+        if column not in schema.names:
+            return f"no column {column!r}; columns: {', '.join(schema.names)}; set --ids-field"
+        column_type = schema.field(column).type
+        if (
+            pa.types.is_list(column_type)
+            or pa.types.is_large_list(column_type)
+            or pa.types.is_fixed_size_list(column_type)
+        ) and pa.types.is_integer(column_type.value_type):
+            return None
+        return f"column {column!r} holds {column_type}, not lists of integers; set --ids-field"
     if column not in schema.names:
         return f"no column {column!r}; columns: {', '.join(schema.names)}; set text_field"
     column_type = schema.field(column).type
@@ -28,12 +42,26 @@ def column_problem(schema: Any, column: str) -> str | None:
     return f"column {column!r} holds {column_type}, not strings; set text_field"
 
 
-def checked(value: Any, where: str, problems: ProblemLog) -> Iterator[Document]:
-    """The Document of a non-blank column value; nulls and blanks are recorded as "empty"."""
+def checked(value: Any, where: str, problems: ProblemLog, ids: bool = False) -> Iterator[Document]:
+    """The Document of a non-blank column value; nulls and blanks are recorded as "empty".
+    With ``ids``, the value is a list of token ids (a pre-tokenized document)."""
+    if ids:
+        if value:
+            yield Document("", ids=np.asarray(value, dtype=np.int64), where=where)
+        else:
+            problems.record("empty", where, "null value" if value is None else "no token ids")
+        return
     if value is not None and str(value).strip():
         yield Document(str(value))
     else:
         problems.record("empty", where, "null value" if value is None else "blank text")
+
+
+def column_of(options: SourceOptions) -> tuple[str, bool]:
+    """The column to read, and whether it holds token ids."""
+    if options.ids_field is not None:
+        return options.ids_field, True
+    return options.text_field, False
 
 
 def parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
@@ -44,7 +72,7 @@ def parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> li
 
     try:
         metadata = pq.read_metadata(path)
-        problem = column_problem(metadata.schema.to_arrow_schema(), options.text_field)
+        problem = column_problem(metadata.schema.to_arrow_schema(), *column_of(options))
     except (OSError, pa.ArrowException) as error:
         problems.record("unreadable", path, reason(error))
         return []
@@ -66,17 +94,18 @@ def read_parquet(
 
     try:
         with pq.ParquetFile(unit.path) as parquet:
-            problem = column_problem(parquet.schema_arrow, options.text_field)
+            problem = column_problem(parquet.schema_arrow, *column_of(options))
             if problem:
                 problems.record("missing column", unit.path, problem)
                 return
             stop = parquet.num_row_groups if unit.stop < 0 else unit.stop
             row = sum(parquet.metadata.row_group(group).num_rows for group in range(unit.start))
-            groups, columns = list(range(unit.start, stop)), [options.text_field]
+            column, ids = column_of(options)
+            groups, columns = list(range(unit.start, stop)), [column]
             batches = parquet.iter_batches(BATCH_ROWS, groups, columns, use_threads=False)
             for batch in batches:
                 for value in batch.column(0).to_pylist():
                     row += 1
-                    yield from checked(value, f"{unit.path}:row {row - 1}", problems)
+                    yield from checked(value, f"{unit.path}:row {row - 1}", problems, ids)
     except (OSError, pa.ArrowException) as error:
         problems.record("unreadable", unit.path, reason(error))

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bloom_builder.segments import Document
-from bloom_builder.sources.parquet import BATCH_ROWS, checked, column_problem
+from bloom_builder.sources.parquet import BATCH_ROWS, checked, column_of, column_problem
 from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
 from memfree.errors import require
 
@@ -55,7 +55,7 @@ def load_dataset(path: str, options: SourceOptions, problems: ProblemLog) -> Any
     if not isinstance(dataset, datasets.Dataset):
         problems.record("unreadable", path, "a DatasetDict; name one of its split directories")
         return None
-    problem = column_problem(dataset.features.arrow_schema, options.text_field)
+    problem = column_problem(dataset.features.arrow_schema, *column_of(options))
     if problem:
         problems.record("missing column", path, problem)
     return None if problem else dataset
@@ -69,8 +69,9 @@ def read_dataset(
     if dataset is None:
         return
     stop = dataset.num_rows if unit.stop < 0 else min(unit.stop, dataset.num_rows)
-    rows = dataset.select_columns([options.text_field]).select(range(unit.start, stop))
+    column, ids = column_of(options)
+    rows = dataset.select_columns([column]).select(range(unit.start, stop))
     for number, batch in enumerate(rows.iter(batch_size=BATCH_ROWS)):
-        for offset, value in enumerate(batch[options.text_field]):
+        for offset, value in enumerate(batch[column]):
             row = unit.start + number * BATCH_ROWS + offset
-            yield from checked(value, f"{unit.path}:row {row}", problems)
+            yield from checked(value, f"{unit.path}:row {row}", problems, ids)

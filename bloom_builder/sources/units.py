@@ -11,7 +11,7 @@ from typing import Any
 
 from bloom_builder.segments import SEGMENT_BYTES
 
-KINDS = ("text", "jsonl", "parquet", "dataset")
+KINDS = ("text", "jsonl", "parquet", "dataset", "megatron")
 COMPRESSIONS = ("", "gzip", "zstd")
 MAX_EXAMPLES = 3
 MIN_CHUNK_BYTES = 1024
@@ -32,6 +32,9 @@ class SourceOptions:
         follow_symlinks: follow symbolic links met walking a directory or expanding a glob (each
             file is read once, loops are cut and reported); False skips them and reports each
             one as "symlink". Paths named explicitly are always followed.
+        ids_field: Parquet or ``datasets`` column of token ids (a pre-tokenized corpus), read
+            instead of ``text_field``; None reads text. Megatron ``.bin``/``.idx`` datasets are
+            token ids whatever it is.
     """
 
     text_field: str = "text"
@@ -40,6 +43,7 @@ class SourceOptions:
     segment_bytes: int = SEGMENT_BYTES
     split_bytes: int = 64 << 20
     follow_symlinks: bool = True
+    ids_field: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.text_field, str) or not self.text_field:

@@ -28,6 +28,7 @@ class Encoder(Protocol):
     """
 
     special_ids: np.ndarray
+    vocab_size: int | None  # token ids a pre-tokenized document may hold; None: it takes none
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """One integer array `(num_ids,)` per text (uint32 token ids, or uint64 word hashes)."""

@@ -30,9 +30,14 @@ class BatchEncoder:
     """
 
     def __init__(
-        self, backend_json: str | None, pickled: bytes | None, special_ids: tuple[int, ...] = ()
+        self,
+        backend_json: str | None,
+        pickled: bytes | None,
+        special_ids: tuple[int, ...] = (),
+        vocab_size: int | None = None,
     ) -> None:
         self.special_ids = np.asarray(special_ids, dtype=np.uint32)
+        self.vocab_size = vocab_size  # ids a pre-tokenized corpus may hold: [0, vocab_size)
         self._backend: Any = None
         self._slow: Any = None
         if backend_json is not None:
@@ -62,20 +67,22 @@ class TokenizerPayload:
     backend_json: str | None
     pickled: bytes | None
     special_ids: tuple[int, ...] = ()
+    vocab_size: int | None = None
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TokenizerPayload:
         """The payload of a loaded Hugging Face tokenizer (its backend JSON when it is fast)."""
-        from memfree.tokenizer import special_token_ids
+        from memfree.tokenizer import special_token_ids, tokenizer_vocab_size
 
         special = special_token_ids(tokenizer)
+        vocab = tokenizer_vocab_size(tokenizer)
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and getattr(tokenizer, "is_fast", False):
-            return cls(backend.to_str(), None, special)
-        return cls(None, pickle.dumps(tokenizer), special)
+            return cls(backend.to_str(), None, special, vocab)
+        return cls(None, pickle.dumps(tokenizer), special, vocab)
 
     def encoder(self) -> BatchEncoder:
-        return BatchEncoder(self.backend_json, self.pickled, self.special_ids)
+        return BatchEncoder(self.backend_json, self.pickled, self.special_ids, self.vocab_size)
 
 
 class TokenUnit:

@@ -31,6 +31,7 @@ class WordEncoder:
     """Turns documents into the hashes of their normalized words (no tokenizer)."""
 
     special_ids = np.empty(0, dtype=np.uint32)
+    vocab_size: int | None = None  # words come from text: it takes no pre-tokenized ids
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
         """uint64 word hashes of each text, in order (see :mod:`memfree.words`)."""
