@@ -145,7 +145,9 @@ def _run(
 ) -> BuildSummary:
     """Map, reduce and write: the part of a build that its work directory makes resumable."""
     budget = _Budget.of(settings)
-    with make_executor(settings.workers, partial(init_worker, parts.payload)) as executor:
+    setup = partial(init_worker, parts.payload)
+    executor_kind, address = settings.executor, settings.ray_address
+    with make_executor(settings.workers, setup, executor_kind, address) as executor:
         map_results = _map_step(
             executor, plan, settings, work, budget, parts.progress_label, progress
         )

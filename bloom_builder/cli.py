@@ -82,7 +82,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workers",
         type=int,
         default=defaults.workers,
-        help="parallel worker processes (default: cores, at most 8)",
+        help="parallel worker processes (default: cores, at most 8); with --executor ray and "
+        "no --ray-address, the CPUs of the Ray it starts",
+    )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default=defaults.executor,
+        help="where map and reduce tasks run: a local process pool, or Ray Core tasks with "
+        "retries (pip install 'memfree[ray]'; --work-dir on storage every node sees) "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=defaults.ray_address,
+        metavar="ADDRESS",
+        help="with --executor ray: a running cluster to join ('auto': the one this node belongs "
+        "to, as `ray start` set it up); without it a local Ray is started for the build",
     )
     parser.add_argument(
         "--memory-limit",
@@ -184,6 +200,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         exclude=tuple(args.exclude),
         output_format=args.format,
         workers=args.workers,
+        executor=args.executor,
+        ray_address=args.ray_address,
         memory_limit_bytes=parse_size(args.memory_limit),
         num_partitions=args.partitions,
         shard_bytes=parse_size(args.shard_size),
@@ -194,7 +212,11 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Run ``memfree build``; returns the exit status (2 for bad settings or inputs, 130 when
     interrupted: rerunning the same command resumes)."""
+    import sys
+
     from bloom_builder.build import BuildError, build_filter
+    from bloom_builder.errors import TaskFailed
+    from memfree.errors import MissingDependencyError
     from memfree.tokenizer import TokenizerNotFoundError
 
     try:
@@ -211,8 +233,11 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             force=args.force,
         )
-    except (BuildError, TokenizerNotFoundError) as error:
-        return fail(str(error))
+    except (BuildError, TokenizerNotFoundError, MissingDependencyError) as error:
+        return fail(str(error))  # a missing extra: the message names the pip command
+    except TaskFailed as error:  # finished tasks are kept: the build said where
+        print(f"memfree: error: {error}", file=sys.stderr)
+        return 1
     except OSError as error:  # e.g. the disk filled up while writing
         where = f"{error.filename}: " if error.filename else ""
         return fail(f"{where}{error.strerror or error} (building {args.output})")

@@ -26,6 +26,10 @@ class BuildSettings:
         false_positive_rate: target false-positive rate the filter is sized for.
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
         text_field: JSONL field / Parquet column / dataset column holding the text.
+        executor: "local" (a process pool on this machine) or "ray" (Ray Core tasks with
+            retries; the work directory must be on storage every node sees).
+        ray_address: with the Ray executor, a running cluster to join ("auto": the one this
+            node belongs to); None starts a local Ray with ``workers`` CPUs.
         ids_field: Parquet / dataset column holding token ids (a pre-tokenized corpus) to read
             instead of text; the ids must be ``tokenizer``'s (token unit only).
         include: fnmatch patterns selecting files inside walked directories.
@@ -53,6 +57,8 @@ class BuildSettings:
     tokenizer: str | None = None
     text_field: str = "text"
     ids_field: str | None = None
+    executor: str = "local"
+    ray_address: str | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     output_format: str = "memfree"
@@ -110,6 +116,10 @@ class BuildSettings:
             return f"--ids-field reads token ids: it needs --unit token, not --unit {self.unit}"
         if self.ids_field == "":
             return "--ids-field must not be empty"
+        if self.executor not in ("local", "ray"):
+            return f"--executor must be local or ray, got {self.executor!r}"
+        if self.ray_address is not None and self.executor != "ray":
+            return "--ray-address needs --executor ray"
         rate = self.prefix_false_positive_rate
         if rate is not None and not 0.0 < float(rate) < 1.0:
             return f"--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got {rate!r}"

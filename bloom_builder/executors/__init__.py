@@ -1,5 +1,6 @@
 """Executors: run the builder's map and reduce steps over picklable tasks and own their markers
-and resume (the protocol in base.py, markers in markers.py, the local process pool in local.py).
+and resume (the protocol in base.py, markers in markers.py, the local process pool in local.py,
+Ray Core tasks in ray.py).
 """
 
 from __future__ import annotations
@@ -15,18 +16,35 @@ from bloom_builder.executors.markers import (
     write_marker,
 )
 
+EXECUTORS = ("local", "ray")
 
-def make_executor(workers: int, setup: WorkerSetup | None = None) -> Executor:
-    """The executor a build runs on: today always the local process pool.
+
+def make_executor(
+    workers: int,
+    setup: WorkerSetup | None = None,
+    kind: str = "local",
+    address: str | None = None,
+) -> Executor:
+    """The executor a build runs on.
 
     Args:
-        workers: tasks run at once.
+        workers: tasks run at once (for Ray without an address: the CPUs of the Ray it starts).
         setup: run once per worker process before its first task.
+        kind: "local" (a process pool on this machine) or "ray" (Ray Core tasks).
+        address: for Ray, a running cluster's address ("auto" to join the one this node is
+            part of); None starts a local Ray.
     """
+    if kind == "ray":
+        from bloom_builder.executors.ray import RayExecutor
+
+        return RayExecutor(workers, setup, address)
+    if kind != "local":
+        raise ValueError(f"unknown executor {kind!r}; one of {', '.join(EXECUTORS)}")
     return LocalExecutor(workers, setup)
 
 
 __all__ = [
+    "EXECUTORS",
     "Executor",
     "LocalExecutor",
     "MarkedTask",
