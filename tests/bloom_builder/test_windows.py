@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bloom_builder.counting import _sorted_distinct
+from bloom_builder.counting import _sorted_counts, _sorted_distinct
 from bloom_builder.windows import fingerprint_windows
 from memfree.hashing import fingerprint_reference
 
@@ -109,3 +109,14 @@ def test_sorted_distinct_equals_numpy_unique(values: list[int], repeat: int) -> 
     distinct = _sorted_distinct(keys.copy())
     assert distinct.dtype == np.uint64
     assert distinct.tolist() == expected.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 4))
+def test_sorted_counts_equals_numpy_unique_with_counts(values: list[int], repeat: int) -> None:
+    keys = np.array(values * repeat + values[: len(values) // 2], dtype=np.uint64)
+    expected_keys, expected_counts = np.unique(keys, return_counts=True)
+    distinct, counts = _sorted_counts(keys.copy())
+    assert distinct.dtype == np.uint64
+    assert distinct.tolist() == expected_keys.tolist()
+    assert counts.tolist() == expected_counts.tolist()
