@@ -5,11 +5,9 @@ process pool now; Ray implements the same protocol next).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from bloom_builder.executors.markers import MarkedTask
-
-TaskT = TypeVar("TaskT", bound=MarkedTask)
+from bloom_builder.executors.markers import TaskT
 
 # A step: a picklable task in, a JSON-able result (the marker's payload) out.
 StepFunction = Callable[[TaskT], dict[str, Any]]

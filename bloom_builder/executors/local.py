@@ -8,7 +8,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from bloom_builder.executors.base import TaskT, WorkerSetup
-from bloom_builder.executors.markers import record_done, reusable_result
+from bloom_builder.executors.markers import record_done, split_finished
 
 
 class LocalExecutor:
@@ -55,13 +55,8 @@ class LocalExecutor:
         self, function: Callable[[TaskT], dict[str, Any]], tasks: Sequence[TaskT]
     ) -> Iterator[tuple[TaskT, dict[str, Any]]]:
         """Yield ``(task, result)`` for every task in completion order (see ``Executor.run``)."""
-        pending: list[TaskT] = []
-        for task in tasks:
-            reused = reusable_result(task)
-            if reused is None:
-                pending.append(task)
-            else:
-                yield task, reused
+        finished, pending = split_finished(tasks)
+        yield from finished
         if self._pool is None:
             for task in pending:
                 yield task, record_done(task, function(task))

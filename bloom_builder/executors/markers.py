@@ -5,8 +5,9 @@ and trusted only while they are intact, so a rerun (even after ``kill -9``) skip
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from memfree.fileio import atomic_write
 
@@ -26,6 +27,9 @@ class MarkedTask(Protocol):
     def outputs_intact(self, result: dict[str, Any]) -> bool:
         """Whether the outputs a marker's ``result`` names are still complete on disk."""
         ...
+
+
+TaskT = TypeVar("TaskT", bound=MarkedTask)
 
 
 def read_marker(path: Path) -> dict[str, Any] | None:
@@ -57,6 +61,22 @@ def reusable_result(task: MarkedTask) -> dict[str, Any] | None:
     if not intact or done is None:
         return None
     return {**done, "reused": True}
+
+
+def split_finished(
+    tasks: Iterable[TaskT],
+) -> tuple[list[tuple[TaskT, dict[str, Any]]], list[TaskT]]:
+    """``tasks`` split into those an earlier run finished (with their recorded results, see
+    :func:`reusable_result`) and those to run, each in the given order."""
+    finished: list[tuple[TaskT, dict[str, Any]]] = []
+    pending: list[TaskT] = []
+    for task in tasks:
+        reused = reusable_result(task)
+        if reused is None:
+            pending.append(task)
+        else:
+            finished.append((task, reused))
+    return finished, pending
 
 
 def record_done(task: MarkedTask, result: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from bloom_builder.errors import TaskFailed
 from bloom_builder.executors.base import TaskT, WorkerSetup
-from bloom_builder.executors.markers import record_done, reusable_result
+from bloom_builder.executors.markers import record_done, split_finished
 
 DEFAULT_MAX_RETRIES = 3
 
@@ -106,13 +106,8 @@ class RayExecutor:
         """
         import ray
 
-        pending: list[TaskT] = []
-        for task in tasks:
-            reused = reusable_result(task)
-            if reused is None:
-                pending.append(task)
-            else:
-                yield task, reused
+        finished, pending = split_finished(tasks)
+        yield from finished
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries, retry_exceptions=True)(
             _run_step
         )

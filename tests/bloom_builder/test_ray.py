@@ -17,8 +17,6 @@ from bloom_builder.executors.ray import RayExecutor
 from bloom_builder.settings import BuildSettings
 from tests.bloom_builder.test_executors import ToyTask, calls
 
-ray = pytest.importorskip("ray")  # installed by `make setup` (the ray extra): never skipped there
-
 
 @pytest.fixture(scope="module")
 def local_ray() -> Any:
