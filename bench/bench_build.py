@@ -4,6 +4,10 @@ Prints tokens/s end to end and with tokenization excluded, n-grams hashed and co
 per core, peak memory, file size against the theoretical minimum, and the measured false-positive
 rate (random 10-grams) against the target. All figures come from this one run.
 
+``--ratio`` instead times, one after the other in fresh processes, the bare tokenizer
+(``encode_batch`` on one thread, over the documents the build reads, 64 at a time) and a
+one-worker ``memfree build stdlib:`` (the whole command), and prints their ratio.
+
 ``--memory-check`` instead builds a 40 MB single-line file with one worker at ``--memory-limit
 256M`` (and a one-line file for the baseline), each in a fresh process, and prints their peak
 resident memory: the memory limit must hold while tokenizing one huge line.
@@ -18,6 +22,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -65,15 +70,56 @@ def memory_check(size_mib: int = 40, limit: str = "256M") -> None:
     )
 
 
+BARE = """
+import os, sys, time
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as one build worker
+from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
+from memfree.tokenizer import load_tokenizer
+backend = load_tokenizer(None).backend_tokenizer
+options = SourceOptions()
+texts = [d.text for u in discover(["stdlib:"], options, ProblemLog())
+         for d in read_unit(u, options, ProblemLog())]
+started = time.perf_counter()
+tokens = 0
+for begin in range(0, len(texts), 64):
+    encoded = backend.encode_batch(texts[begin : begin + 64], add_special_tokens=False)
+    tokens += sum(len(e.ids) for e in encoded)
+print(time.perf_counter() - started, tokens, file=sys.stderr)
+"""
+
+
+def tokenizer_ratio() -> None:
+    """Print the bare tokenizer's time, a one-worker build's, and their ratio (one run)."""
+    done = subprocess.run([sys.executable, "-c", BARE], capture_output=True, text=True, check=True)
+    bare, tokens = done.stderr.split()[-2:]
+    with tempfile.TemporaryDirectory() as directory:
+        output = Path(directory) / "stdlib.memfree"
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "memfree.cli", "build", "stdlib:", "-o", str(output),
+             "--workers", "1", "--no-progress"],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        build = time.perf_counter() - started
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores")
+    print(f"bare tokenizer, one thread: {float(bare):.1f} s for {int(tokens):,} tokens")
+    print(f"memfree build stdlib: --workers 1 (whole command): {build:.1f} s")
+    print(f"ratio: {build / float(bare):.2f}x the bare tokenizer")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--fpr", type=float, default=1e-3)
     parser.add_argument("--queries", type=int, default=4_000_000)
     parser.add_argument("--memory-check", action="store_true")
+    parser.add_argument("--ratio", action="store_true")
     args = parser.parse_args()
     if args.memory_check:
         memory_check()
+        return
+    if args.ratio:
+        tokenizer_ratio()
         return
 
     tokenizer = load_tokenizer(None)  # cached after the first load; not part of the timing

@@ -4,27 +4,43 @@ per key range by the reduce step (a range too large for the memory limit is cut 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from memfree.fileio import atomic_write
+from memfree.fileio import fsync_directory
 
 KEY_BYTES = 8
-COUNT_BYTES = 4
-RUN_ENTRY_BYTES = KEY_BYTES + COUNT_BYTES
+RUN_ENTRY_BYTES = 12  # a key, and room for repeats: what the memory budget plans per entry
 
 
 def _write_array(path: Path, array: np.ndarray) -> None:
-    """Write an array's bytes to ``path`` atomically: a run file is complete or absent."""
-    atomic_write(path, [np.ascontiguousarray(array).data.cast("B")])
+    """Write an array's bytes to a temporary beside ``path`` and rename it into place (a run
+    file is complete or absent); :class:`RunWriter` makes it durable later, off the hot path."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(np.ascontiguousarray(array).data.cast("B"))
+    os.replace(temporary, path)
+
+
+def _fsync(path: Path) -> None:
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
 
 
 @dataclass(frozen=True)
 class Run:
-    """One spilled run: ``<stem>.keys`` (sorted distinct uint64) and ``<stem>.counts`` (uint32)."""
+    """One spilled run: ``<stem>.keys``, its sorted distinct fingerprints (uint64), and
+    ``<stem>.repeats``, the few of them seen more than once in the run: their indices into the
+    keys, then their counts (uint64 each, indices ascending). Every other key was seen once, so
+    a run costs 8 bytes per key on disk rather than 12 with a count per key."""
 
     stem: Path
 
@@ -33,17 +49,28 @@ class Run:
         return self.stem.with_suffix(".keys")
 
     @property
-    def counts_path(self) -> Path:
-        return self.stem.with_suffix(".counts")
+    def repeats_path(self) -> Path:
+        return self.stem.with_suffix(".repeats")
 
-    def open(self) -> tuple[np.ndarray, np.ndarray]:
-        """Memory-map the run's keys and counts (empty arrays for an empty run)."""
-        size = self.keys_path.stat().st_size // KEY_BYTES
-        if size == 0:
-            return np.empty(0, np.uint64), np.empty(0, np.uint32)
-        keys = np.memmap(self.keys_path, dtype="<u8", mode="r", shape=(size,))
-        counts = np.memmap(self.counts_path, dtype="<u4", mode="r", shape=(size,))
-        return keys, counts
+    def open(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Memory-map the run: its keys uint64 `(K,)`, and the indices uint64 `(R,)` and counts
+        uint64 `(R,)` of its repeated keys (empty arrays where there are none)."""
+        return _map_array(self.keys_path), *_map_halves(self.repeats_path)
+
+
+def _map_array(path: Path) -> np.ndarray:
+    """The little-endian uint64 array in ``path`` (an empty array for an empty file)."""
+    size = path.stat().st_size // KEY_BYTES
+    if size == 0:
+        return np.empty(0, np.uint64)
+    return np.memmap(path, dtype="<u8", mode="r", shape=(size,))
+
+
+def _map_halves(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The two equal uint64 arrays stored one after the other in ``path``."""
+    both = _map_array(path)
+    half = both.shape[0] // 2
+    return both[:half], both[half:]
 
 
 class RunWriter:
@@ -52,6 +79,11 @@ class RunWriter:
     Whenever the buffer reaches its limit, one *run* is written: the sorted distinct
     fingerprints and their counts. :func:`count_range` later adds up the counts of every
     fingerprint in a key range across all runs; each run is sorted, so a range is a slice.
+
+    Runs are flushed to disk by a background thread while the task goes on hashing (an fsync
+    per spill measured about as long as the hashing itself on this machine's disk);
+    :meth:`close` waits for every flush, so a task that returns (and gets its marker) has
+    its runs on disk.
 
     Args:
         directory: where the runs go (created).
@@ -66,6 +98,8 @@ class RunWriter:
         self._pending: list[np.ndarray] = []
         self._pending_entries = 0
         self.runs: list[Run] = []
+        self._flusher: ThreadPoolExecutor | None = None
+        self._flushes: list[Future[None]] = []
         directory.mkdir(parents=True, exist_ok=True)
 
     def add(self, fingerprints: np.ndarray) -> None:
@@ -84,18 +118,32 @@ class RunWriter:
         keys, counts = _sorted_counts(np.concatenate(self._pending))
         self._pending, self._pending_entries = [], 0
         run = Run(self.directory / f"run-{len(self.runs):05d}")
-        _write_array(run.keys_path, keys.astype("<u8"))
-        _write_array(run.counts_path, np.minimum(counts, np.iinfo(np.uint32).max).astype("<u4"))
+        repeated = np.flatnonzero(counts > 1).astype(np.uint64)
+        _write_array(run.keys_path, keys.astype("<u8", copy=False))
+        _write_array(run.repeats_path, np.concatenate((repeated, counts[repeated])).astype("<u8"))
         self.runs.append(run)
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(1, thread_name_prefix="memfree-fsync")
+        for path in (run.keys_path, run.repeats_path):
+            self._flushes.append(self._flusher.submit(_fsync, path))
 
     def close(self) -> list[Run]:
-        """Spill what is left; return every run written."""
+        """Spill what is left, wait until every run is on disk; return every run written."""
         self.spill()
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
+            self._flusher = None
+            flushes, self._flushes = self._flushes, []
+            for flush in flushes:
+                flush.result()  # an fsync error fails the task (it is retried or reported)
+            fsync_directory(self.directory)
         return self.runs
 
 
 def _slice(keys: np.ndarray, low: int, high: int) -> slice:
     """Index slice of sorted ``keys`` within [low, high) (high may be 2**64)."""
+    if low >= 1 << 64:
+        return slice(keys.shape[0], keys.shape[0])
     begin = int(np.searchsorted(keys, np.uint64(low), side="left"))
     end = keys.shape[0] if high >= 1 << 64 else int(np.searchsorted(keys, np.uint64(high), "left"))
     return slice(begin, end)
@@ -133,13 +181,13 @@ def count_range(
 
 
 def _count(
-    opened: list[tuple[np.ndarray, np.ndarray]],
+    opened: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
     low: int,
     high: int,
     min_count: int,
     max_entries: int,
 ) -> Iterator[tuple[np.ndarray, RangeCount]]:
-    slices = [_slice(keys, low, high) for keys, _ in opened]
+    slices = [_slice(keys, low, high) for keys, _, _ in opened]
     total = sum(s.stop - s.start for s in slices)
     if total > max_entries and high - low > 16:
         step = (high - low) // 16
@@ -151,18 +199,39 @@ def _count(
     if total == 0:
         yield np.empty(0, np.uint64), RangeCount()
         return
-    keys = np.concatenate([opened[i][0][s] for i, s in enumerate(slices)])
+    # Each run's keys in the range, with the positions (in that slice) and counts of the ones
+    # the run saw more than once.
+    parts = [_run_slice(run, s) for run, s in zip(opened, slices, strict=True) if s.stop > s.start]
+    if len(parts) == 1:  # one run's slice: already sorted, distinct and counted
+        keys, where, counts = parts[0]
+        kept = np.array(keys if min_count <= 1 else keys[where[counts >= min_count]], np.uint64)
+        yield kept, RangeCount(distinct=keys.shape[0], kept=kept.size)
+        return
+    keys = np.concatenate([keys for keys, _, _ in parts])
     if min_count <= 1:
         distinct = _sorted_distinct(keys)
         yield distinct, RangeCount(distinct=distinct.size, kept=distinct.size)
         return
-    counts = np.concatenate([opened[i][1][s] for i, s in enumerate(slices)]).astype(np.uint64)
-    order = np.argsort(keys, kind="stable")
-    keys, counts = keys[order], counts[order]
-    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    totals = np.add.reduceat(counts, starts)
-    kept = keys[starts][totals >= min_count]
-    yield kept, RangeCount(distinct=starts.size, kept=kept.size)
+    distinct, occurrences = _sorted_counts(keys)
+    totals = occurrences.astype(np.uint64)
+    # A key's total is the number of runs holding it plus, for the entries a run counted more
+    # than once, the rest of their counts.
+    for run_keys, where, counts in parts:
+        if where.size:
+            position = np.searchsorted(distinct, run_keys[where])
+            np.add.at(totals, position, counts - np.uint64(1))
+    kept = distinct[totals >= min_count]
+    yield kept, RangeCount(distinct=distinct.size, kept=kept.size)
+
+
+def _run_slice(
+    run: tuple[np.ndarray, np.ndarray, np.ndarray], part: slice
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A run's keys in ``part``, and the positions (within it) and counts of its repeated ones."""
+    keys, repeated, counts = run
+    begin, end = np.searchsorted(repeated, np.array([part.start, part.stop], dtype=np.uint64))
+    where = np.asarray(repeated[begin:end], dtype=np.int64) - part.start
+    return keys[part], where, np.asarray(counts[begin:end], dtype=np.uint64)
 
 
 def _sorted_distinct(keys: np.ndarray) -> np.ndarray:
@@ -183,16 +252,19 @@ def _sorted_distinct(keys: np.ndarray) -> np.ndarray:
 
 def _sorted_counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct values of ``keys`` (uint64 `(N,)`, sorted in place) and how often each
-    occurs: ``np.unique(keys, return_counts=True)``, which measured 16M keys/s here against
-    about 50M/s for this sort and mask (5M uint64 keys)."""
+    occurs (uint32, saturated): ``np.unique(keys, return_counts=True)``, which measured 16M
+    keys/s here against about 50M/s for this sort and mask (5M uint64 keys)."""
     keys.sort()
     if keys.size == 0:
-        return keys, np.empty(0, dtype=np.intp)
+        return keys, np.empty(0, dtype=np.uint32)
     first = np.empty(keys.size, dtype=bool)
     first[0] = True
     np.not_equal(keys[1:], keys[:-1], out=first[1:])
     starts = np.flatnonzero(first)
-    return keys[starts], np.diff(starts, append=keys.size)
+    if starts.size == keys.size:  # all distinct, the usual case for long n-grams
+        return keys, np.ones(keys.size, dtype=np.uint32)
+    counts = np.diff(starts, append=keys.size)
+    return keys[starts], np.minimum(counts, np.iinfo(np.uint32).max).astype(np.uint32)
 
 
 def partition_bounds(num_partitions: int) -> list[tuple[int, int]]:

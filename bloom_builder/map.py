@@ -12,7 +12,7 @@ from bloom_builder.counting import RunWriter
 from bloom_builder.encode import Encoder, EncodeSeconds, encoded_batches, worker_encoder
 from bloom_builder.segments import SEGMENT_BYTES
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit
-from bloom_builder.windows import fingerprint_windows
+from bloom_builder.windows import batch_windows
 
 
 @dataclass(frozen=True)
@@ -121,20 +121,20 @@ def _map_unit(
         for document, ids in batch:
             stats.documents += 0 if continuing else 1
             stats.tokens += ids.size
-            windows = fingerprint_windows(
-                ids,
-                carry,
-                document.continues,
-                task.ngram_size,
-                task.hash_seed,
-                encoder.special_ids,
-                prefix_writer is not None,
-            )
-            stats.ngrams += windows.fingerprints.size
-            writer.add(windows.fingerprints)
-            if prefix_writer is not None and windows.prefix_fingerprints is not None:
-                prefix_writer.add(windows.prefix_fingerprints)
-            continuing, carry = document.continues, windows.carry
+            continuing = document.continues
+        windows = batch_windows(
+            [(ids, document.continues) for document, ids in batch],
+            carry,
+            task.ngram_size,
+            task.hash_seed,
+            encoder.special_ids,
+            prefix_writer is not None,
+        )
+        stats.ngrams += windows.fingerprints.size
+        writer.add(windows.fingerprints)
+        if prefix_writer is not None and windows.prefix_fingerprints is not None:
+            prefix_writer.add(windows.prefix_fingerprints)
+        carry = windows.carry
         stats.seconds_hashing += time.perf_counter() - started
     stats.seconds_reading += seconds.reading
     stats.seconds_tokenizing += seconds.encoding

@@ -18,7 +18,7 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
 from memfree.units import BuildParts, get_unit
 
-BUILDER_VERSION = "bloom_builder 0.1.0"
+BUILDER_VERSION = "bloom_builder 0.2.0"  # 0.2: runs store only their repeated keys' counts
 
 
 @dataclass

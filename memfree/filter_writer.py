@@ -19,6 +19,7 @@ from memfree.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
     HASH_SCHEME,
+    PROBE_MULTIPLIERS,
     WORDS_PER_BLOCK,
     fingerprints_np,
     probe_positions_np,
@@ -268,12 +269,44 @@ def bits_from_fingerprints(
 def set_fingerprint_bits(
     words: np.ndarray, fingerprints: np.ndarray, num_probes: int, chunk: int = 1 << 20
 ) -> None:
-    """OR the probe bits of ``fingerprints`` into ``words`` in place, in bounded-memory chunks."""
+    """OR the probe bits of ``fingerprints`` into ``words`` in place, in bounded-memory chunks.
+
+    Each chunk is sorted first: a fingerprint's block grows with its value, so a sorted chunk's
+    probes fall in a narrow run of blocks, set as one bool per bit and packed into words (about
+    4x faster than ``np.bitwise_or.at``). A chunk whose blocks lie too far apart for that (an
+    unsorted input much larger than a chunk) takes ``np.bitwise_or.at``. The builder passes
+    sorted fingerprints.
+    """
     num_blocks = words.shape[0] // WORDS_PER_BLOCK
     fingerprints = np.asarray(fingerprints, dtype=np.uint64)
+    shift = np.uint64(64 - 9)  # a probe's offset: the top 9 bits of fingerprint * multiplier
     for begin in range(0, fingerprints.shape[0], chunk):
-        positions = probe_positions_np(fingerprints[begin : begin + chunk], num_blocks, num_probes)
-        positions = positions.ravel()
-        np.bitwise_or.at(
-            words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64))
-        )
+        part = np.asarray(fingerprints[begin : begin + chunk])
+        if part.shape[0] > 1 and not (part[1:] >= part[:-1]).all():
+            part = np.sort(part)
+        blocks = ((part >> np.uint64(32)) * np.uint64(num_blocks)) >> np.uint64(32)
+        first, last = int(blocks[0]), int(blocks[-1])
+        # One byte of scratch per bit of the blocks touched: at most what the positions take.
+        if (last - first + 1) * BLOCK_BITS > max(16 << 20, 8 * part.shape[0] * num_probes):
+            _or_bits_scattered(words, part, num_blocks, num_probes)
+            continue
+        base = (blocks - np.uint64(first)) * np.uint64(BLOCK_BITS)
+        scratch = np.zeros((last - first + 1) * BLOCK_BITS, dtype=bool)
+        position = np.empty_like(part)
+        for multiplier in PROBE_MULTIPLIERS[:num_probes]:
+            np.multiply(part, np.uint64(multiplier), out=position)
+            position >>= shift
+            position += base
+            scratch[position.view(np.int64)] = True  # < 2**55: the same value; intp indexes fastest
+        packed = np.packbits(scratch, bitorder="little").view("<u8")
+        words[first * WORDS_PER_BLOCK : (last + 1) * WORDS_PER_BLOCK] |= packed
+
+
+def _or_bits_scattered(
+    words: np.ndarray, fingerprints: np.ndarray, num_blocks: int, num_probes: int
+) -> None:
+    """OR the probe bits of fingerprints spread over the whole array into ``words``."""
+    positions = probe_positions_np(fingerprints, num_blocks, num_probes).ravel()
+    np.bitwise_or.at(
+        words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64))
+    )

@@ -7,6 +7,7 @@ tokenizer's fingerprint, so the guard refuses any other vocabulary; its guard is
 
 from __future__ import annotations
 
+import array
 import os
 import pickle
 from collections.abc import Iterable, Sequence
@@ -55,9 +56,21 @@ class BatchEncoder:
         """Token ids (uint32 arrays) of each text, without special tokens."""
         if self._backend is not None:
             encodings = self._backend.encode_batch(texts, add_special_tokens=False)
-            return [np.asarray(encoding.ids, dtype=np.uint32) for encoding in encodings]
+            return [_uint32_array(encoding.ids) for encoding in encodings]
         ids = self._slow(texts, add_special_tokens=False)["input_ids"]
         return [np.asarray(row, dtype=np.uint32) for row in ids]
+
+
+# A 4-byte unsigned array.array type (C's unsigned int is 4 bytes on every platform numpy runs
+# on; checked anyway): it converts a list of ints about twice as fast as np.asarray.
+_UINT32_CODE = "I" if array.array("I").itemsize == 4 else None
+
+
+def _uint32_array(ids: list[int]) -> np.ndarray:
+    """A uint32 array of a list of token ids."""
+    if _UINT32_CODE is None:
+        return np.asarray(ids, dtype=np.uint32)
+    return np.frombuffer(array.array(_UINT32_CODE, ids), dtype=np.uint32)
 
 
 @dataclass(frozen=True)

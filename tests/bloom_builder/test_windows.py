@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bloom_builder.counting import _sorted_counts, _sorted_distinct
-from bloom_builder.windows import fingerprint_windows
+from bloom_builder.windows import batch_windows, fingerprint_windows
 from memfree.hashing import fingerprint_reference
 
 SEED = 12345
@@ -94,6 +94,40 @@ def test_pieces_give_the_windows_of_the_whole_documents_without_specials(
 ) -> None:
     documents, cuts, ngram_size, special = case
     found, fingerprints, prefixes = windows_by_pieces(documents, cuts, ngram_size, special)
+    expected = [w for document in documents for w in naive_windows(document, ngram_size, special)]
+    assert found == expected
+    assert fingerprints == [fingerprint_reference(list(w), SEED) for w in expected]
+    if ngram_size > 1:
+        assert prefixes == [fingerprint_reference(list(w[:-1]), SEED) for w in expected]
+
+
+@settings(max_examples=300, deadline=None)
+@given(cut_documents(), st.lists(st.integers(1, 6), min_size=1, max_size=8))
+def test_batches_of_pieces_give_the_windows_of_the_whole_documents(
+    case: tuple[list[list[int]], list[list[int]], int, set[int]], batch_sizes: list[int]
+) -> None:
+    """The map step hashes a batch of pieces at once: windows across a document's cuts are kept,
+    windows across two documents are not, wherever the batches begin and end."""
+    documents, cuts, ngram_size, special = case
+    pieces = []
+    for document, positions in zip(documents, cuts, strict=True):
+        bounds = [0, *sorted(positions), len(document)]
+        for index, (begin, end) in enumerate(itertools.pairwise(bounds)):
+            pieces.append((np.array(document[begin:end], np.uint32), index < len(bounds) - 2))
+    special_ids = np.array(sorted(special), dtype=np.uint32)
+    found: list[tuple[int, ...]] = []
+    fingerprints: list[int] = []
+    prefixes: list[int] = []
+    carry, start, sizes = None, 0, itertools.cycle(batch_sizes)
+    while start < len(pieces):
+        batch = pieces[start : start + next(sizes)]
+        start += len(batch)
+        windows = batch_windows(batch, carry, ngram_size, SEED, special_ids, prefixes=True)
+        carry = windows.carry
+        found += [tuple(int(i) for i in row) for row in windows.ngrams(ngram_size)]
+        fingerprints += [int(f) for f in windows.fingerprints]
+        if windows.prefix_fingerprints is not None:
+            prefixes += [int(f) for f in windows.prefix_fingerprints]
     expected = [w for document in documents for w in naive_windows(document, ngram_size, special)]
     assert found == expected
     assert fingerprints == [fingerprint_reference(list(w), SEED) for w in expected]

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from memfree.filter_writer import set_fingerprint_bits
 from memfree.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
@@ -30,6 +31,7 @@ from memfree.hashing import (
     probe_positions_reference,
     query_bits_np,
     query_bits_torch,
+    sliding_fingerprint_pair_np,
     sliding_fingerprints_np,
 )
 
@@ -126,8 +128,8 @@ def test_the_guards_steps_match_reference(ngrams: np.ndarray, seed: int) -> None
 
 @settings(max_examples=40, deadline=None)
 @given(
-    tokens=arrays(np.int64, st.integers(0, 40), elements=st.integers(0, 70000)),
-    ngram_size=st.integers(1, 8),
+    tokens=arrays(np.int64, st.integers(0, 60), elements=st.integers(0, 70000)),
+    ngram_size=st.integers(1, 40),
     seed=st.integers(0, U64),
 )
 def test_sliding_fingerprints_equal_windowed(
@@ -178,3 +180,44 @@ def test_query_twins_agree(words: np.ndarray, fingerprints: np.ndarray, num_prob
             for p in probe_positions_reference(fingerprint, num_blocks, num_probes)
         ]
         assert from_numpy[row] == all(bits)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tokens=arrays(np.int64, st.integers(0, 60), elements=st.integers(0, 70000)),
+    ngram_size=st.integers(2, 33),
+    seed=st.integers(0, U64),
+)
+def test_sliding_pair_equals_windowed_ngrams_and_prefixes(
+    tokens: np.ndarray, ngram_size: int, seed: int
+) -> None:
+    full, prefix = sliding_fingerprint_pair_np(tokens, ngram_size, seed)
+    windows = [tuple(tokens[i : i + ngram_size]) for i in range(len(tokens) - ngram_size + 1)]
+    assert full.tolist() == [fingerprint_reference(w, seed) for w in windows]
+    assert prefix.tolist() == [fingerprint_reference(w[:-1], seed) for w in windows]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    fingerprints=arrays(np.uint64, st.integers(0, 300), elements=st.integers(0, U64)),
+    num_blocks=st.one_of(st.integers(1, 8), st.integers(1, 1 << 20)),
+    num_probes=st.integers(1, 12),
+    chunk=st.integers(1, 400),
+    presorted=st.booleans(),
+)
+def test_set_fingerprint_bits_sets_exactly_the_reference_probes(
+    fingerprints: np.ndarray, num_blocks: int, num_probes: int, chunk: int, presorted: bool
+) -> None:
+    """Both ways of setting bits (packed scratch for nearby blocks, scattered OR otherwise) set
+    exactly the probes of the reference, sorted input or not, whatever the chunk size."""
+    if presorted:
+        fingerprints = np.sort(fingerprints)
+    words = np.zeros(num_blocks * 8, dtype=np.uint64)
+    set_fingerprint_bits(words, fingerprints, num_probes, chunk=chunk)
+    expected = {
+        position
+        for value in fingerprints.tolist()
+        for position in probe_positions_reference(value, num_blocks, num_probes)
+    }
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    assert set(np.flatnonzero(bits).tolist()) == expected
