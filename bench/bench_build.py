@@ -159,7 +159,9 @@ def main() -> None:
     )
     print(
         f"hash + count per core: {summary.ngrams / summary.seconds_hashing_counting:,.0f} n-grams/s "
-        f"({summary.seconds_hashing_counting:.1f} core-s)"
+        f"({summary.seconds_hashing_counting:.1f} s of the tasks' wall time); per CPU-second "
+        f"{summary.ngrams / summary.cpu_seconds_hashing_counting:,.0f} n-grams/s "
+        f"({summary.cpu_seconds_hashing_counting:.1f} CPU-s: waits for the disk excluded)"
     )
     print(
         f"tokenize per core: {summary.tokens / max(summary.seconds_tokenizing, 1e-9):,.0f} tokens/s"

@@ -276,6 +276,7 @@ def _summary(
         tokens_per_second=stats.tokens / seconds if seconds > 0 else 0.0,
         seconds_tokenizing=stats.seconds_tokenizing,
         seconds_hashing_counting=stats.seconds_hashing + reduced.seconds(),
+        cpu_seconds_hashing_counting=stats.cpu_seconds_hashing + reduced.seconds("cpu_seconds"),
         map_tasks=len(plan.shards),
         reused_tasks=sum(bool(result.get("reused")) for result in map_results.values()),
         workers=settings.workers,

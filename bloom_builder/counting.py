@@ -115,12 +115,13 @@ class RunWriter:
         """Write the buffered fingerprints as one run (no-op when empty)."""
         if not self._pending:
             return
-        keys, counts = _sorted_counts(np.concatenate(self._pending))
+        keys = np.concatenate(self._pending)
         self._pending, self._pending_entries = [], 0
+        keys.sort()
+        keys, repeated, counts = _distinct_repeats(keys)
         run = Run(self.directory / f"run-{len(self.runs):05d}")
-        repeated = np.flatnonzero(counts > 1).astype(np.uint64)
         _write_array(run.keys_path, keys.astype("<u8", copy=False))
-        _write_array(run.repeats_path, np.concatenate((repeated, counts[repeated])).astype("<u8"))
+        _write_array(run.repeats_path, np.concatenate((repeated, counts)).astype("<u8"))
         self.runs.append(run)
         if self._flusher is None:
             self._flusher = ThreadPoolExecutor(1, thread_name_prefix="memfree-fsync")
@@ -208,19 +209,29 @@ def _count(
         yield kept, RangeCount(distinct=keys.shape[0], kept=kept.size)
         return
     keys = np.concatenate([keys for keys, _, _ in parts])
+    keys.sort(kind="stable")  # a merge of sorted runs: timsort finds them (2-3x quicksort here)
+    distinct, repeated, counts = _distinct_repeats(keys)
     if min_count <= 1:
-        distinct = _sorted_distinct(keys)
         yield distinct, RangeCount(distinct=distinct.size, kept=distinct.size)
         return
-    distinct, occurrences = _sorted_counts(keys)
-    totals = occurrences.astype(np.uint64)
-    # A key's total is the number of runs holding it plus, for the entries a run counted more
-    # than once, the rest of their counts.
-    for run_keys, where, counts in parts:
+    # A key's total is 1, plus one per further run holding it, plus, for an entry its run
+    # counted more than once, the rest of that count. With min_count >= 2 only keys with
+    # something beyond the 1 can be kept: everything below is over those few keys.
+    positions = [repeated.astype(np.int64)]
+    extras = [counts - np.uint64(1)]
+    for run_keys, where, run_counts in parts:
         if where.size:
-            position = np.searchsorted(distinct, run_keys[where])
-            np.add.at(totals, position, counts - np.uint64(1))
-    kept = distinct[totals >= min_count]
+            positions.append(np.searchsorted(distinct, run_keys[where]))
+            extras.append(run_counts - np.uint64(1))
+    position = np.concatenate(positions)
+    extra = np.concatenate(extras)
+    kept = distinct[:0]
+    if position.size:
+        order = np.argsort(position, kind="stable")
+        position, extra = position[order], extra[order]
+        starts = np.flatnonzero(np.concatenate(([True], position[1:] != position[:-1])))
+        totals = np.add.reduceat(extra, starts) + np.uint64(1)
+        kept = distinct[position[starts][totals >= min_count]]
     yield kept, RangeCount(distinct=distinct.size, kept=kept.size)
 
 
@@ -234,37 +245,36 @@ def _run_slice(
     return keys[part], where, np.asarray(counts[begin:end], dtype=np.uint64)
 
 
-def _sorted_distinct(keys: np.ndarray) -> np.ndarray:
-    """The distinct values of ``keys`` (uint64 `(N,)`, sorted in place), ascending.
+def _distinct_repeats(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of sorted ``keys`` (uint64 `(N,)`), and which of them occur more than
+    once, with how often: ``np.unique(keys, return_counts=True)`` in sparse form.
 
-    Same result as ``np.unique(keys)``, which numpy 2.x answers through a hash table when no
-    counts are asked for: measured 0.8M keys/s there against 30M keys/s for this sort and mask
-    (4M uint64 keys).
+    Only the duplicates are looked at after one comparison pass (long n-grams are mostly
+    distinct), where ``np.unique`` measured 16M keys/s here and, without counts, 0.8M keys/s
+    (numpy 2.x answers that through a hash table).
+
+    Returns:
+        (distinct uint64 `(D,)` ascending, repeated int64 `(R,)` ascending indices into
+        ``distinct`` of the values seen more than once, counts uint64 `(R,)` of those).
     """
-    keys.sort()
-    if keys.size == 0:
-        return keys
-    first = np.empty(keys.size, dtype=bool)
+    empty = np.empty(0, dtype=np.int64)
+    if keys.size < 2:
+        return keys, empty, empty.astype(np.uint64)
+    again = np.empty(keys.size, dtype=bool)
+    again[0] = False
+    np.equal(keys[1:], keys[:-1], out=again[1:])
+    duplicates = np.flatnonzero(again)
+    if not duplicates.size:
+        return keys, empty, empty.astype(np.uint64)
+    distinct = keys[~again]
+    # The i-th duplicate (0-based) at position p repeats distinct value p - i - 1.
+    owners = duplicates - np.arange(1, duplicates.size + 1)
+    first = np.empty(owners.size, dtype=bool)
     first[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=first[1:])
-    return keys[first]
-
-
-def _sorted_counts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of ``keys`` (uint64 `(N,)`, sorted in place) and how often each
-    occurs (uint32, saturated): ``np.unique(keys, return_counts=True)``, which measured 16M
-    keys/s here against about 50M/s for this sort and mask (5M uint64 keys)."""
-    keys.sort()
-    if keys.size == 0:
-        return keys, np.empty(0, dtype=np.uint32)
-    first = np.empty(keys.size, dtype=bool)
-    first[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    np.not_equal(owners[1:], owners[:-1], out=first[1:])
     starts = np.flatnonzero(first)
-    if starts.size == keys.size:  # all distinct, the usual case for long n-grams
-        return keys, np.ones(keys.size, dtype=np.uint32)
-    counts = np.diff(starts, append=keys.size)
-    return keys[starts], np.minimum(counts, np.iinfo(np.uint32).max).astype(np.uint32)
+    counts = np.diff(starts, append=owners.size).astype(np.uint64) + np.uint64(1)
+    return distinct, owners[starts], counts
 
 
 def partition_bounds(num_partitions: int) -> list[tuple[int, int]]:

@@ -54,6 +54,7 @@ class MapStats:
     seconds_reading: float = 0.0
     seconds_tokenizing: float = 0.0
     seconds_hashing: float = 0.0
+    cpu_seconds_hashing: float = 0.0  # of this thread: waits for the disk excluded
     problems: dict[str, Any] = field(default_factory=dict)
 
     def add(self, other: MapStats) -> None:
@@ -64,6 +65,7 @@ class MapStats:
         self.seconds_reading += other.seconds_reading
         self.seconds_tokenizing += other.seconds_tokenizing
         self.seconds_hashing += other.seconds_hashing
+        self.cpu_seconds_hashing += other.cpu_seconds_hashing
 
 
 def map_shard(task: MapTask) -> dict[str, Any]:
@@ -89,10 +91,11 @@ def map_shard(task: MapTask) -> dict[str, Any]:
     for unit in task.units:
         stats.input_bytes += unit.size_bytes
         _map_unit(unit, task, encoder, writer, prefix_writer, stats, problems)
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     runs = writer.close()
     prefix_runs = prefix_writer.close() if prefix_writer else []
     stats.seconds_hashing += time.perf_counter() - started
+    stats.cpu_seconds_hashing += time.thread_time() - started_cpu
     stats.problems = problems.to_dict()
     return {
         "stats": asdict(stats),
@@ -117,7 +120,7 @@ def _map_unit(
     for batch in encoded_batches(
         unit, task.options, problems, encoder, task.batch_documents, task.batch_bytes, seconds
     ):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         for document, ids in batch:
             stats.documents += 0 if continuing else 1
             stats.tokens += ids.size
@@ -136,5 +139,6 @@ def _map_unit(
             prefix_writer.add(windows.prefix_fingerprints)
         carry = windows.carry
         stats.seconds_hashing += time.perf_counter() - started
+        stats.cpu_seconds_hashing += time.thread_time() - started_cpu
     stats.seconds_reading += seconds.reading
     stats.seconds_tokenizing += seconds.encoding

@@ -65,9 +65,9 @@ class Reduced:
         """A result field (e.g. "kept", "distinct") summed over the tasks of one kind."""
         return sum(int(result[name]) for (of, _), result in self.results.items() if of == kind)
 
-    def seconds(self) -> float:
-        """Counting time summed over every task."""
-        return sum(float(result.get("seconds", 0.0)) for result in self.results.values())
+    def seconds(self, name: str = "seconds") -> float:
+        """Counting time summed over every task (``"cpu_seconds"``: CPU time of the tasks)."""
+        return sum(float(result.get(name, 0.0)) for result in self.results.values())
 
 
 def reduce_tasks(
@@ -104,10 +104,11 @@ def reduce_partition(task: ReduceTask) -> dict[str, Any]:
     """Run one reduce task.
 
     Returns:
-        Its result (the marker's payload): ``distinct`` and ``kept`` fingerprints, ``seconds``.
+        Its result (the marker's payload): ``distinct`` and ``kept`` fingerprints, ``seconds``
+        and ``cpu_seconds``.
     """
     distinct = kept = 0
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     with atomic_file(task.kept_path) as out:
         for fingerprints, counted in count_range(
             [Run(Path(stem)) for stem in task.runs],
@@ -119,7 +120,12 @@ def reduce_partition(task: ReduceTask) -> dict[str, Any]:
             out.write(fingerprints.astype("<u8").data.cast("B"))
             distinct += counted.distinct
             kept += counted.kept
-    return {"distinct": distinct, "kept": kept, "seconds": time.perf_counter() - started}
+    return {
+        "distinct": distinct,
+        "kept": kept,
+        "seconds": time.perf_counter() - started,
+        "cpu_seconds": time.thread_time() - started_cpu,
+    }
 
 
 def read_kept(task: ReduceTask) -> np.ndarray:

@@ -28,6 +28,7 @@ class BuildSummary:
     tokens_per_second: float
     seconds_tokenizing: float
     seconds_hashing_counting: float
+    cpu_seconds_hashing_counting: float
     map_tasks: int
     reused_tasks: int
     workers: int

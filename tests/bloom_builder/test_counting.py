@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bloom_builder.counting import RunWriter, count_range
+from bloom_builder.counting import RunWriter, _distinct_repeats, count_range
 
 KEYS = st.one_of(st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 2**63, 2**64 - 1]))
 
@@ -48,3 +48,17 @@ def test_count_range_keeps_exactly_the_keys_seen_min_count_times(
     assert kept == sorted(key for key, count in counts.items() if count >= min_count)
     assert sum(counted.distinct for _, counted in found) == len(counts)
     assert sum(counted.kept for _, counted in found) == len(kept)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(KEYS, max_size=300), st.integers(1, 4))
+def test_distinct_repeats_is_numpy_unique_with_counts(values: list[int], repeat: int) -> None:
+    keys = np.sort(np.array(values * repeat + values[: len(values) // 2], dtype=np.uint64))
+    expected_keys, expected_counts = np.unique(keys, return_counts=True)
+    distinct, repeated, counts = _distinct_repeats(keys)
+    assert distinct.dtype == np.uint64
+    assert distinct.tolist() == expected_keys.tolist()
+    full = np.ones(distinct.size, dtype=np.int64)
+    full[repeated] = counts
+    assert full.tolist() == expected_counts.tolist()
+    assert (counts > 1).all() and np.all(np.diff(repeated) > 0)

@@ -1,5 +1,5 @@
-"""The fingerprint-windows step: carry-over across cuts and special-token cuts, against a naive
-reference, and the sort-based distinct count of the reduce step against numpy's unique."""
+"""The fingerprint-windows step: carry-over across cuts and special-token cuts, piece by piece
+and batch by batch, against a naive reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bloom_builder.counting import _sorted_counts, _sorted_distinct
 from bloom_builder.windows import batch_windows, fingerprint_windows
 from memfree.hashing import fingerprint_reference
 
@@ -133,24 +132,3 @@ def test_batches_of_pieces_give_the_windows_of_the_whole_documents(
     assert fingerprints == [fingerprint_reference(list(w), SEED) for w in expected]
     if ngram_size > 1:
         assert prefixes == [fingerprint_reference(list(w[:-1]), SEED) for w in expected]
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 4))
-def test_sorted_distinct_equals_numpy_unique(values: list[int], repeat: int) -> None:
-    keys = np.array(values * repeat, dtype=np.uint64)
-    expected = np.unique(keys)
-    distinct = _sorted_distinct(keys.copy())
-    assert distinct.dtype == np.uint64
-    assert distinct.tolist() == expected.tolist()
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 4))
-def test_sorted_counts_equals_numpy_unique_with_counts(values: list[int], repeat: int) -> None:
-    keys = np.array(values * repeat + values[: len(values) // 2], dtype=np.uint64)
-    expected_keys, expected_counts = np.unique(keys, return_counts=True)
-    distinct, counts = _sorted_counts(keys.copy())
-    assert distinct.dtype == np.uint64
-    assert distinct.tolist() == expected_keys.tolist()
-    assert counts.tolist() == expected_counts.tolist()
