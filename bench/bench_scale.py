@@ -83,11 +83,13 @@ def _zipf_ids(rng: np.random.Generator, shuffled: np.ndarray, size: int) -> np.n
 
 
 class PeakMemory:
-    """Samples the peak resident memory (VmHWM) of a process and all its descendants."""
+    """Samples the resident memory of a process and all its descendants (every 0.2 s): the peak
+    of its anonymous memory (RssAnon: what the process owns, what --memory-limit governs) and
+    VmHWM (the kernel's own peak, which also counts file pages it has mapped)."""
 
     def __init__(self, root: int) -> None:
         self.root = root
-        self.peaks: dict[int, tuple[int, str]] = {}  # pid -> (peak KiB, role)
+        self.peaks: dict[int, tuple[int, int, str]] = {}  # pid -> (anon KiB, hwm KiB, role)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -103,29 +105,33 @@ class PeakMemory:
                 processes = []
             for process in processes:
                 try:
-                    peak = _vm_hwm_kib(process.pid)
+                    anon, hwm = _status_kib(process.pid)
                     role = _role(process.pid, self.root, " ".join(process.cmdline()))
                 except (psutil.Error, OSError):
                     continue
-                self.peaks[process.pid] = (max(peak, self.peaks.get(process.pid, (0, ""))[0]), role)
+                old = self.peaks.get(process.pid, (0, 0, role))
+                self.peaks[process.pid] = (max(anon, old[0]), max(hwm, old[1]), role)
             time.sleep(0.2)
 
-    def stop(self) -> dict[str, int]:
-        """Stop sampling; the largest peak (MiB) per role: driver, worker, ray system."""
+    def stop(self) -> dict[str, list[int]]:
+        """Stop sampling; per role (driver, worker, ray system) the largest [anon, hwm] MiB."""
         self._stop.set()
         self._thread.join()
-        largest: dict[str, int] = {}
-        for peak, role in self.peaks.values():
-            largest[role] = max(largest.get(role, 0), peak // 1024)
+        largest: dict[str, list[int]] = {}
+        for anon, hwm, role in self.peaks.values():
+            old = largest.get(role, [0, 0])
+            largest[role] = [max(old[0], anon // 1024), max(old[1], hwm // 1024)]
         return largest
 
 
-def _vm_hwm_kib(pid: int) -> int:
+def _status_kib(pid: int) -> tuple[int, int]:
+    """(RssAnon, VmHWM) of a process, KiB."""
+    fields = {}
     with open(f"/proc/{pid}/status", encoding="ascii") as status:
         for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
+            name, _, value = line.partition(":")
+            fields[name] = value
+    return int(fields["RssAnon"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
 def _role(pid: int, root: int, command: str) -> str:
@@ -208,7 +214,8 @@ def report(results: list[dict[str, Any]], args: Any) -> None:
           f"{first['distinct_ngrams']:,} distinct 10-grams, {first['kept_ngrams']:,} seen at "
           f"least {args.min_count} times, {first['kept_prefixes']:,} prefixes kept")  # fmt: skip
     print("| executor | workers | wall s | tokens/s | scaling | hash + count n-grams/s per core "
-          "| peak RSS, largest worker / share of --memory-limit | driver | work dir bytes/token "
+          "| peak anonymous RSS (VmHWM), largest worker / share of --memory-limit | driver "
+          "| work dir bytes/token "
           "| filter bytes |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     single: dict[str, float] = {}
@@ -223,11 +230,13 @@ def report(results: list[dict[str, Any]], args: Any) -> None:
         per_cpu = summary["ngrams"] / max(summary["cpu_seconds_hashing_counting"], 1e-9)
         peaks = result["peaks_mib"]
         # The local executor runs a lone worker's tasks in the driver's process.
-        worker = peaks.get("worker") or peaks.get("driver", 0)
+        worker = peaks.get("worker") or peaks.get("driver", [0, 0])
+        driver = peaks.get("driver", [0, 0])
         print(
             f"| {result['executor']} | {workers} | {result['wall']:.0f} | {rate:,.0f} | {scaling} "
-            f"| {per_core:,.0f} ({per_cpu:,.0f} per CPU-s) | {worker:,} / {limit // workers >> 20:,} MiB "
-            f"| {peaks.get('driver', 0):,} MiB | {result['work_bytes'] / summary['tokens']:.1f} "
+            f"| {per_core:,.0f} ({per_cpu:,.0f} per CPU-s) | {worker[0]:,} ({worker[1]:,}) / "
+            f"{limit // workers >> 20:,} MiB | {driver[0]:,} ({driver[1]:,}) MiB "
+            f"| {result['work_bytes'] / summary['tokens']:.1f} "
             f"| {summary['size_bytes']:,} |"
         )
 

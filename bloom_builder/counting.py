@@ -177,18 +177,18 @@ def count_range(
     Yields:
         (sorted kept uint64 fingerprints, counts of distinct and kept for that sub-range).
     """
-    opened = [run.open() for run in runs]
+    opened = [(run, *run.open()) for run in runs]
     yield from _count(opened, low, high, min_count, max_entries)
 
 
 def _count(
-    opened: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+    opened: list[tuple[Run, np.ndarray, np.ndarray, np.ndarray]],
     low: int,
     high: int,
     min_count: int,
     max_entries: int,
 ) -> Iterator[tuple[np.ndarray, RangeCount]]:
-    slices = [_slice(keys, low, high) for keys, _, _ in opened]
+    slices = [_slice(keys, low, high) for _, keys, _, _ in opened]
     total = sum(s.stop - s.start for s in slices)
     if total > max_entries and high - low > 16:
         step = (high - low) // 16
@@ -205,7 +205,7 @@ def _count(
     parts = [_run_slice(run, s) for run, s in zip(opened, slices, strict=True) if s.stop > s.start]
     if len(parts) == 1:  # one run's slice: already sorted, distinct and counted
         keys, where, counts = parts[0]
-        kept = np.array(keys if min_count <= 1 else keys[where[counts >= min_count]], np.uint64)
+        kept = keys if min_count <= 1 else keys[where[counts >= min_count]]
         yield kept, RangeCount(distinct=keys.shape[0], kept=kept.size)
         return
     keys = np.concatenate([keys for keys, _, _ in parts])
@@ -236,13 +236,21 @@ def _count(
 
 
 def _run_slice(
-    run: tuple[np.ndarray, np.ndarray, np.ndarray], part: slice
+    run: tuple[Run, np.ndarray, np.ndarray, np.ndarray], part: slice
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A run's keys in ``part``, and the positions (within it) and counts of its repeated ones."""
-    keys, repeated, counts = run
+    """A run's keys in ``part``, and the positions (within it) and counts of its repeated ones.
+
+    The keys are read from the file rather than through the memory map (which only serves the
+    binary searches): pages read through a map stay in the process's resident memory until the
+    task ends, and a partition's share of every run would then count against its memory.
+    """
+    stem, _, repeated, counts = run
+    keys = np.fromfile(
+        stem.keys_path, dtype="<u8", count=part.stop - part.start, offset=part.start * KEY_BYTES
+    )
     begin, end = np.searchsorted(repeated, np.array([part.start, part.stop], dtype=np.uint64))
     where = np.asarray(repeated[begin:end], dtype=np.int64) - part.start
-    return keys[part], where, np.asarray(counts[begin:end], dtype=np.uint64)
+    return keys, where, np.asarray(counts[begin:end], dtype=np.uint64)
 
 
 def _distinct_repeats(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

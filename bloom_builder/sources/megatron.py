@@ -52,8 +52,16 @@ class MegatronIndex:
         return int(self.documents.shape[0]) - 1
 
 
-def read_index(idx_path: str) -> MegatronIndex:
+def read_index(idx_path: str, check_all: bool = True) -> MegatronIndex:
     """Read and check an ``.idx`` file and the size of its ``.bin``.
+
+    The arrays are memory-mapped: a task reading a few documents of a Pile-sized index (hundreds
+    of millions of documents, gigabytes of index) touches only their pages.
+
+    Args:
+        idx_path: the ``.idx`` file.
+        check_all: check every sequence and boundary (discovery does, once); without it only the
+            header and sizes are checked here, and a reader checks the range it reads.
 
     Raises:
         ValueError: the files are not a consistent Megatron indexed dataset (the reason named).
@@ -73,17 +81,34 @@ def read_index(idx_path: str) -> MegatronIndex:
     if num_documents < 1 or size not in (need, need + num_sequences):  # + optional modes
         raise ValueError(f"{size:,} bytes where its counts need {need:,}: truncated or damaged")
     offset = _HEADER.size
-    lengths = np.fromfile(idx_path, np.int32, num_sequences, offset=offset)
-    pointers = np.fromfile(idx_path, np.int64, num_sequences, offset=offset + 4 * num_sequences)
-    documents = np.fromfile(idx_path, np.int64, num_documents, offset=offset + 12 * num_sequences)
-    dtype = np.dtype(DTYPES[code])
-    data_bytes = os.path.getsize(bin_path(idx_path))
-    ends = pointers + lengths.astype(np.int64) * dtype.itemsize
-    if num_sequences and (lengths.min() < 0 or pointers.min() < 0 or ends.max() > data_bytes):
+    lengths = _map(idx_path, np.int32, num_sequences, offset)
+    pointers = _map(idx_path, np.int64, num_sequences, offset + 4 * num_sequences)
+    documents = _map(idx_path, np.int64, num_documents, offset + 12 * num_sequences)
+    index = MegatronIndex(np.dtype(DTYPES[code]), lengths, pointers, documents)
+    if check_all:
+        _check_sequences(index, 0, num_sequences, os.path.getsize(bin_path(idx_path)))
+        if documents[0] != 0 or documents[-1] != num_sequences or np.any(np.diff(documents) < 0):
+            raise ValueError("document boundaries are not increasing from 0 to the sequence count")
+    return index
+
+
+def _map(path: str, dtype: type, count: int, offset: int) -> np.ndarray:
+    """``count`` little-endian values of ``dtype`` at ``offset`` in ``path``, memory-mapped."""
+    if count == 0:
+        return np.empty(0, dtype=dtype)
+    return np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r", offset=offset,
+                     shape=(count,))  # fmt: skip
+
+
+def _check_sequences(index: MegatronIndex, first: int, last: int, data_bytes: int) -> None:
+    """Sequences ``first`` to ``last`` lie inside the ``.bin`` file (ValueError if not)."""
+    if last <= first:
+        return
+    lengths = np.asarray(index.lengths[first:last])
+    pointers = np.asarray(index.pointers[first:last])
+    ends = pointers + lengths.astype(np.int64) * index.dtype.itemsize
+    if lengths.min() < 0 or pointers.min() < 0 or ends.max() > data_bytes:
         raise ValueError(f"a sequence lies outside the {data_bytes:,}-byte .bin file")
-    if documents[0] != 0 or documents[-1] != num_sequences or np.any(np.diff(documents) < 0):
-        raise ValueError("document boundaries are not increasing from 0 to the sequence count")
-    return MegatronIndex(dtype, lengths, pointers, documents)
 
 
 def megatron_units(idx_path: str, problems: ProblemLog) -> list[WorkUnit]:
@@ -107,27 +132,45 @@ def megatron_units(idx_path: str, problems: ProblemLog) -> list[WorkUnit]:
 def read_megatron(
     unit: WorkUnit, options: SourceOptions, problems: ProblemLog
 ) -> Iterator[Document]:
-    """The documents ``unit.start`` to ``unit.stop`` of a Megatron dataset, as token ids."""
+    """The documents ``unit.start`` to ``unit.stop`` of a Megatron dataset, as token ids.
+
+    Each document's sequences are read with ``os.pread`` rather than through a memory map of the
+    ``.bin`` file, so a worker's resident memory is what it holds, not the pages it has read.
+    """
+    where = bin_path(unit.path)
     try:
-        index = read_index(unit.path)
-        data = np.memmap(bin_path(unit.path), dtype=index.dtype, mode="r")
+        index = read_index(unit.path, check_all=False)
+        stop = min(unit.stop, index.num_documents)
+        boundaries = np.asarray(index.documents[unit.start : stop + 1])
+        if boundaries.size and (
+            np.any(np.diff(boundaries) < 0) or boundaries[-1] > len(index.lengths)
+        ):
+            raise ValueError("document boundaries are not increasing")
+        if boundaries.size:
+            _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), os.path.getsize(where))
+        handle = os.open(where, os.O_RDONLY)
     except (OSError, ValueError) as error:
         problems.record("unreadable", unit.path, reason(error))
         return
-    where = bin_path(unit.path)
-    for document in range(unit.start, min(unit.stop, index.num_documents)):
-        first, last = int(index.documents[document]), int(index.documents[document + 1])
-        pieces = [
-            data[pointer // index.dtype.itemsize :][:length]
-            for pointer, length in zip(
-                index.pointers[first:last].tolist(), index.lengths[first:last].tolist(), strict=True
-            )
-        ]
-        ids = np.concatenate(pieces).astype(np.int64) if pieces else np.empty(0, np.int64)
-        if ids.size:
-            yield Document("", ids=ids, where=f"{where}:document {document}")
-        else:
-            problems.record("empty", f"{where}:document {document}", "no token ids")
+    try:
+        itemsize = index.dtype.itemsize
+        dtype = index.dtype.newbyteorder("<")
+        for document in range(unit.start, stop):
+            first, last = int(index.documents[document]), int(index.documents[document + 1])
+            pieces = [
+                np.frombuffer(os.pread(handle, length * itemsize, pointer), dtype=dtype)
+                for pointer, length in zip(
+                    index.pointers[first:last].tolist(), index.lengths[first:last].tolist(),
+                    strict=True,
+                )
+            ]  # fmt: skip
+            ids = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
+            if ids.size:
+                yield Document("", ids=ids, where=f"{where}:document {document}")
+            else:
+                problems.record("empty", f"{where}:document {document}", "no token ids")
+    finally:
+        os.close(handle)
 
 
 def write_megatron(prefix: str, documents: list[list[int]], dtype: type = np.uint16) -> None:

@@ -1,10 +1,15 @@
 """The Ray executor (a local Ray with 2 CPUs): the same filter bytes as the local executor, resume
-from markers, a failing task retried, and a task that fails every time named in the error."""
+from markers (also after `kill -9` of the driver and its Ray), a failing task retried, and a task
+that fails every time named in the error."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -15,6 +20,7 @@ from bloom_builder.build import build_filter
 from bloom_builder.errors import TaskFailed
 from bloom_builder.executors.ray import RayExecutor
 from bloom_builder.settings import BuildSettings
+from tests.bloom_builder.test_build import write_corpus
 from tests.bloom_builder.test_executors import ToyTask, calls
 
 
@@ -132,3 +138,37 @@ def test_the_settings_refuse_a_ray_address_without_ray() -> None:
         BuildSettings(ray_address="auto")
     with pytest.raises(ValueError, match="--executor must be local or ray"):
         BuildSettings(executor="slurm")
+
+
+def test_killing_the_driver_and_its_ray_then_rerunning_reuses_finished_tasks(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """`kill -9` of a `memfree build --executor ray` and of the local Ray it started (the whole
+    process group: driver, raylet, workers), mid-map; the rerun reuses every task marked done
+    and writes the bytes a local build writes."""
+    write_corpus(tmp_path / "corpus", 60, words_per_file=2000)
+    command = [
+        sys.executable, "-m", "memfree.cli", "build", str(tmp_path / "corpus"),
+        "--tokenizer", str(tokenizer_dir), "--n", "4", "--shard-size", "1", "--no-progress",
+        "--json",
+    ]  # fmt: skip
+    reference = tmp_path / "reference.memfree"
+    subprocess.run([*command, "-o", str(reference), "--workers", "1"], check=True)
+    output, work = tmp_path / "resumed.memfree", tmp_path / "resumed.memfree.work"
+    on_ray = [*command, "-o", str(output), "--executor", "ray", "--workers", "2"]
+    process = subprocess.Popen(
+        on_ray, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and len(list((work / "map").glob("shard-*.json"))) < 5:
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    finished_before = len(list((work / "map").glob("shard-*.json")))
+    assert 5 <= finished_before < 60, "the kill must land in the middle of the map stage"
+    assert not output.exists()
+
+    rerun = subprocess.run(on_ray, check=True, capture_output=True, text=True)
+    summary = json.loads(rerun.stdout)
+    assert summary["reused_tasks"] >= finished_before
+    assert output.read_bytes() == reference.read_bytes()
