@@ -57,6 +57,29 @@ class Run:
         uint64 `(R,)` of its repeated keys (empty arrays where there are none)."""
         return _map_array(self.keys_path), *_map_halves(self.repeats_path)
 
+    def slice_of(self, low: int, high: int) -> slice:
+        """Index slice of the run's keys within [low, high) (high may be 2**64).
+
+        The map is opened for the binary search and closed at once: a reduce task meets every
+        run of the build (tens of thousands at corpus scale), more than a process may keep
+        open as files or maps."""
+        return _slice(_map_array(self.keys_path), low, high)
+
+    def read(self, part: slice) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The run's keys in ``part`` uint64, and the positions int64 (within ``part``) and
+        counts uint64 of its repeated keys there.
+
+        Keys are read from the file, not through a map: pages read through a map stay in the
+        process's resident memory until it is closed."""
+        keys = np.fromfile(
+            self.keys_path, dtype="<u8", count=part.stop - part.start, offset=part.start * KEY_BYTES
+        )
+        repeated, counts = _map_halves(self.repeats_path)
+        bounds = np.array([part.start, part.stop], dtype=np.uint64)
+        begin, end = np.searchsorted(repeated, bounds)
+        where = np.array(repeated[begin:end], dtype=np.int64) - part.start
+        return keys, where, np.array(counts[begin:end], dtype=np.uint64)
+
 
 def _map_array(path: Path) -> np.ndarray:
     """The little-endian uint64 array in ``path`` (an empty array for an empty file)."""
@@ -177,32 +200,31 @@ def count_range(
     Yields:
         (sorted kept uint64 fingerprints, counts of distinct and kept for that sub-range).
     """
-    opened = [(run, *run.open()) for run in runs]
-    yield from _count(opened, low, high, min_count, max_entries)
+    yield from _count(list(runs), low, high, min_count, max_entries)
 
 
 def _count(
-    opened: list[tuple[Run, np.ndarray, np.ndarray, np.ndarray]],
+    runs: list[Run],
     low: int,
     high: int,
     min_count: int,
     max_entries: int,
 ) -> Iterator[tuple[np.ndarray, RangeCount]]:
-    slices = [_slice(keys, low, high) for _, keys, _, _ in opened]
+    slices = [run.slice_of(low, high) for run in runs]
     total = sum(s.stop - s.start for s in slices)
     if total > max_entries and high - low > 16:
         step = (high - low) // 16
         for part in range(16):
             part_low = low + part * step
             part_high = high if part == 15 else part_low + step
-            yield from _count(opened, part_low, part_high, min_count, max_entries)
+            yield from _count(runs, part_low, part_high, min_count, max_entries)
         return
     if total == 0:
         yield np.empty(0, np.uint64), RangeCount()
         return
     # Each run's keys in the range, with the positions (in that slice) and counts of the ones
     # the run saw more than once.
-    parts = [_run_slice(run, s) for run, s in zip(opened, slices, strict=True) if s.stop > s.start]
+    parts = [run.read(s) for run, s in zip(runs, slices, strict=True) if s.stop > s.start]
     if len(parts) == 1:  # one run's slice: already sorted, distinct and counted
         keys, where, counts = parts[0]
         kept = keys if min_count <= 1 else keys[where[counts >= min_count]]
@@ -233,24 +255,6 @@ def _count(
         totals = np.add.reduceat(extra, starts) + np.uint64(1)
         kept = distinct[position[starts][totals >= min_count]]
     yield kept, RangeCount(distinct=distinct.size, kept=kept.size)
-
-
-def _run_slice(
-    run: tuple[Run, np.ndarray, np.ndarray, np.ndarray], part: slice
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A run's keys in ``part``, and the positions (within it) and counts of its repeated ones.
-
-    The keys are read from the file rather than through the memory map (which only serves the
-    binary searches): pages read through a map stay in the process's resident memory until the
-    task ends, and a partition's share of every run would then count against its memory.
-    """
-    stem, _, repeated, counts = run
-    keys = np.fromfile(
-        stem.keys_path, dtype="<u8", count=part.stop - part.start, offset=part.start * KEY_BYTES
-    )
-    begin, end = np.searchsorted(repeated, np.array([part.start, part.stop], dtype=np.uint64))
-    where = np.asarray(repeated[begin:end], dtype=np.int64) - part.start
-    return keys, where, np.asarray(counts[begin:end], dtype=np.uint64)
 
 
 def _distinct_repeats(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
