@@ -107,8 +107,8 @@ class PeakMemory:
                 try:
                     anon, hwm = _status_kib(process.pid)
                     role = _role(process.pid, self.root, " ".join(process.cmdline()))
-                except (psutil.Error, OSError):
-                    continue
+                except (psutil.Error, OSError, KeyError, ValueError):
+                    continue  # gone, or a zombie (whose status has no memory lines)
                 old = self.peaks.get(process.pid, (0, 0, role))
                 self.peaks[process.pid] = (max(anon, old[0]), max(hwm, old[1]), role)
             time.sleep(0.2)

@@ -133,7 +133,9 @@ def sparse_members_np(words: np.ndarray, fingerprints: np.ndarray, num_probes: i
         base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
         for probe in range(num_probes):
             offset = (fingerprints * np.uint64(PROBE_MULTIPLIERS[probe])) >> shift
-            keep = np.flatnonzero((words[base + (offset >> _U6)] >> (offset & _U63)) & _U1)
+            # int64 indices: numpy casts uint64 ones element by element (about 3x slower).
+            index_words = (base + (offset >> _U6)).view(np.int64)
+            keep = np.flatnonzero((words[index_words] >> (offset & _U63)) & _U1)
             fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
             if not keep.size:
                 break
