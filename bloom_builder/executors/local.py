@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from multiprocessing import get_context
@@ -40,7 +44,8 @@ class LocalExecutor:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.workers,
                 mp_context=get_context("spawn"),  # no fork: workers share no tokenizer threads
-                initializer=self.setup,
+                initializer=_start_worker,
+                initargs=(self.setup,),
             )
         elif self.setup is not None:
             self.setup()
@@ -84,3 +89,28 @@ def _keep_finished(futures: dict[Future[dict[str, Any]], Any], collected: set[An
         if future in collected or future.cancelled() or future.exception() is not None:
             continue
         record_done(task, future.result())
+
+
+def _start_worker(setup: WorkerSetup | None) -> None:
+    """A pool worker's start: tie its life to the build's, then the build's own setup."""
+    _die_with_parent()
+    if setup is not None:
+        setup()
+
+
+def _die_with_parent() -> None:
+    """Have Linux kill this worker when the build that started it dies.
+
+    A worker of a build killed with SIGKILL would otherwise wait on its task queue forever
+    (it holds the queue's write end itself, so it never reads end-of-file), keeping its memory.
+    Elsewhere the worker lives on as before.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the build died before the call: no signal will come
+        os._exit(1)

@@ -504,3 +504,41 @@ def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: 
         BuildSettings(unit="word", tokenizer="x")
     with pytest.raises(ValueError, match="--unit"):
         BuildSettings(unit="sentence")
+
+
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_killing_a_build_kills_its_pool_workers(tmp_path: Path, tokenizer_dir: Path) -> None:
+    """A worker of a build killed with SIGKILL must not wait on its task queue forever."""
+    write_corpus(tmp_path / "corpus", 60, words_per_file=2000)
+    command = [
+        sys.executable, "-m", "memfree.cli", "build", str(tmp_path / "corpus"), "--tokenizer",
+        str(tokenizer_dir), "--n", "4", "--workers", "2", "--shard-size", "1", "--no-progress",
+        "-o", str(tmp_path / "out.memfree"),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    work = tmp_path / "out.memfree.work"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((work / "map").glob("shard-*.json")):
+        time.sleep(0.02)
+    workers = _children(process.pid)
+    assert len(workers) >= 2, "the pool's workers run as the build's children"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
+        time.sleep(0.05)
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
