@@ -155,15 +155,18 @@ def read_megatron(
     try:
         itemsize = index.dtype.itemsize
         dtype = index.dtype.newbyteorder("<")
-        for document in range(unit.start, stop):
-            first, last = int(index.documents[document]), int(index.documents[document + 1])
+        # The unit's slices of the index as plain lists: one read, not a memmap access per value.
+        base = int(boundaries[0]) if boundaries.size else 0
+        end = int(boundaries[-1]) if boundaries.size else 0
+        pointers = np.asarray(index.pointers[base:end]).tolist()
+        lengths = np.asarray(index.lengths[base:end]).tolist()
+        bounds = boundaries.tolist()
+        for offset, document in enumerate(range(unit.start, stop)):
+            first, last = bounds[offset] - base, bounds[offset + 1] - base
             pieces = [
                 np.frombuffer(os.pread(handle, length * itemsize, pointer), dtype=dtype)
-                for pointer, length in zip(
-                    index.pointers[first:last].tolist(), index.lengths[first:last].tolist(),
-                    strict=True,
-                )
-            ]  # fmt: skip
+                for pointer, length in zip(pointers[first:last], lengths[first:last], strict=True)
+            ]
             ids = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
             if ids.size:
                 yield Document("", ids=ids, where=f"{where}:document {document}")

@@ -10,8 +10,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bloom_builder.build import BuildError, build_filter
+from bloom_builder.encode import _in_range
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources.megatron import read_index, write_megatron
 from memfree import NgramFilter
@@ -189,3 +192,15 @@ def test_long_id_documents_are_cut_into_continued_pieces() -> None:
     ]
     assert [piece.continues for piece in pieces] == [True, True, False, False]
     assert pieces[3].text == "x" and {piece.where for piece in pieces[:3]} == {"f:0"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ids=st.lists(st.integers(-40_000, 70_000), min_size=1, max_size=30),
+    dtype=st.sampled_from(["int16", "int32", "int64", "uint16", "uint32", "uint64"]),
+)
+def test_the_range_check_agrees_with_comparing_every_id(ids: list[int], dtype: str) -> None:
+    info = np.iinfo(dtype)
+    array = np.array([i for i in ids if info.min <= i <= info.max] or [0], dtype=dtype)
+    expected = bool(((array.astype(np.int64) >= 0) & (array.astype(np.int64) < 49_152)).all())
+    assert _in_range(array, 49_152) == expected
