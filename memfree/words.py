@@ -37,8 +37,8 @@ from memfree.hashing import (
     MASK64,
     fmix64_np,
     fmix64_reference,
-    sliding_fingerprints_np,
 )
+from memfree.sliding import sliding_fingerprints_np
 
 if TYPE_CHECKING:
     from memfree.filter import NgramFilter

@@ -31,9 +31,8 @@ from memfree.hashing import (
     probe_positions_reference,
     query_bits_np,
     query_bits_torch,
-    sliding_fingerprint_pair_np,
-    sliding_fingerprints_np,
 )
+from memfree.sliding import sliding_fingerprint_pair_np, sliding_fingerprints_np
 
 # Pinned: if any of these change, every filter ever written answers wrongly. Never update them to
 # make a test pass; bump the hash scheme name instead.
