@@ -20,7 +20,7 @@ from bloom_builder.build import build_filter
 from bloom_builder.errors import TaskFailed
 from bloom_builder.executors.ray import RayExecutor
 from bloom_builder.settings import BuildSettings
-from tests.bloom_builder.test_build import write_corpus
+from tests.bloom_builder.test_build import WORDS, write_corpus
 from tests.bloom_builder.test_executors import ToyTask, calls
 
 
@@ -73,20 +73,7 @@ def test_ray_builds_the_same_bytes_as_the_local_pool(
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    words = [
-        "alpha",
-        "beta",
-        "gamma",
-        "delta",
-        "return",
-        "self",
-        "def",
-        "class",
-        "import",
-        "for",
-        "in",
-        "range",
-    ]
+    words = WORDS[:12]  # alpha ... range
     for index in range(6):
         text = " ".join(words[(index * 7 + i * 3) % len(words)] for i in range(300))
         (corpus / f"doc{index}.txt").write_text(text + "\n", encoding="utf-8")
