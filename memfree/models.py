@@ -7,6 +7,7 @@ the tokenizer under memfree's cache directory; later loads read that copy in abo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -85,6 +86,39 @@ def load_model(
     return model, tokenizer
 
 
+def default_model_dir() -> Path:
+    """A directory holding the default model as safetensors with its tokenizer (made from the GGUF
+    file once, under memfree's cache): what engines that load Hugging Face directories (vLLM)
+    take as ``model=``.
+
+    Raises:
+        ModelNotFoundError: the default model is not installed.
+    """
+    try:
+        gguf = default_gguf_path()
+    except TokenizerNotFoundError as error:
+        raise ModelNotFoundError(str(error)) from None
+    cached = _gguf_cache_path(gguf, DEFAULT_MODEL_NAME)
+    if not (cached / "config.json").exists():
+        load_model(None)
+    if not (cached / "config.json").exists():
+        raise ModelNotFoundError(f"{cached}: could not write the default model's copy there")
+    _drop_quantization_config(cached)  # copies made before this fix still name the GGUF
+    return cached
+
+
+def _drop_quantization_config(directory: Path) -> None:
+    """Remove the GGUF ``quantization_config`` that a model loaded from GGUF carries into its
+    saved config: the saved weights are plain, and engines refuse a "gguf" method on them."""
+    path = directory / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.pop("quantization_config", None) is None:
+        return
+    staging = path.with_name(f".{path.name}.tmp")
+    staging.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(staging, path)
+
+
 def _load_pretrained(name: str, dtype: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -146,6 +180,7 @@ def _save_atomically(model: Any, tokenizer: Any, target: Path) -> None:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        _drop_quantization_config(staging)
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)

@@ -9,16 +9,14 @@ import os
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from memfree.core import Masker, exempt_token_ids
-from memfree.errors import FilterError, FilterMismatchError
-from memfree.filter import NgramFilter, NgramSet
+from memfree.core import Masker
+from memfree.errors import FilterError
+from memfree.filter import NgramSet
+from memfree.guard import GuardSetup, ban_scores
 from memfree.stats import GuardStats, StatsRecorder, calling_list
-from memfree.tokenizer import check_tokenizer
-from memfree.tokenizer import special_token_ids as tokenizer_special_ids
-from memfree.units import Unit, get_unit, unit_of
+from memfree.units import Unit, get_unit
 
 try:  # a plain base class keeps the guard importable (and testable) without transformers
     from transformers import LogitsProcessor as _Base
@@ -99,43 +97,26 @@ class MemFreeLogitsProcessor(_Base):
         record_stats: bool = True,
         cuda_graphs: bool = True,
     ) -> None:
-        ngram_filter = _open_filter(ngram_filter)
-        self.filter = ngram_filter
-        self.n = ngram_filter.n
-        if ngram_size is not None and ngram_size != self.n:
-            raise FilterMismatchError(
-                f"{ngram_filter.path}: holds {self.n}-grams, but ngram_size={ngram_size} was "
-                f"asked for; rebuild it with `memfree build --n {ngram_size}` or drop ngram_size"
-            )
-        special: set[int] = set()
-        eos_ids: list[int] = []
-        if tokenizer is not None:
-            check_tokenizer(ngram_filter, tokenizer)
-            special.update(tokenizer_special_ids(tokenizer))
-            if getattr(tokenizer, "eos_token_id", None) is not None:
-                eos_ids.append(int(tokenizer.eos_token_id))
-            if pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
-                pad_token_id = int(tokenizer.pad_token_id)
-        if eos_token_id is not None:
-            eos_ids = _token_ids("eos_token_id", eos_token_id)
-        special.update(_token_ids("special_token_ids", special_token_ids))
-        special.update(eos_ids)
-        special.update(_token_ids("pad_token_id", pad_token_id))
-        self.special_token_ids: tuple[int, ...] = exempt_token_ids(ngram_filter, special)
-        self.eos_token_ids: tuple[int, ...] = tuple(
-            i for i in dict.fromkeys(eos_ids) if i in self.special_token_ids
+        setup = GuardSetup.create(
+            ngram_filter,
+            tokenizer,
+            unit_name=self.unit_name,
+            ngram_size=ngram_size,
+            special_token_ids=special_token_ids,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            skip_rows=skip_rows,
+            cuda_graphs=cuda_graphs,
         )
+        self.filter = setup.filter
+        self.n = setup.n
+        self.special_token_ids: tuple[int, ...] = setup.special_token_ids
+        self.eos_token_ids: tuple[int, ...] = setup.eos_token_ids
         self.skip_rows = bool(skip_rows)
         self.record_stats = bool(record_stats)
         self.cuda_graphs = bool(cuda_graphs)
-        self.unit: Unit = get_unit(self.unit_name) if self.unit_name else unit_of(ngram_filter)
-        self.masker: Masker = self.unit.masker(
-            ngram_filter,
-            tokenizer,
-            self.special_token_ids,
-            skip_rows=self.skip_rows,
-            cuda_graphs=self.cuda_graphs,
-        )
+        self.unit: Unit = setup.unit
+        self.masker: Masker = setup.masker
         self._recorder = StatsRecorder()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -190,14 +171,7 @@ class MemFreeLogitsProcessor(_Base):
             )
         caller = calling_list() if self.record_stats else None  # must run in this very frame
         mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
-        guarded = scores.masked_fill(mask, float("-inf"))
-        if self.eos_token_ids:
-            eos = self.eos_token_ids[0]
-            if eos < scores.shape[1]:
-                dead = torch.isneginf(guarded).all(dim=1)
-                guarded[:, eos] = torch.where(
-                    dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos]
-                )
+        guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
         if self.record_stats:
             self._recorder.record(caller, input_ids, scores, mask, checked)
         return guarded  # type: ignore[return-value]
@@ -253,38 +227,6 @@ class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor, metaclass=_UnitGuardTyp
     """
 
     unit_name = "word"
-
-
-def _open_filter(ngram_filter: Any) -> NgramSet:
-    if isinstance(ngram_filter, NgramSet):
-        return ngram_filter
-    if not isinstance(ngram_filter, (str, os.PathLike)):
-        raise TypeError(
-            "ngram_filter must be an NgramFilter or the path of a filter file, got "
-            f"{type(ngram_filter).__name__}"
-        )
-    return NgramFilter.open(ngram_filter)
-
-
-def _token_ids(name: str, value: Any) -> list[int]:
-    """Token ids from None, an int, a numpy or 0-d/1-d torch integer, or an iterable of them."""
-    if value is None:
-        return []
-    if isinstance(value, torch.Tensor):
-        value = value.tolist()
-    if isinstance(value, np.ndarray):
-        value = value.tolist()
-    values = [value] if isinstance(value, (int, np.integer)) else value
-    try:
-        values = list(values)
-    except TypeError:
-        raise ValueError(
-            f"{name} must be a token id or a list of token ids, got {value!r}"
-        ) from None
-    for item in values:
-        if isinstance(item, bool) or not isinstance(item, (int, np.integer)) or item < 0:
-            raise ValueError(f"{name} must hold non-negative token ids, got {item!r}")
-    return [int(item) for item in values]
 
 
 __all__ = ["FilterError", "GuardStats", "MemFreeLogitsProcessor", "MemFreeWordLogitsProcessor"]

@@ -181,7 +181,8 @@ class WordMasker:
         """Which tokens would add a stored word n-gram to each row's text.
 
         Args:
-            contexts: int64 `(rows, seq_len)` token ids (prompt and generated tokens).
+            contexts: int64 `(rows, seq_len)` token ids (prompt and generated tokens); a row
+                may be left-padded with negative ids, which add no text.
             vocab_width: number of candidate tokens (ids past the tokenizer's add no text).
             device: where the results go (default: that of ``contexts``).
 
@@ -202,8 +203,9 @@ class WordMasker:
         cache: dict[bytes, RowText] = {}
         plans = []
         for row in range(batch):
-            state = self._row_text(ids_np[row], previous)
-            cache[ids_np[row].tobytes()] = state
+            ids = _unpadded(ids_np[row])
+            state = self._row_text(ids, previous)
+            cache[ids.tobytes()] = state
             plans.append(self._plan(state, vocab))
         self._local.rows = cache
         # Every row's lookups go to the filter together: one pass per kind of lookup.
@@ -255,6 +257,15 @@ class WordMasker:
         hits = self.filter.contains(ngram_hash_rows(ngrams))
         found = np.asarray(owners, dtype=np.int64)[hits]
         mask[found[:, 0], found[:, 1]] = True
+
+
+def _unpadded(ids: np.ndarray) -> np.ndarray:
+    """A row without its left padding (negative ids, which engine adapters put before ragged
+    rows): padding adds no text, and the row's state is then found from step to step."""
+    if not ids.shape[0] or ids[0] >= 0:
+        return ids
+    real = np.flatnonzero(ids >= 0)
+    return ids[real[0] :] if real.shape[0] else ids[:0]
 
 
 __all__ = ["WordMasker"]

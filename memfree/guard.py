@@ -1,0 +1,197 @@
+"""What every guard sets up and how it edits a step's scores, whatever the engine.
+
+The transformers :class:`~memfree.MemFreeLogitsProcessor` and the engine adapters
+(:mod:`memfree.integrations`) all start from a :class:`GuardSetup`: the filter, its unit, the ids
+exempt from the guard, the end-of-sequence ids and the unit's :class:`~memfree.core.Masker`, with
+every argument checked once, at construction. At each step they edit the scores with
+:func:`ban_scores` (blocked tokens at ``-inf``, end of sequence rescued) or, when a row's context
+is not known, :func:`fail_closed` (nothing but end of sequence).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfree.core import Masker, exempt_token_ids
+from memfree.errors import FilterMismatchError
+from memfree.filter import NgramFilter, NgramSet
+from memfree.tokenizer import check_tokenizer
+from memfree.tokenizer import special_token_ids as tokenizer_special_ids
+from memfree.units import Unit, get_unit, unit_of
+
+
+@dataclass(frozen=True)
+class GuardSetup:
+    """A guard's checked settings and its core.
+
+    Attributes:
+        filter: the filter.
+        n: its n.
+        unit: its unit (token or word).
+        special_token_ids: the exempt ids (sorted): never banned, never part of a checked window.
+        eos_token_ids: end-of-sequence ids among them (the first is the one rescued).
+        masker: the unit's core.
+    """
+
+    filter: NgramSet
+    n: int
+    unit: Unit
+    special_token_ids: tuple[int, ...]
+    eos_token_ids: tuple[int, ...]
+    masker: Masker
+
+    @classmethod
+    def create(
+        cls,
+        ngram_filter: NgramSet | str | os.PathLike[str],
+        tokenizer: Any = None,
+        *,
+        unit_name: str | None = None,
+        ngram_size: int | None = None,
+        special_token_ids: Iterable[int] | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        pad_token_id: int | None = None,
+        skip_rows: bool = True,
+        cuda_graphs: bool = True,
+    ) -> GuardSetup:
+        """Open and check everything a guard needs (see :class:`~memfree.MemFreeLogitsProcessor`
+        for the arguments).
+
+        Raises:
+            FilterMismatchError: tokenizer fingerprint, n or unit differs from the filter's.
+            ValueError: a bad argument.
+        """
+        ngram_filter = open_filter(ngram_filter)
+        n = ngram_filter.n
+        if ngram_size is not None and ngram_size != n:
+            raise FilterMismatchError(
+                f"{ngram_filter.path}: holds {n}-grams, but ngram_size={ngram_size} was "
+                f"asked for; rebuild it with `memfree build --n {ngram_size}` or drop ngram_size"
+            )
+        special: set[int] = set()
+        eos_ids: list[int] = []
+        if tokenizer is not None:
+            check_tokenizer(ngram_filter, tokenizer)
+            special.update(tokenizer_special_ids(tokenizer))
+            if getattr(tokenizer, "eos_token_id", None) is not None:
+                eos_ids.append(int(tokenizer.eos_token_id))
+            if pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
+                pad_token_id = int(tokenizer.pad_token_id)
+        if eos_token_id is not None:
+            eos_ids = token_ids("eos_token_id", eos_token_id)
+        special.update(token_ids("special_token_ids", special_token_ids))
+        special.update(eos_ids)
+        special.update(token_ids("pad_token_id", pad_token_id))
+        exempt = exempt_token_ids(ngram_filter, special)
+        unit = get_unit(unit_name) if unit_name else unit_of(ngram_filter)
+        masker = unit.masker(
+            ngram_filter, tokenizer, exempt, skip_rows=skip_rows, cuda_graphs=cuda_graphs
+        )
+        eos = tuple(i for i in dict.fromkeys(eos_ids) if i in exempt)
+        return cls(ngram_filter, n, unit, exempt, eos, masker)
+
+
+def ban_scores(
+    scores: torch.Tensor,
+    banned: torch.Tensor,
+    eos_token_ids: tuple[int, ...],
+    *,
+    inplace: bool,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``scores`` with every banned token at ``-inf``; a row left with nothing allowed (possible
+    only when earlier processors removed everything else) gets its end-of-sequence score at 0.
+
+    Args:
+        scores: float `(rows, vocab_width)`.
+        banned: bool `(rows, vocab_width)` on the same device.
+        eos_token_ids: the rescued id is the first (none: no rescue).
+        inplace: edit ``scores`` itself (engines that allow it) or return a new tensor.
+        rows: bool `(rows,)`, the guarded rows (None: all); only they are rescued.
+    """
+    guarded = (
+        scores.masked_fill_(banned, float("-inf"))
+        if inplace
+        else scores.masked_fill(banned, float("-inf"))
+    )
+    if eos_token_ids and eos_token_ids[0] < scores.shape[1]:
+        eos = eos_token_ids[0]
+        dead = torch.isneginf(guarded).all(dim=1)
+        if rows is not None:
+            dead &= rows
+        guarded[:, eos] = torch.where(dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos])
+    return guarded
+
+
+def fail_closed(
+    scores: torch.Tensor, rows: torch.Tensor, eos_token_ids: tuple[int, ...]
+) -> torch.Tensor:
+    """Edits ``scores`` in place so that the given rows may take nothing but end of sequence.
+
+    For rows whose context the guard cannot know (an engine's placeholder, an error inside a
+    callback that must not raise): a token the guard did not check is never emitted.
+
+    Args:
+        scores: float `(rows, vocab_width)`.
+        rows: bool `(rows,)`, the rows to close.
+        eos_token_ids: their first id keeps its score (0 where it was ``-inf``); none: every
+            score of the rows goes to ``-inf``.
+    """
+    if not bool(rows.any()):
+        return scores
+    eos = eos_token_ids[0] if eos_token_ids and eos_token_ids[0] < scores.shape[1] else None
+    kept = scores[rows, eos] if eos is not None else None
+    scores[rows] = float("-inf")
+    if eos is not None and kept is not None:
+        scores[rows, eos] = torch.where(torch.isneginf(kept), torch.zeros_like(kept), kept)
+    return scores
+
+
+def open_filter(ngram_filter: Any) -> NgramSet:
+    """An open filter, or the one at a path.
+
+    Raises:
+        TypeError: neither a filter nor a path.
+    """
+    if isinstance(ngram_filter, NgramSet):
+        return ngram_filter
+    if not isinstance(ngram_filter, (str, os.PathLike)):
+        raise TypeError(
+            "ngram_filter must be an NgramFilter or the path of a filter file, got "
+            f"{type(ngram_filter).__name__}"
+        )
+    return NgramFilter.open(ngram_filter)
+
+
+def token_ids(name: str, value: Any) -> list[int]:
+    """Token ids from None, an int, a numpy or 0-d/1-d torch integer, or an iterable of them.
+
+    Raises:
+        ValueError: something else, or a negative id.
+    """
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    values = [value] if isinstance(value, (int, np.integer)) else value
+    try:
+        values = list(values)
+    except TypeError:
+        raise ValueError(
+            f"{name} must be a token id or a list of token ids, got {value!r}"
+        ) from None
+    for item in values:
+        if isinstance(item, bool) or not isinstance(item, (int, np.integer)) or item < 0:
+            raise ValueError(f"{name} must hold non-negative token ids, got {item!r}")
+    return [int(item) for item in values]
+
+
+__all__ = ["GuardSetup", "ban_scores", "fail_closed", "open_filter", "token_ids"]

@@ -1,0 +1,131 @@
+"""The serving policy: what an operator configures and what a request may ask.
+
+An operator configures the guard once, for the whole engine
+(``additional_config={"memfree": {...}}`` in vLLM)::
+
+    {"filter": "stdlib.memfree",   # required: the filter file
+     "allow_opt_out": false,       # may a request switch the guard off? (default: no)
+     "ngram_size": 10}             # optional: refuse a filter of another n
+
+Every request is guarded. Only where the operator allowed it may a request switch the guard off,
+with ``extra_args={"memfree": 0}`` (``vllm_xargs`` over HTTP); 0/1/true/false are accepted, anything
+else is refused with a clear error (HTTP 400). A request that asks to switch it off where that is
+not allowed stays guarded: a client can never turn the guard off by itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from memfree.errors import FilterError
+
+CONFIG_KEY = "memfree"  # the key in additional_config and in a request's extra_args
+_KEYS = ("filter", "allow_opt_out", "ngram_size")
+_TRUE = ("1", "true")
+_FALSE = ("0", "false")
+
+
+class ServingConfigError(FilterError):
+    """The engine's memfree configuration is missing or wrong."""
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """The operator's settings.
+
+    Attributes:
+        filter: path of the filter file.
+        allow_opt_out: whether a request may switch the guard off.
+        ngram_size: the n the operator expects (None: any).
+    """
+
+    filter: str
+    allow_opt_out: bool = False
+    ngram_size: int | None = None
+
+    @classmethod
+    def parse(cls, additional_config: Any, where: str = "additional_config") -> ServingConfig:
+        """The settings under ``additional_config["memfree"]``.
+
+        Raises:
+            ServingConfigError: missing, not a mapping, an unknown key, or a bad value; the message
+                shows the expected shape.
+        """
+        shape = f'{where}={{"{CONFIG_KEY}": {{"filter": "PATH", "allow_opt_out": false}}}}'
+        config = _lookup(additional_config, CONFIG_KEY)
+        if config is None:
+            raise ServingConfigError(
+                f"the memfree guard has no configuration: pass {shape} to the engine"
+            )
+        if not isinstance(config, Mapping):
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}] must be a mapping like {shape}, got {config!r}"
+            )
+        unknown = sorted(set(config) - set(_KEYS))
+        if unknown:
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"memfree knows {', '.join(map(repr, _KEYS))}"
+            )
+        path = config.get("filter")
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]['filter'] must be the path of a filter file "
+                f"(built with `memfree build`), got {path!r}"
+            )
+        allow = config.get("allow_opt_out", False)
+        if not isinstance(allow, bool):
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]['allow_opt_out'] must be true or false, got {allow!r}"
+            )
+        size = config.get("ngram_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]['ngram_size'] must be a positive integer, got {size!r}"
+            )
+        return cls(os.fspath(path), allow, size)
+
+
+def _lookup(config: Any, key: str) -> Any:
+    if config is None:
+        return None
+    if isinstance(config, Mapping):
+        return config.get(key)
+    return getattr(config, key, None)
+
+
+def requested_guard(extra_args: Any) -> bool | None:
+    """What a request asked for in its ``extra_args``: True (guard), False (no guard) or None
+    (nothing).
+
+    Raises:
+        ValueError: a value other than 0/1/true/false (vLLM answers HTTP 400).
+    """
+    if not extra_args:
+        return None
+    if not isinstance(extra_args, Mapping):
+        raise ValueError(f"extra_args must be a mapping, got {type(extra_args).__name__}")
+    if CONFIG_KEY not in extra_args:
+        return None
+    value = extra_args[CONFIG_KEY]
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(
+        f"extra_args[{CONFIG_KEY!r}] (vllm_xargs over HTTP) must be 0, 1, true or false, got "
+        f"{value!r}"
+    )
+
+
+__all__ = [
+    "CONFIG_KEY",
+    "ServingConfig",
+    "ServingConfigError",
+    "requested_guard",
+]

@@ -1,0 +1,143 @@
+"""Rows of different lengths, as engines keep them, for the guard core.
+
+An engine keeps each request's token ids as its own list (vLLM's prompt and output lists, llama.cpp's
+input ids), some of them not known yet (vLLM's ``-1`` placeholders under async scheduling). The
+core takes one `(rows, width)` tensor. :class:`RowGuard` builds it for the filter's unit: the token
+unit reads only each row's last n-1 ids; the word unit reads the whole row, left-padded with ``-1``
+(which adds no text). A row whose ids the masker would read are not all known is *closed*: the
+adapter lets it take nothing but end of sequence, so no unchecked token is ever emitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from memfree.guard import GuardSetup, ban_scores, fail_closed
+
+
+class RowGuard:
+    """The guard core over ragged rows of token ids.
+
+    Args:
+        setup: the guard's checked settings and core (:class:`~memfree.guard.GuardSetup`).
+    """
+
+    def __init__(self, setup: GuardSetup) -> None:
+        self.setup = setup
+        self.n = setup.n
+        self.eos_token_ids = setup.eos_token_ids
+        # The token unit's masker reads a row's last n-1 ids; the word unit's, its whole text.
+        self.window: int | None = setup.n - 1 if setup.unit.reads_token_ids else None
+
+    def contexts(
+        self, rows: Sequence[Sequence[int] | np.ndarray | None], guarded: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The core's input for ``rows``.
+
+        Args:
+            rows: each row's ids (prompt and generated, oldest first); None or a negative id
+                where the engine does not know it yet.
+            guarded: bool `(rows,)`, the rows to guard (None: all); the others are neither
+                checked nor closed.
+
+        Returns:
+            (int64 `(rows, width)` contexts, bool `(rows,)` rows to check, bool `(rows,)` rows
+            to close). A row of the token unit with fewer than n-1 ids completes no n-gram and is
+            not checked.
+        """
+        count = len(rows)
+        closed = np.zeros(count, dtype=bool)
+        checked = np.zeros(count, dtype=bool)
+        skip = np.zeros(count, dtype=bool) if guarded is None else ~np.asarray(guarded, bool)
+        if self.window is not None:
+            width = self.window
+            contexts = np.zeros((count, width), dtype=np.int64)
+            for index, row in enumerate(rows):
+                if skip[index]:
+                    continue
+                if row is None:
+                    closed[index] = True
+                    continue
+                last = np.asarray(row[-width:] if width else row[:0], dtype=np.int64)
+                if (last < 0).any():
+                    closed[index] = True
+                elif last.shape[0] == width:
+                    contexts[index] = last
+                    checked[index] = True
+            return contexts, checked, closed
+        arrays = []
+        for index, row in enumerate(rows):
+            ids = np.asarray(row if row is not None and not skip[index] else (), dtype=np.int64)
+            if skip[index]:
+                pass
+            elif row is None or (ids < 0).any():
+                closed[index] = True
+                ids = ids[:0]
+            else:
+                checked[index] = True
+            arrays.append(ids)
+        width = max((ids.shape[0] for ids in arrays), default=0)
+        contexts = np.full((count, width), -1, dtype=np.int64)
+        for index, ids in enumerate(arrays):
+            if ids.shape[0]:
+                contexts[index, width - ids.shape[0] :] = ids
+        return contexts, checked, closed
+
+    def banned(
+        self,
+        rows: Sequence[Sequence[int] | np.ndarray | None],
+        vocab_width: int,
+        device: torch.device | str = "cpu",
+        guarded: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which candidates each row may not take (``guarded``: see :meth:`contexts`).
+
+        Returns:
+            (bool `(rows, vocab_width)` banned candidates, bool `(rows,)` closed rows), on
+            ``device``.
+        """
+        device = torch.device(device)
+        contexts, checked, closed = self.contexts(rows, guarded)
+        banned = torch.zeros((len(rows), vocab_width), dtype=torch.bool, device=device)
+        if checked.any():
+            which = np.flatnonzero(checked)
+            mask, _ = self.setup.masker.banned_mask(
+                torch.from_numpy(np.ascontiguousarray(contexts[which])), vocab_width, device
+            )
+            banned[torch.from_numpy(which).to(device)] = mask
+        return banned, torch.from_numpy(closed).to(device)
+
+    def guard(
+        self,
+        scores: torch.Tensor,
+        rows: Sequence[Sequence[int] | np.ndarray | None],
+        *,
+        guarded: np.ndarray | None = None,
+        inplace: bool = True,
+    ) -> torch.Tensor:
+        """``scores`` `(rows, vocab_width)` with every banned candidate at ``-inf``, closed rows
+        left with end of sequence only, and no guarded row left with nothing allowed.
+
+        Args:
+            scores: the step's scores.
+            rows: each row's ids (see :meth:`contexts`).
+            guarded: bool `(rows,)`, the rows to guard (None: all); the others are left as
+                they are.
+            inplace: edit ``scores`` itself or return a new tensor.
+        """
+        banned, closed = self.banned(rows, scores.shape[1], scores.device, guarded)
+        rescued = None if guarded is None else torch.from_numpy(np.asarray(guarded, bool))
+        out = ban_scores(
+            scores,
+            banned,
+            self.eos_token_ids,
+            inplace=inplace,
+            rows=None if rescued is None else rescued.to(scores.device),
+        )
+        return fail_closed(out, closed, self.eos_token_ids)
+
+
+__all__ = ["RowGuard"]

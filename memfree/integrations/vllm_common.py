@@ -1,0 +1,106 @@
+"""What both vLLM adapters share: the guard built from the engine's configuration and tokenizer,
+and the per-request decision (see :mod:`memfree.integrations.policy`).
+
+vLLM calls a logits processor's ``apply()`` inside the engine's step, where an exception kills the
+engine. So everything that can fail (the configuration, the filter file, its tokenizer fingerprint
+against the engine's tokenizer, n, unit) is checked here, when the engine builds the processor:
+a bad setting stops the engine at start-up with a message that names it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from memfree.errors import FilterError
+from memfree.guard import GuardSetup
+from memfree.integrations.policy import ServingConfig, ServingConfigError, requested_guard
+from memfree.integrations.rows import RowGuard
+
+logger = logging.getLogger("memfree")
+
+
+def engine_tokenizer(vllm_config: Any) -> Any:
+    """The engine's tokenizer, loaded the way vLLM loads it (without vLLM, as transformers does,
+    from the local path the engine names).
+
+    Raises:
+        ServingConfigError: the engine was started without a tokenizer.
+    """
+    model_config = getattr(vllm_config, "model_config", None)
+    if model_config is None or getattr(model_config, "skip_tokenizer_init", False):
+        raise ServingConfigError(
+            "the memfree guard needs the engine's tokenizer to check the filter against it; "
+            "start the engine without skip_tokenizer_init"
+        )
+    try:
+        from vllm.tokenizers import cached_tokenizer_from_config
+    except ImportError:
+        from memfree.tokenizer import load_tokenizer
+
+        return load_tokenizer(model_config.tokenizer)
+    return cached_tokenizer_from_config(model_config)
+
+
+def engine_guard(vllm_config: Any) -> tuple[ServingConfig, RowGuard]:
+    """The operator's settings and the guard over the engine's tokenizer.
+
+    Raises:
+        ServingConfigError: a missing or bad ``additional_config["memfree"]``.
+        FilterError: the filter cannot be opened, or does not fit the engine's tokenizer (its
+            fingerprint), n or unit; the message says how to rebuild it.
+    """
+    config = ServingConfig.parse(getattr(vllm_config, "additional_config", None))
+    tokenizer = engine_tokenizer(vllm_config)
+    try:
+        setup = GuardSetup.create(config.filter, tokenizer, ngram_size=config.ngram_size)
+    except FileNotFoundError as error:
+        raise FilterError(
+            f"additional_config['memfree']['filter']: {error}; build one with `memfree build`"
+        ) from None
+    logger.info(
+        "memfree: guarding every request with %s (%s %d-grams%s)",
+        config.filter,
+        setup.unit.name,
+        setup.n,
+        ", requests may opt out" if config.allow_opt_out else "",
+    )
+    return config, RowGuard(setup)
+
+
+def validate_request(sampling_params: Any) -> None:
+    """Refuse a request whose ``extra_args["memfree"]`` is not 0/1/true/false.
+
+    Raises:
+        ValueError: the value (vLLM turns it into HTTP 400).
+    """
+    requested_guard(getattr(sampling_params, "extra_args", None))
+
+
+class RequestPolicy:
+    """Whether each request is guarded, with one warning the first time a request asks to switch
+    the guard off where the operator does not allow it."""
+
+    def __init__(self, config: ServingConfig) -> None:
+        self.config = config
+        self._warned = False
+
+    def guards(self, sampling_params: Any) -> bool:
+        """True unless opt-out is allowed and the request asked for it."""
+        try:
+            asked = requested_guard(getattr(sampling_params, "extra_args", None))
+        except ValueError:
+            return True  # refused at admission; guarded all the same
+        if asked is False and not self.config.allow_opt_out:
+            if not self._warned:
+                logger.warning(
+                    "memfree: a request asked to switch the guard off; this engine does not "
+                    "allow it (additional_config['memfree']['allow_opt_out']), so it stays "
+                    "guarded"
+                )
+                self._warned = True
+            return True
+        return asked is not False
+
+
+__all__ = ["RequestPolicy", "engine_guard", "engine_tokenizer", "validate_request"]
