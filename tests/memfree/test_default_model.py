@@ -70,3 +70,18 @@ def test_default_model_loads_from_the_cache_in_seconds(default_model: tuple[Any,
     assert (loaded_from / "model.safetensors").is_file()
     assert model.config.vocab_size == len(tokenizer) == 49152
     print(f"second load {seconds:.2f} s")
+
+
+def test_default_model_dir_is_a_plain_model_directory(default_model: tuple[Any, Any]) -> None:
+    """Engines that load a Hugging Face directory (vLLM) refuse the GGUF quantization_config
+    that a model loaded from GGUF carries into its saved config: the copy has none."""
+    import json
+
+    from memfree.models import default_model_dir
+
+    directory = default_model_dir()
+    config = json.loads((directory / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["vocab_size"] == 49152
+    assert (directory / "model.safetensors").exists()
+    assert (directory / "tokenizer.json").exists()
