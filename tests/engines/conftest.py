@@ -42,4 +42,13 @@ def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         subprocess.run(command, check=True, timeout=900)
         return dict(json.loads(out.read_text()))
 
-    return {"paths": paths, "stored": stored, "run_bench": run_bench}
+    def check(result: dict[str, Any], guarded: dict[str, str]) -> None:
+        """Unguarded outputs hold stored n-grams; the ``guarded`` ones (name -> unit) none."""
+        prompts = result["prompts"]
+        plain = [stored("token", p, o) for p, o in zip(prompts, result["plain"], strict=True)]
+        assert sum(plain) > 0, "the default model should copy cp437.py unguarded"
+        for name, unit in guarded.items():
+            for prompt, output in zip(prompts, result[name], strict=True):
+                assert stored(unit, prompt, output) == 0, (name, output)
+
+    return {"paths": paths, "stored": stored, "run_bench": run_bench, "check": check}

@@ -23,15 +23,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-engine
 @pytest.mark.timeout(900)
 def test_vllm_offline(cp437_filters: dict[str, Any], tmp_path: Path) -> None:
     result = cp437_filters["run_bench"]("vllm", tmp_path / "vllm.json")
-    prompts = result["prompts"]
-    plain = [
-        cp437_filters["stored"]("token", p, o)
-        for p, o in zip(prompts, result["plain"], strict=True)
-    ]
-    assert sum(plain) > 0, "the default model should copy cp437.py unguarded"
-    for name, unit in (("guarded", "token"), ("sampled", "token"), ("word", "word")):
-        for prompt, output in zip(prompts, result[name], strict=True):
-            assert cp437_filters["stored"](unit, prompt, output) == 0, (name, output)
+    cp437_filters["check"](result, {"guarded": "token", "sampled": "token", "word": "word"})
     assert result["opted_out"] == result["plain"]
     for index, output in enumerate(result["mixed"]):
         expected = result["guarded"] if index % 2 == 0 else result["plain"]
