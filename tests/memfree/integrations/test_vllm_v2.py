@@ -93,8 +93,22 @@ def test_a_batch_of_opted_out_requests_is_left_alone(
     )
     states = _req_states(token_guarded.width)
     processor = MemFreeV2LogitsProcessor(config, states)
+    committed = token_guarded.corpus_ids[0][:5]  # inside a stored passage: the guard would ban
+    states.all_token_ids.gpu[2, :5] = torch.tensor(committed)
+    states.total_len.gpu[2] = 5
+    ctx = SimpleNamespace(
+        expanded_idx_mapping=torch.tensor([2]),
+        idx_mapping=torch.tensor([2]),
+        idx_mapping_np=np.asarray([2]),
+        expanded_local_pos=torch.tensor([0]),
+        input_ids=torch.tensor([committed[-1]]),
+        pos=torch.tensor([4]),
+        seq_lens_upper_bound_np=np.asarray([5]),
+    )
+    logits = torch.randn(1, token_guarded.width)
+    assert processor.add_request(2, SimpleNamespace(extra_args={"memfree": 1})) is True
+    processor.apply_staged_writes()
+    assert torch.isneginf(processor.apply(logits.clone(), ctx)).any()  # guarded: bans
     assert processor.add_request(2, SimpleNamespace(extra_args={"memfree": "false"})) is False
     processor.apply_staged_writes()
-    logits = torch.randn(1, token_guarded.width)
-    ctx = SimpleNamespace(idx_mapping_np=np.asarray([2]), expanded_idx_mapping=torch.tensor([2]))
-    assert processor.apply(logits, ctx) is logits
+    assert torch.equal(processor.apply(logits.clone(), ctx), logits)  # opted out: untouched
