@@ -297,6 +297,9 @@ def _record(
     censored = defense == "censor" and found.stored > 0
     output = "" if censored else completion.text
     output_ids = [] if censored else completion.output_ids
+    in_text = stored_ngrams(
+        ngram_filter, completion.prompt_ids, output_ids, tokenizer=tokenizer, text=True
+    )
     scores = score(output, truth, metrics, output_ids if truth_ids else None, truth_ids)
     words = None
     if word_filter is not None:
@@ -318,6 +321,8 @@ def _record(
         approximately_memorized=scores.approximately_memorized,
         stored_ngrams=0 if censored else found.stored,
         ngrams=0 if censored else found.total,
+        stored_text_ngrams=in_text.stored,
+        text_ngrams=in_text.total,
         interventions=len(completion.interventions) if defense in GUARDS else 0,
         signature=scores.signature,
         stored_word_ngrams=words.stored if words is not None else None,

@@ -185,16 +185,20 @@ def stored_ngrams(
     prompt_ids: Sequence[int],
     output_ids: Sequence[int],
     tokenizer: Any = None,
+    *,
+    text: bool = False,
 ) -> StoredNgrams:
     """How many of the n-grams holding at least one output token the filter stores.
 
     Windows with a special token the builder cut at are not counted, stored or not. A word
     filter counts the word n-grams the output created in the decoded text (needs ``tokenizer``).
+    With ``text``, a token filter counts the n-grams of the decoded text tokenized again, those
+    holding a token the output created or changed (needs ``tokenizer``).
     """
     from memfree.generation import stored_ngram_counts
 
     return StoredNgrams(
-        *stored_ngram_counts(ngram_filter, prompt_ids, output_ids, tokenizer=tokenizer)
+        *stored_ngram_counts(ngram_filter, prompt_ids, output_ids, tokenizer=tokenizer, text=text)
     )
 
 

@@ -43,6 +43,8 @@ _MAY_BE_ABSENT = (
     "truth",
     "censored",
     "ngrams",
+    "stored_text_ngrams",
+    "text_ngrams",
     "stored_word_ngrams",
     "word_ngrams",
 )
@@ -69,6 +71,11 @@ class MemorizationRecord(JsonView):
         approximately_memorized: BLEU above the threshold of :attr:`signature`.
         stored_ngrams: stored token n-grams reaching into the output (its token ids).
         ngrams: token n-grams reaching into the output.
+        stored_text_ngrams: stored token n-grams of the output's text: the decoded prompt and
+            output tokenized again, n-grams holding a token the output created or changed
+            (None: not counted, a run before this count existed). The token guard promises
+            nothing here: a model may spell a stored passage with another token split.
+        text_ngrams: token n-grams of the output's text so counted (None: not counted).
         interventions: decoding steps where the guard removed a token.
         signature: every metric setting and library version behind the scores.
         stored_word_ngrams: stored word n-grams the output created (None: no word filter).
@@ -93,6 +100,8 @@ class MemorizationRecord(JsonView):
     truth: str | None = None
     censored: bool | None = None
     ngrams: int | None = None
+    stored_text_ngrams: int | None = None
+    text_ngrams: int | None = None
     stored_word_ngrams: int | None = None
     word_ngrams: int | None = None
     absent: frozenset[str] = field(default=frozenset(), repr=False)
@@ -115,6 +124,8 @@ class MemorizationRecord(JsonView):
         "approximately_memorized",
         "stored_ngrams",
         "ngrams",
+        "stored_text_ngrams",
+        "text_ngrams",
         "interventions",
         "signature",
         "stored_word_ngrams",
@@ -134,6 +145,8 @@ class MemorizationRecord(JsonView):
         skip = set(self.absent)
         if not words_counted:
             skip |= {"stored_word_ngrams", "word_ngrams"}
+        if self.stored_text_ngrams is None:
+            skip |= {"stored_text_ngrams", "text_ngrams"}
         return {key: getattr(self, key) for key in self._ORDER if key not in skip}
 
 

@@ -38,12 +38,26 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "censored_rate": sum(bool(r.get("censored")) for r in members) / count,
             }
         )
-        counted = [r for r in members if "stored_word_ngrams" in r]
-        if counted:  # the run had a word filter: the share holding a stored word n-gram
-            rows[-1]["word_verbatim_rate"] = sum(
-                r["stored_word_ngrams"] > 0 for r in counted
-            ) / len(counted)
+        rows[-1].update(_optional_rates(members))
     return rows
+
+
+# Counts a record may lack (a run before they existed, or without a word filter), and the rate
+# of records where each is above 0: holding a stored token n-gram once the output's text is
+# tokenized again, holding a stored word n-gram.
+_OPTIONAL_RATES = {
+    "stored_text_ngrams": "text_verbatim_rate",
+    "stored_word_ngrams": "word_verbatim_rate",
+}
+
+
+def _optional_rates(members: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    rates = {}
+    for field, rate in _OPTIONAL_RATES.items():
+        counted = [r for r in members if r.get(field) is not None]
+        if counted:
+            rates[rate] = sum(r[field] > 0 for r in counted) / len(counted)
+    return rates
 
 
 def summarize_buckets(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -66,6 +80,7 @@ def summarize_buckets(records: Sequence[Mapping[str, Any]]) -> list[dict[str, An
                 "approximate_rate": sum(bool(r["approximately_memorized"]) for r in members)
                 / len(members),
                 "mean_bleu": float(np.mean([r["bleu"] for r in members])),
+                **_optional_rates(members),
             }
         )
     return rows
@@ -94,23 +109,22 @@ def write_report(
     atomic_write(out / "summary.json", json.dumps(summary, indent=2))
     plots = _plots(out, records, rows)
     lines = [f"# {title}", ""]
-    has_words = any("word_verbatim_rate" in row for row in rows)
+    optional = [(rate, heading) for rate, heading in _OPTIONAL_COLUMNS if _has(rows, rate)]
     lines += [
         f"{len(records)} generations; metric signature"
         f"{'s' if len(signatures) > 1 else ''} {', '.join(f'`{x}`' for x in signatures) or '-'}.",
         "",
-        "| style | defense | generations | verbatim (≥1 stored n-gram) | "
-        + ("≥1 stored word n-gram | " if has_words else "")
+        "| style | defense | generations | verbatim (≥1 stored n-gram in its ids) | "
+        + "".join(f"{heading} | " for _, heading in optional)
         + "exact match | approx. memorized (BLEU > threshold) | mean BLEU | mean edit sim. | "
         "interventions |",
-        "|---|---|---:|---:|" + ("---:|" if has_words else "") + "---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|" + "---:|" * len(optional) + "---:|---:|---:|---:|---:|",
     ]
     for row in rows:
-        words = row.get("word_verbatim_rate")
         lines.append(
             f"| {row['style']} | {row['defense']} | {row['generations']} | "
             f"{row['verbatim_rate']:.0%} | "
-            + (f"{words:.0%} | " if words is not None else "- | " if has_words else "")
+            + "".join(_rate_cell(row, rate) for rate, _ in optional)
             + f"{row['exact_match_rate']:.0%} | "
             f"{row['approximate_rate']:.0%} | {row['mean_bleu']:.3f} | "
             f"{row['mean_edit_similarity']:.3f} | {row['mean_interventions']:.2f} |"
@@ -122,20 +136,10 @@ def write_report(
         "guard: n-grams of normalized words, whatever their case, spacing or punctuation).",
         "",
     ]
+    if _has(rows, "text_verbatim_rate"):
+        lines += [_TEXT_COLUMN_NOTE, ""]
     if buckets:
-        lines += [
-            "## By repetitions in the corpus (original prompts)",
-            "",
-            "| occurrences ≥ | defense | generations | verbatim | approx. memorized | mean BLEU |",
-            "|---:|---|---:|---:|---:|---:|",
-        ]
-        for row in buckets:
-            lines.append(
-                f"| {row['occurrences_from']:.1f} | {row['defense']} | {row['generations']} | "
-                f"{row['verbatim_rate']:.0%} | {row['approximate_rate']:.0%} | "
-                f"{row['mean_bleu']:.3f} |"
-            )
-        lines.append("")
+        lines += _bucket_lines(buckets)
     for name, caption in plots:
         lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
     examples = _examples(records)
@@ -155,6 +159,48 @@ def write_report(
     lines.append(f"Settings: `{json.dumps(settings, sort_keys=True)}`")
     atomic_write(out / "report.md", "\n".join(lines) + "\n")
     return summary
+
+
+_OPTIONAL_COLUMNS = (
+    ("text_verbatim_rate", "≥1 stored n-gram in its text tokenized again"),
+    ("word_verbatim_rate", "≥1 stored word n-gram"),
+)
+_TEXT_COLUMN_NOTE = (
+    "*In its text tokenized again*: the decoded prompt and output tokenized again with the "
+    "filter's tokenizer, as anyone who stores or forwards the text does; n-grams holding a token "
+    "the output created or changed. The token guard's promise is over the ids it generated: a "
+    "model may spell a stored passage with another token split, which this column finds."
+)
+
+
+def _has(rows: Sequence[Mapping[str, Any]], rate: str) -> bool:
+    return any(rate in row for row in rows)
+
+
+def _rate_cell(row: Mapping[str, Any], rate: str) -> str:
+    return f"{row[rate]:.0%} | " if rate in row else "- | "
+
+
+def _bucket_lines(buckets: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The table by repetition bucket (original prompts)."""
+    text = _has(buckets, "text_verbatim_rate")
+    lines = [
+        "## By repetitions in the corpus (original prompts)",
+        "",
+        "| occurrences ≥ | defense | generations | verbatim | "
+        + ("verbatim in its text tokenized again | " if text else "")
+        + "approx. memorized | mean BLEU |",
+        "|---:|---|---:|---:|" + ("---:|" if text else "") + "---:|---:|",
+    ]
+    for row in buckets:
+        lines.append(
+            f"| {row['occurrences_from']:.1f} | {row['defense']} | {row['generations']} | "
+            f"{row['verbatim_rate']:.0%} | "
+            + (_rate_cell(row, "text_verbatim_rate") if text else "")
+            + f"{row['approximate_rate']:.0%} | {row['mean_bleu']:.3f} |"
+        )
+    lines.append("")
+    return lines
 
 
 def _examples(records: Sequence[Mapping[str, Any]], count: int = 3) -> list[dict[str, Any]]:

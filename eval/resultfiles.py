@@ -43,6 +43,7 @@ OPTIONAL_RECORD_FIELDS = {
     "censored": "true or false",
     "bucket": "an integer or null",
     "stored_word_ngrams": "an integer",
+    "stored_text_ngrams": "an integer",
 }
 EXAMPLE_FIELDS = {
     "example_id": "a string",

@@ -164,7 +164,8 @@ class Completion:
     text: str
     guarded: bool
     interventions: list[Intervention] = field(default_factory=list)
-    stored_ngrams: int | None = None
+    stored_ngrams: int | None = None  # stored n-grams holding an output token (its ids)
+    stored_text_ngrams: int | None = None  # the same in its text tokenized again
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -239,9 +240,9 @@ def complete(
                 interventions=interventions,
             )
             if ngram_filter is not None:
-                completion.stored_ngrams = count_stored_ngrams(
-                    ngram_filter, completion.prompt_ids, new_ids, guard, tokenizer
-                )
+                count = (ngram_filter, completion.prompt_ids, new_ids, guard, tokenizer)
+                completion.stored_ngrams = stored_ngram_counts(*count)[0]
+                completion.stored_text_ngrams = stored_ngram_counts(*count, text=True)[0]
             results.append(completion)
         if progress is not None:
             progress(len(batch))
@@ -345,6 +346,8 @@ def stored_ngram_counts(
     output_ids: Sequence[int],
     guard: MemFreeLogitsProcessor | None = None,
     tokenizer: Any = None,
+    *,
+    text: bool = False,
 ) -> tuple[int, int]:
     """(stored, all) n-grams of ``prompt ‖ output`` that hold at least one output token.
 
@@ -352,44 +355,18 @@ def stored_ngram_counts(
     are not counted: no such window is stored. With a word filter, the n-grams are those of the
     decoded text (special tokens skipped) that end at a word the output created or changed; that
     needs the ``tokenizer`` (or a word guard, which holds it).
+
+    With ``text``, a token filter's n-grams are those of the decoded text tokenized again (what
+    anyone who stores the text sees; the guard's promise is over the generated ids); needs the
+    tokenizer. A word filter's count is the same either way.
     """
     special = ngram_filter.special_token_ids
     if special is None and guard is not None:
         special = guard.special_token_ids
     if tokenizer is None and guard is not None:
         tokenizer = guard.tokenizer
-    return unit_of(ngram_filter).created_ngram_counts(
+    unit = unit_of(ngram_filter)
+    count = unit.created_text_ngram_counts if text else unit.created_ngram_counts
+    return count(
         ngram_filter, prompt_ids, output_ids, special_token_ids=special, tokenizer=tokenizer
     )
-
-
-_RED_STRIKE, _GREEN, _RESET = "\033[9;31m", "\033[32m", "\033[0m"
-
-
-def _visible(token_text: str) -> str:
-    """A token's text with line breaks and tabs written as escapes, so a mark stays on one line."""
-    return token_text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
-
-
-def explain(tokenizer: Any, completion: Completion, color: bool = False) -> str:
-    """The completion's text with each intervention shown as ``[[blocked -> chosen]]``.
-
-    With ``color``, the blocked token is red and struck through and the chosen token green
-    instead of the brackets. Line breaks and tabs inside a mark are written ``\\n`` and ``\\t``.
-    """
-    marks = {item.position: item for item in completion.interventions}
-    pieces: list[str] = []
-    ids = completion.output_ids
-    cursor = 0
-    for position in sorted(marks):
-        pieces.append(tokenizer.decode(ids[cursor:position]))
-        item = marks[position]
-        blocked = _visible(tokenizer.decode([item.blocked]))
-        chosen = _visible(tokenizer.decode([item.chosen]))
-        if color:
-            pieces.append(f"{_RED_STRIKE}{blocked}{_RESET}{_GREEN}{chosen}{_RESET}")
-        else:
-            pieces.append(f"[[{blocked} -> {chosen}]]")
-        cursor = position + 1
-    pieces.append(tokenizer.decode(ids[cursor:]))
-    return "".join(pieces)

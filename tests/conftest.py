@@ -168,10 +168,17 @@ def train_on_windows(
 ) -> Any:
     """A tiny Llama trained on every ``window``-token window of ``texts`` (full batch, AdamW), so
     that it continues memorized text from any offset, not only from a document's first token."""
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    return train_on_rows(tokenizer, rows, window, stride, steps)
+
+
+def train_on_rows(
+    tokenizer: Any, rows: list[list[int]], window: int, stride: int = 1, steps: int = 100
+) -> Any:
+    """:func:`train_on_windows` for token id rows (a text spelled with any token split)."""
     import torch
 
     model = tiny_llama_model(tokenizer)
-    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     windows = torch.tensor(
         [row[i : i + window] for row in rows for i in range(0, len(row) - window + 1, stride)]
     )

@@ -335,20 +335,27 @@ def _run_memorization(
 def _print_summary(summary: dict[str, Any], settings: Any, words: bool) -> None:
     """The summary's rows as a table (a words column when a word filter counted)."""
     print(
-        f"{'style':22s} {'defense':8s} {'verbatim':>9s} "
+        f"{'style':22s} {'defense':8s} {'verbatim':>9s} {'text':>5s} "
         + (f"{'words':>6s} " if words else "")
         + f"{'approx.':>8s} {'BLEU':>6s} {'edit':>6s}"
     )
     for row in summary["rows"]:
         print(
             f"{row['style']:22s} {row['defense']:8s} {row['verbatim_rate']:9.0%} "
-            + (f"{row.get('word_verbatim_rate', 0.0):6.0%} " if words else "")
+            + _cell(row, "text_verbatim_rate", 5)
+            + (_cell(row, "word_verbatim_rate", 6) if words else "")
             + f"{row['approximate_rate']:8.0%} {row['mean_bleu']:6.3f} "
             f"{row['mean_edit_similarity']:6.3f}"
         )
-    if words:
-        print(
-            "verbatim: holds a stored token n-gram; words: holds a stored word n-gram; approx.: "
-            f"BLEU > {settings.metrics.bleu_threshold:g} ({settings.metrics.normalize} "
-            "normalization)"
-        )
+    print(
+        "verbatim: holds a stored token n-gram in the ids generated; text: in its text tokenized "
+        "again (the token guard promises nothing there)"
+        + ("; words: holds a stored word n-gram" if words else "")
+        + f"; approx.: BLEU > {settings.metrics.bleu_threshold:g} "
+        f"({settings.metrics.normalize} normalization)"
+    )
+
+
+def _cell(row: dict[str, Any], rate: str, width: int) -> str:
+    """A rate, or "-" where the run's records do not count it (an older run)."""
+    return f"{row[rate]:{width}.0%} " if rate in row else f"{'-':>{width}s} "

@@ -12,7 +12,10 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memfree.generation import Completion
 
 _COLOR_ESCAPE = re.compile(r"\033\[[0-9;]*m")
 
@@ -110,3 +113,35 @@ def _wrap(text: str, width: int) -> list[str]:
 def _visible_length(text: str) -> int:
     """Columns ``text`` takes on a terminal: colour escape sequences take none."""
     return len(_COLOR_ESCAPE.sub("", text))
+
+
+_RED_STRIKE, _GREEN, _RESET = "\033[9;31m", "\033[32m", "\033[0m"
+
+
+def _visible(token_text: str) -> str:
+    """A token's text with line breaks and tabs written as escapes, so a mark stays on one line."""
+    return token_text.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
+def explain(tokenizer: Any, completion: Completion, color: bool = False) -> str:
+    """The completion's text with each intervention shown as ``[[blocked -> chosen]]``.
+
+    With ``color``, the blocked token is red and struck through and the chosen token green
+    instead of the brackets. Line breaks and tabs inside a mark are written ``\\n`` and ``\\t``.
+    """
+    marks = {item.position: item for item in completion.interventions}
+    pieces: list[str] = []
+    ids = completion.output_ids
+    cursor = 0
+    for position in sorted(marks):
+        pieces.append(tokenizer.decode(ids[cursor:position]))
+        item = marks[position]
+        blocked = _visible(tokenizer.decode([item.blocked]))
+        chosen = _visible(tokenizer.decode([item.chosen]))
+        if color:
+            pieces.append(f"{_RED_STRIKE}{blocked}{_RESET}{_GREEN}{chosen}{_RESET}")
+        else:
+            pieces.append(f"[[{blocked} -> {chosen}]]")
+        cursor = position + 1
+    pieces.append(tokenizer.decode(ids[cursor:]))
+    return "".join(pieces)

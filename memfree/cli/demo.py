@@ -136,8 +136,7 @@ def _show(
     show: int,
 ) -> None:
     """The ``show`` most-copied prompts side by side, then a table of every prompt."""
-    from memfree.cli.common import side_by_side
-    from memfree.generation import explain
+    from memfree.cli.common import explain, side_by_side
 
     order = sorted(range(len(prompts)), key=lambda i: -(plain[i].stored_ngrams or 0))
     for index in order[:show]:

@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         _print_records(tokenizer, guarded, plain)
     else:
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-        _print_text(tokenizer, guarded, plain, ngram_filter.n, args.explain, color)
+        _print_text(tokenizer, guarded, plain, ngram_filter, args.explain, color)
     return 0
 
 
@@ -279,6 +279,7 @@ def _print_records(tokenizer: Any, guarded: list[Any], plain: list[Any] | None) 
             "prompt": completion.prompt,
             "guarded": completion.text,
             "guarded_stored_ngrams": completion.stored_ngrams,
+            "guarded_stored_text_ngrams": completion.stored_text_ngrams,
             "interventions": [
                 {
                     "position": item.position,
@@ -291,6 +292,7 @@ def _print_records(tokenizer: Any, guarded: list[Any], plain: list[Any] | None) 
         if plain is not None:
             record["unguarded"] = plain[index].text
             record["unguarded_stored_ngrams"] = plain[index].stored_ngrams
+            record["unguarded_stored_text_ngrams"] = plain[index].stored_text_ngrams
         print(json.dumps(record, ensure_ascii=False))
 
 
@@ -298,13 +300,14 @@ def _print_text(
     tokenizer: Any,
     guarded: list[Any],
     plain: list[Any] | None,
-    ngram_size: int,
+    ngram_filter: Any,
     show_blocked: bool,
     color: bool,
 ) -> None:
-    """Each prompt with its completions (side by side with --compare), then a summary line."""
-    from memfree.generation import explain
+    """Each prompt with its completions (side by side with --compare), then the summary."""
+    from memfree.cli.common import explain
 
+    ngram_size = ngram_filter.n
     for index, completion in enumerate(guarded):
         text = explain(tokenizer, completion, color) if show_blocked else completion.text
         header = f"── prompt {index + 1}/{len(guarded)} " + "─" * 40
@@ -320,10 +323,32 @@ def _print_text(
             continue
         plain_title = f"unguarded: {plain[index].stored_ngrams} stored {ngram_size}-grams"
         print(side_by_side(plain_title, plain[index].text, guarded_title, text))
+    print(_summary(guarded, plain, ngram_size, retokenized=ngram_filter.unit == "token"))
+
+
+def _summary(
+    guarded: list[Any], plain: list[Any] | None, ngram_size: int, *, retokenized: bool
+) -> str:
+    """How many completions hold a stored n-gram: in the ids generated (the guard's promise) and
+    in their text tokenized again (a token filter only: a word filter's count is of the text)."""
+
+    def holding(completions: list[Any], field: str) -> int:
+        return sum(1 for c in completions if getattr(c, field))
+
     total = sum(c.stored_ngrams or 0 for c in guarded)
-    summary = f"guarded completions with a stored {ngram_size}-gram: " + str(
-        sum(1 for c in guarded if c.stored_ngrams)
+    summary = (
+        f"guarded completions with a stored {ngram_size}-gram: {holding(guarded, 'stored_ngrams')}"
     )
     if plain is not None:
-        summary += f"; unguarded: {sum(1 for c in plain if c.stored_ngrams)} of {len(plain)}"
-    print(f"{summary} (stored n-grams in guarded output: {total})")
+        summary += f"; unguarded: {holding(plain, 'stored_ngrams')} of {len(plain)}"
+    summary += f" (stored n-grams in guarded output: {total})"
+    if not retokenized:
+        return summary
+    in_text = sum(c.stored_text_ngrams or 0 for c in guarded)
+    summary += (
+        f"\nin their text tokenized again: guarded {holding(guarded, 'stored_text_ngrams')}"
+        + (f", unguarded {holding(plain, 'stored_text_ngrams')}" if plain is not None else "")
+        + f" (stored n-grams in guarded text: {in_text}; the token guard's promise is over the "
+        "ids it generated, and another token split of a stored passage keeps it)"
+    )
+    return summary

@@ -21,6 +21,10 @@ The evaluation ("n-grams this output created"):
     ``prompt ‖ output`` holding an output token (windows with a special id skipped), or word
     n-grams of the decoded text ending at a word the output created or changed (needs the
     tokenizer).
+    ``unit.created_text_ngram_counts(...)`` (same arguments; needs the tokenizer) -> the same,
+    read from the text: the token unit decodes ``prompt ‖ output`` and tokenizes it again (what
+    anyone who stores the text sees; the guard's promise is over the generated ids); the word
+    unit's count is already over the text.
 
 The builder:
     ``unit.tokenizer_problem(requested, tokenizer=None)`` -> why a build of this unit cannot take

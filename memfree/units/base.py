@@ -105,6 +105,19 @@ class Unit(Protocol):
         """(stored, all) n-grams that ``output_ids`` created after ``prompt_ids``."""
         ...
 
+    def created_text_ngram_counts(
+        self,
+        ngram_filter: NgramSet,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        *,
+        special_token_ids: Sequence[int] | None = None,
+        tokenizer: Any = None,
+    ) -> tuple[int, int]:
+        """(stored, all) n-grams that ``output_ids`` created, read from the decoded text (token
+        n-grams: the text tokenized again; needs the tokenizer)."""
+        ...
+
     def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
         """The n-grams of ``text`` in this unit and which the filter stores (the token unit
         needs the filter's tokenizer)."""

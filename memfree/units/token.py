@@ -156,6 +156,48 @@ class TokenUnit:
         found = ngram_filter.contains(np.ascontiguousarray(windows))
         return int(found.sum()), int(windows.shape[0])
 
+    def created_text_ngram_counts(
+        self,
+        ngram_filter: NgramSet,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        *,
+        special_token_ids: Sequence[int] | None = None,
+        tokenizer: Any = None,
+    ) -> tuple[int, int]:
+        """(stored, all) token n-grams that the output created *in its text*: the text of
+        ``prompt ‖ output`` (special tokens skipped) tokenized again, as anyone who stores or
+        forwards the text does, and its windows holding a token that the output created or
+        changed (past the longest common prefix with the prompt's text tokenized again).
+
+        The guard's promise is over the generated ids (:meth:`created_ngram_counts`); a model
+        that spells a stored passage with another token split keeps that promise, and this
+        count finds the passage.
+
+        Raises:
+            ValueError: no tokenizer (the text must be decoded and tokenized again).
+        """
+        if tokenizer is None:
+            raise ValueError("counting stored n-grams of the text needs the filter's tokenizer")
+        if len(output_ids) == 0:
+            return 0, 0
+        prompt_ids = list(prompt_ids)
+        before = _retokenized(tokenizer, prompt_ids)
+        after = _retokenized(tokenizer, prompt_ids + list(output_ids))
+        common = 0
+        for old, new in zip(before, after, strict=False):
+            if old != new:
+                break
+            common += 1
+        if common == len(after):  # the output's text changed no token (it decodes to nothing)
+            return 0, 0
+        return self.created_ngram_counts(
+            ngram_filter,
+            after[:common],
+            after[common:],
+            special_token_ids=special_token_ids,
+        )
+
     def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
         """The token n-grams of ``text`` (no special tokens added; windows holding a special id
         the builder cut at left out), decoded lazily for quoting.
@@ -219,6 +261,12 @@ class TokenUnit:
         return BuildParts(
             TokenizerPayload.from_tokenizer(tokenizer), header, config, "tokenize+hash"
         )
+
+
+def _retokenized(tokenizer: Any, ids: list[int]) -> list[int]:
+    """``ids`` decoded (special tokens skipped) and tokenized again (none added)."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 
 class _Decoded(Sequence[str]):

@@ -106,6 +106,25 @@ class WordUnit:
             return 0, 0
         return int(ngram_filter.contains(ngram_hash_rows(created)).sum()), len(created)
 
+    def created_text_ngram_counts(
+        self,
+        ngram_filter: NgramSet,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        *,
+        special_token_ids: Sequence[int] | None = None,
+        tokenizer: Any = None,
+    ) -> tuple[int, int]:
+        """The same as :meth:`created_ngram_counts`: word n-grams are read from the text, so no
+        token split of it hides one."""
+        return self.created_ngram_counts(
+            ngram_filter,
+            prompt_ids,
+            output_ids,
+            special_token_ids=special_token_ids,
+            tokenizer=tokenizer,
+        )
+
     def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
         """The normalized-word n-grams of ``text`` (no tokenizer needed)."""
         from memfree.words import word_hashes_np, words

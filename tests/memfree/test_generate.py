@@ -5,6 +5,7 @@ batches with left padding, beams, several return sequences, a TextStreamer, a pi
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -16,13 +17,13 @@ import torch
 
 from memfree import MemFreeLogitsProcessor, NgramFilter
 from memfree.cli import main as cli_main
+from memfree.cli.common import explain
 from memfree.generation import (
     Completion,
     DecodingSettings,
     Intervention,
     complete,
     count_stored_ngrams,
-    explain,
 )
 from memfree.tokenizer import tokenizer_fingerprint
 
@@ -189,6 +190,9 @@ def test_cli_generate_compare_explain_json(
     for record in records:
         assert record["guarded_stored_ngrams"] == 0
         assert record["unguarded_stored_ngrams"] > 0
+        # The same count in the text tokenized again (the guard promises nothing there).
+        for side in ("guarded", "unguarded"):
+            assert isinstance(record[f"{side}_stored_text_ngrams"], int)
         assert record["interventions"]
     assert (
         cli_main(
@@ -208,6 +212,7 @@ def test_cli_generate_compare_explain_json(
     )
     text = capsys.readouterr().out
     assert "unguarded:" in text and "guarded: 0 stored 4-grams" in text and " -> " in text
+    assert re.search(r"in their text tokenized again: guarded \d+, unguarded \d+", text)
 
 
 @pytest.mark.parametrize(
