@@ -95,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         f"guarded {still} of {len(guarded)}"
     )
     print(
+        "in their text tokenized again (the guard's promise is over the ids it generated): "
+        f"unguarded {sum(1 for c in plain if c.stored_text_ngrams)}, guarded "
+        f"{sum(1 for c in guarded if c.stored_text_ngrams)} of {len(guarded)} "
+        f"({sum(c.stored_text_ngrams or 0 for c in guarded)} stored 10-grams)"
+    )
+    print(
         f"generation time: unguarded {plain_seconds:.1f} s, guarded {guarded_seconds:.1f} s "
         f"({guarded_seconds / plain_seconds:.2f}x); the guard skipped "
         f"{guard.stats.summary()['fraction_skipped']:.0%} of the last batch's row-steps exactly"
