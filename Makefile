@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_query.py
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_word_guard.py
+	$(PY) bench/bench_text_check.py
 
 # The builder on a synthetic 1B-token pre-tokenized corpus: about 30 minutes and 20 GB of disk here.
 bench-scale: $(STAMP)
