@@ -270,7 +270,8 @@ def _styled(
 
 
 def _cut(completion: Any, length: int, tokenizer: Any) -> Any:
-    """The completion with its output cut to ``length`` tokens (interventions after dropped)."""
+    """The completion with its output cut to ``length`` tokens (interventions after dropped; its
+    counts of stored n-grams, which were of the whole output, dropped too: the record counts)."""
     if len(completion.output_ids) <= length:
         return completion
     return replace(
@@ -278,6 +279,8 @@ def _cut(completion: Any, length: int, tokenizer: Any) -> Any:
         output_ids=completion.output_ids[:length],
         text=tokenizer.decode(completion.output_ids[:length]),
         interventions=[item for item in completion.interventions if item.position < length],
+        stored_ngrams=None,
+        stored_text_ngrams=None,
     )
 
 

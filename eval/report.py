@@ -52,6 +52,7 @@ _OPTIONAL_RATES = {
 
 
 def _optional_rates(members: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The rates of :data:`_OPTIONAL_RATES` over the members whose records hold the count."""
     rates = {}
     for field, rate in _OPTIONAL_RATES.items():
         counted = [r for r in members if r.get(field) is not None]
@@ -174,10 +175,12 @@ _TEXT_COLUMN_NOTE = (
 
 
 def _has(rows: Sequence[Mapping[str, Any]], rate: str) -> bool:
+    """Whether any row has this rate (a run that counted it)."""
     return any(rate in row for row in rows)
 
 
 def _rate_cell(row: Mapping[str, Any], rate: str) -> str:
+    """A table cell: the rate as a percentage, or "-" where this row's records lack it."""
     return f"{row[rate]:.0%} | " if rate in row else "- | "
 
 

@@ -166,9 +166,10 @@ class TokenUnit:
         tokenizer: Any = None,
     ) -> tuple[int, int]:
         """(stored, all) token n-grams that the output created *in its text*: the text of
-        ``prompt ‖ output`` (special tokens skipped) tokenized again, as anyone who stores or
-        forwards the text does, and its windows holding a token that the output created or
-        changed (past the longest common prefix with the prompt's text tokenized again).
+        ``prompt ‖ output`` tokenized again, as anyone who stores or forwards the text does, and
+        its windows holding a token that the output created or changed (past the longest common
+        prefix with the prompt's text tokenized again). Windows holding one of
+        ``special_token_ids`` are not counted, as in the ids.
 
         The guard's promise is over the generated ids (:meth:`created_ngram_counts`); a model
         that spells a stored passage with another token split keeps that promise, and this
@@ -264,8 +265,10 @@ class TokenUnit:
 
 
 def _retokenized(tokenizer: Any, ids: list[int]) -> list[int]:
-    """``ids`` decoded (special tokens skipped) and tokenized again (none added)."""
-    text = tokenizer.decode(ids, skip_special_tokens=True)
+    """``ids`` decoded as the completion's text is (special tokens written out, so tokenizing
+    the text again reads them back as special ids, where windows are cut) and tokenized again
+    (none added)."""
+    text = tokenizer.decode(ids)
     return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
 
 

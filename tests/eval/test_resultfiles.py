@@ -1,9 +1,11 @@
 """Result folders memfree reads back (an eval's records, examples and settings): a damaged or
 hand-edited file is refused with its name, its line and the fix, through the library and the
-command line alike, and no record is ever dropped in silence."""
+command line alike, and no record is ever dropped in silence. The results committed in
+``eval/results`` (the README's figures) read back and agree with their summaries."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -15,6 +17,9 @@ import pytest
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
 from eval.experiments import RecordLog, run_memorization
+from eval.records import MemorizationRecord
+from eval.report import summarize, summarize_buckets
+from eval.resultfiles import OPTIONAL_RECORD_FIELDS, RECORD_FIELDS, RECORDS_FIX, check_fields
 from eval.settings import ExperimentSettings
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
@@ -239,3 +244,39 @@ def test_jsonl_lines_keep_their_numbers_and_only_a_cut_last_line_is_left_out(
     path.write_bytes(b'{"a": 1}\n"caf\xe9"\n{"b": 2}\n')  # a damaged byte: named by its line
     with pytest.raises(ValueError, match=r"x\.jsonl:2: not UTF-8 text .*; fix"):
         read_jsonl(path, "fix", cut_last_line=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# The committed results: every record passes the record checks, each summary is what
+# summarize() makes of its records, every record counts its text tokenized again, and no guarded
+# output holds what its guard promises to keep out.
+
+RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
+RUNS = sorted(path.name for path in RESULTS.iterdir() if path.is_dir())
+
+
+def _records(run: Path) -> list[dict[str, Any]]:
+    plain, packed = run / "records.jsonl", run / "records.jsonl.gz"
+    text = plain.read_text() if plain.exists() else gzip.decompress(packed.read_bytes()).decode()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_every_run_is_here() -> None:
+    assert RUNS == ["buckets", "discoverable", "styles", "styles-buckets"]
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_committed_run_agrees_with_its_summary(name: str) -> None:
+    run = RESULTS / name
+    records = _records(run)
+    for number, record in enumerate(records, 1):
+        check_fields(record, f"{name}:{number}", RECORDS_FIX, RECORD_FIELDS, OPTIONAL_RECORD_FIELDS)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["rows"] == summarize(records)
+    assert summary["buckets"] == summarize_buckets(records)
+    typed = [MemorizationRecord.from_dict(record) for record in records]
+    assert all(record.stored_text_ngrams is not None for record in typed)
+    guarded = [record for record in typed if record.defense == "memfree"]
+    assert guarded and all(record.stored_ngrams == 0 for record in guarded)
+    worded = [record for record in typed if record.defense == "word"]
+    assert worded and all(record.stored_word_ngrams == 0 for record in worded)

@@ -91,7 +91,7 @@ def test_the_text_column_finds_what_the_token_guard_lets_through(
     assert "| original | memfree | 1 | 0% | 100% | 100% | " in report  # ids, text, words
 
 
-def test_records_of_older_runs_have_no_text_column(spelled: dict[str, Any]) -> None:
+def test_records_of_older_runs_have_no_text_column() -> None:
     from eval.records import MemorizationRecord
 
     old = {

@@ -24,6 +24,7 @@ from memfree.generation import (
     Intervention,
     complete,
     count_stored_ngrams,
+    stored_ngram_counts,
 )
 from memfree.tokenizer import tokenizer_fingerprint
 
@@ -192,7 +193,16 @@ def test_cli_generate_compare_explain_json(
         assert record["unguarded_stored_ngrams"] > 0
         # The same count in the text tokenized again (the guard promises nothing there).
         for side in ("guarded", "unguarded"):
-            assert isinstance(record[f"{side}_stored_text_ngrams"], int)
+            prompt_ids = tokenizer(record["prompt"], add_special_tokens=False)["input_ids"]
+            output_ids = tokenizer(record[side], add_special_tokens=False)["input_ids"]
+            expected = stored_ngram_counts(
+                NgramFilter.open(tmp_path / "f.memfree"),
+                prompt_ids,
+                output_ids,
+                tokenizer=tokenizer,
+                text=True,
+            )[0]
+            assert record[f"{side}_stored_text_ngrams"] == expected
         assert record["interventions"]
     assert (
         cli_main(

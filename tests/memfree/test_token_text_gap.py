@@ -191,3 +191,33 @@ def test_the_text_count_reads_the_text_not_the_split(
     inner = tok(" " * bool(cut) + " ".join(inner_words), add_special_tokens=False)["input_ids"]
     if any(tuple(inner[i : i + N]) in exact for i in range(len(inner) - N + 1)):
         assert found[0] > 0
+
+
+def test_the_text_count_cuts_at_special_tokens_and_splits_characters(
+    exact_filters: dict[str, Any],
+) -> None:
+    tok, filt, exact = exact_filters["byte_bpe"]
+    stored = "the quick brown fox jumps over the lazy dog"
+    own = tok(stored, add_special_tokens=False)["input_ids"]
+    windows = sum(tuple(own[i : i + N]) in exact for i in range(len(own) - N + 1))
+    # An end-of-sequence token inside the output: no window across it is counted (the builder
+    # cuts there), the windows on each side are.
+    eos = tok.eos_token_id
+    half = stored.index(" jumps")
+    left = tok(stored[:half], add_special_tokens=False)["input_ids"]
+    right = tok(stored[half:], add_special_tokens=False)["input_ids"]
+    found, total = TOKEN.created_text_ngram_counts(
+        filt, [], [*left, eos, *right], special_token_ids=[eos], tokenizer=tok
+    )
+    assert total == (len(left) - N + 1) + (len(right) - N + 1)
+    assert 0 < found < windows
+    # A character cut between its bytes, the prompt ending in its first byte: the output's
+    # stored n-grams are all found.
+    text = "café " + stored
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    pieces = [tok.decode(ids[:k]) for k in range(len(ids) + 1)]
+    cut = next(k for k in range(len(ids)) if pieces[k].endswith("\ufffd"))
+    assert tok.decode(ids[cut:]).startswith("\ufffd")  # the other byte
+    found, _ = TOKEN.created_text_ngram_counts(filt, ids[:cut], ids[cut:], tokenizer=tok)
+    in_text = sum(tuple(ids[i : i + N]) in exact for i in range(len(ids) - N + 1))
+    assert found == in_text > 0
