@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "in their text tokenized again (the guard's promise is over the ids it generated): "
         f"unguarded {sum(1 for c in plain if c.stored_text_ngrams)}, guarded "
         f"{sum(1 for c in guarded if c.stored_text_ngrams)} of {len(guarded)} "
-        f"({sum(c.stored_text_ngrams or 0 for c in guarded)} stored 10-grams)"
+        f"(stored 10-grams in guarded text: {sum(c.stored_text_ngrams or 0 for c in guarded)})"
     )
     print(
         f"generation time: unguarded {plain_seconds:.1f} s, guarded {guarded_seconds:.1f} s "
