@@ -5,6 +5,7 @@ Resumable: a rerun after an interruption reuses finished tasks and writes the sa
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -17,14 +18,24 @@ from bloom_builder.encode import init_worker
 from bloom_builder.errors import BuildError
 from bloom_builder.executors import Executor, any_done, make_executor
 from bloom_builder.map import MapStats, MapTask, map_shard
-from bloom_builder.outputs import OutputError, check_output, locked, prepare_work_dir, sidecar_of
+from bloom_builder.outputs import (
+    OutputError,
+    check_output,
+    locked,
+    make_folders,
+    missing_folders,
+    output_path,
+    prepare_work_dir,
+    remove_empty_folders,
+    sidecar_of,
+)
 from bloom_builder.plan import BuildPlan, nothing_usable, plan_build, unit_parts
 from bloom_builder.reduce import Reduced, reduce_partition, reduce_tasks
 from bloom_builder.segments import batch_bytes_for
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.summary import BuildSummary
-from bloom_builder.write import FilterShape, filter_metadata, write_filter
+from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
 from memfree.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
 
@@ -60,7 +71,7 @@ def build_filter(
         keep_work: keep the work directory after success.
         progress: show progress bars on a terminal.
         tokenizer: an already-loaded tokenizer (else ``settings.tokenizer`` is loaded).
-        force: overwrite an existing output that is not a memfree filter.
+        force: overwrite an existing output that is not a memfree filter, or a read-only one.
 
     Raises:
         BuildError: no usable document; an output that is an input, is not a filter (without
@@ -69,15 +80,27 @@ def build_filter(
     """
     settings = settings or BuildSettings()
     started = time.perf_counter()
-    output = Path(output)
     if not paths:
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
     pybloom = settings.output_format != "memfree"
-    work = Path(work_dir) if work_dir else output.with_name(output.name + ".work")
     try:
+        # Absolute from here on: tasks run in processes (Ray workers on other nodes) whose
+        # working directory is not the user's.
+        output = output_path(output)
+        work = (
+            Path(os.path.abspath(work_dir)) if work_dir else output.with_name(output.name + ".work")
+        )
         check_output(output, force, pybloom)
-        with locked(output, work):
-            return _build(paths, output, work, settings, keep_work, progress, tokenizer, started)
+        created = list(dict.fromkeys(missing_folders(output) + missing_folders(work)))
+        try:
+            make_folders(output)
+            with locked(output, work):
+                return _build(
+                    paths, output, work, settings, keep_work, progress, tokenizer, started
+                )
+        except BaseException:
+            remove_empty_folders(created)  # a failed build leaves no empty folder of its own
+            raise
     except OutputError as error:
         raise BuildError(str(error)) from None
 
@@ -100,8 +123,10 @@ def _build(
     workdir = prepare_work_dir(work, plan.config, plan.config_hash)
     try:
         summary = _run(paths, output, work, settings, parts, plan, progress, started)
+    except UnreachableRateError:
+        raise  # counting is done and kept: a rerun with a higher rate reuses it
     except BuildError:
-        workdir.remove()  # nothing usable: the work done cannot help a rerun
+        workdir.remove()  # nothing usable, or damaged: the work done cannot help a rerun
         raise
     except BaseException:
         if any_done(work / "map"):

@@ -165,8 +165,9 @@ def _add_reading_and_output_options(parser: argparse.ArgumentParser, defaults: A
     parser.add_argument(
         "--force",
         action="store_true",
-        help="overwrite an existing FILTER that is not a memfree filter (a previous filter is "
-        "always rebuilt in place; without --force any other file is left alone)",
+        help="overwrite an existing FILTER that is not a memfree filter, or a read-only one (a "
+        "previous, writable filter is always rebuilt in place; without --force any other file "
+        "is left alone)",
     )
     parser.add_argument(
         "--no-follow-symlinks",

@@ -9,8 +9,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import xxhash
 
 from memfree.fileio import fsync_directory
 
@@ -18,13 +20,44 @@ KEY_BYTES = 8
 RUN_ENTRY_BYTES = 12  # a key, and room for repeats: what the memory budget plans per entry
 
 
-def _write_array(path: Path, array: np.ndarray) -> None:
+def _write_array(path: Path, array: np.ndarray) -> tuple[int, str]:
     """Write an array's bytes to a temporary beside ``path`` and rename it into place (a run
-    file is complete or absent); :class:`RunWriter` makes it durable later, off the hot path."""
+    file is complete or absent); :class:`RunWriter` makes it durable later, off the hot path.
+
+    Returns:
+        The file's size in bytes and the xxh3 of its bytes (what a task's marker records, so
+        that a run damaged later is never reused).
+    """
     temporary = path.with_name(f".{path.name}.tmp")
+    data = np.ascontiguousarray(array).data.cast("B")
     with open(temporary, "wb") as handle:
-        handle.write(np.ascontiguousarray(array).data.cast("B"))
+        handle.write(data)
     os.replace(temporary, path)
+    return len(data), xxhash.xxh3_64_hexdigest(data)
+
+
+def file_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[int, str]:
+    """The size in bytes and the xxh3 of a file's bytes, read in chunks (bounded memory)."""
+    digest = xxhash.xxh3_64()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def files_intact(recorded: dict[str, list[Any]]) -> bool:
+    """Whether every file recorded as ``path -> [size, xxh3]`` still has that size and those
+    bytes (the size is compared first: a truncated file costs no read)."""
+    for name, (size, digest) in recorded.items():
+        path = Path(name)
+        try:
+            if path.stat().st_size != int(size) or file_digest(path) != (int(size), digest):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _fsync(path: Path) -> None:
@@ -121,6 +154,7 @@ class RunWriter:
         self._pending: list[np.ndarray] = []
         self._pending_entries = 0
         self.runs: list[Run] = []
+        self.files: dict[str, tuple[int, str]] = {}  # every run file -> (size, xxh3)
         self._flusher: ThreadPoolExecutor | None = None
         self._flushes: list[Future[None]] = []
         directory.mkdir(parents=True, exist_ok=True)
@@ -143,8 +177,10 @@ class RunWriter:
         keys.sort()
         keys, repeated, counts = _distinct_repeats(keys)
         run = Run(self.directory / f"run-{len(self.runs):05d}")
-        _write_array(run.keys_path, keys.astype("<u8", copy=False))
-        _write_array(run.repeats_path, np.concatenate((repeated, counts)).astype("<u8"))
+        self.files[str(run.keys_path)] = _write_array(run.keys_path, keys.astype("<u8", copy=False))
+        self.files[str(run.repeats_path)] = _write_array(
+            run.repeats_path, np.concatenate((repeated, counts)).astype("<u8")
+        )
         self.runs.append(run)
         if self._flusher is None:
             self._flusher = ThreadPoolExecutor(1, thread_name_prefix="memfree-fsync")

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bloom_builder.counting import RunWriter
+from bloom_builder.counting import RunWriter, files_intact
 from bloom_builder.encode import Encoder, EncodeSeconds, encoded_batches, worker_encoder
 from bloom_builder.segments import SEGMENT_BYTES
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit
@@ -39,8 +39,12 @@ class MapTask:
         return Path(self.work_dir) / "map" / f"shard-{self.index:05d}"
 
     def outputs_intact(self, result: dict[str, Any]) -> bool:
-        """Whether every run the result names is still on disk."""
-        return all(Path(stem + ".keys").exists() for stem in result["runs"] + result["prefix_runs"])
+        """Whether every run file the result names is on disk with the size and xxh3 it had when
+        written (a truncated or edited run is never reused; its task runs again)."""
+        files = result["files"]
+        stems = result["runs"] + result["prefix_runs"]
+        expected = {stem + suffix for stem in stems for suffix in (".keys", ".repeats")}
+        return set(files) == expected and files_intact(files)
 
 
 @dataclass
@@ -97,10 +101,12 @@ def map_shard(task: MapTask) -> dict[str, Any]:
     stats.seconds_hashing += time.perf_counter() - started
     stats.cpu_seconds_hashing += time.thread_time() - started_cpu
     stats.problems = problems.to_dict()
+    files = {**writer.files, **(prefix_writer.files if prefix_writer else {})}
     return {
         "stats": asdict(stats),
         "runs": [str(run.stem) for run in runs],
         "prefix_runs": [str(run.stem) for run in prefix_runs],
+        "files": {path: list(entry) for path, entry in files.items()},
     }
 
 

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
-from bloom_builder.counting import Run, count_range, partition_bounds
+from bloom_builder.counting import Run, count_range, files_intact, partition_bounds
 from memfree.fileio import atomic_file
 
 KINDS = ("ngrams", "prefixes")
@@ -40,9 +41,10 @@ class ReduceTask:
         return Path(self.out_dir) / f"{self.kind}-{self.index:05d}.u64"
 
     def outputs_intact(self, result: dict[str, Any]) -> bool:
-        """Whether the kept file holds the number of fingerprints the result counted."""
-        path = self.kept_path
-        return path.exists() and path.stat().st_size == int(result["kept"]) * 8
+        """Whether the kept file holds the number of fingerprints the result counted, with the
+        bytes (xxh3) it was written with."""
+        size = int(result["kept"]) * 8
+        return files_intact({str(self.kept_path): [size, result["kept_xxh3"]]})
 
 
 @dataclass
@@ -108,6 +110,7 @@ def reduce_partition(task: ReduceTask) -> dict[str, Any]:
         and ``cpu_seconds``.
     """
     distinct = kept = 0
+    digest = xxhash.xxh3_64()
     started, started_cpu = time.perf_counter(), time.thread_time()
     with atomic_file(task.kept_path) as out:
         for fingerprints, counted in count_range(
@@ -117,12 +120,15 @@ def reduce_partition(task: ReduceTask) -> dict[str, Any]:
             task.min_count,
             task.max_entries,
         ):
-            out.write(fingerprints.astype("<u8").data.cast("B"))
+            data = fingerprints.astype("<u8").data.cast("B")
+            out.write(data)
+            digest.update(data)
             distinct += counted.distinct
             kept += counted.kept
     return {
         "distinct": distinct,
         "kept": kept,
+        "kept_xxh3": digest.hexdigest(),
         "seconds": time.perf_counter() - started,
         "cpu_seconds": time.thread_time() - started_cpu,
     }

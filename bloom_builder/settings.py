@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import asdict, dataclass, field
@@ -88,6 +89,10 @@ class BuildSettings:
             return f"--min-count must be an integer >= 1, got {self.min_count!r}"
         if not 0.0 < float(self.false_positive_rate) < 1.0:
             return f"--fpr must be in (0, 1), got {self.false_positive_rate!r}"
+        if self.output_format == "memfree":
+            problem = _unreachable_rate("--fpr", self.false_positive_rate)
+            if problem:
+                return problem
         if self.output_format not in FORMATS:
             return f"--format must be one of {', '.join(FORMATS)}, got {self.output_format!r}"
         unit = get_unit(self.unit)
@@ -106,8 +111,8 @@ class BuildSettings:
         partitions = self.num_partitions
         if partitions < 1 or partitions & (partitions - 1) or partitions > 4096:
             return f"--partitions must be a power of two in [1, 4096], got {partitions}"
-        if self.shard_bytes < 1:
-            return f"shard_bytes must be >= 1, got {self.shard_bytes}"
+        if not isinstance(self.shard_bytes, int) or self.shard_bytes < 1:
+            return f"--shard-size must be at least 1 byte, got {self.shard_bytes!r}"
         if self.batch_documents < 1:
             return f"batch_documents must be >= 1, got {self.batch_documents}"
         if not self.text_field:
@@ -123,6 +128,10 @@ class BuildSettings:
         rate = self.prefix_false_positive_rate
         if rate is not None and not 0.0 < float(rate) < 1.0:
             return f"--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got {rate!r}"
+        if rate is not None and self.output_format == "memfree":
+            problem = _unreachable_rate("--prefix-fpr", rate)
+            if problem:
+                return problem
         if not 0 <= self.hash_seed < 1 << 64:
             return f"hash_seed must fit in 64 bits, got {self.hash_seed}"
         return None
@@ -132,6 +141,30 @@ class BuildSettings:
         data["include"] = list(self.include)
         data["exclude"] = list(self.exclude)
         return data
+
+
+@functools.cache
+def lowest_reachable_rate() -> float:
+    """The lowest false-positive rate any native filter can have: one stored n-gram in the most
+    blocks (2**32 - 1) with the best probe count. A target below it cannot be met whatever the
+    corpus holds, so it is refused before any work (about 3e-49)."""
+    from memfree.hashing import MAX_PROBES
+    from memfree.sizing import expected_false_positive_rate
+
+    most_blocks = (1 << 32) - 1
+    return min(
+        expected_false_positive_rate(1, most_blocks, probes) for probes in range(1, MAX_PROBES + 1)
+    )
+
+
+def _unreachable_rate(option: str, rate: float) -> str | None:
+    floor = lowest_reachable_rate()
+    if float(rate) >= floor:
+        return None
+    return (
+        f"{option} {rate!r} cannot be reached: no filter of this format goes below {floor:.1e} "
+        f"(one n-gram in 2**32 blocks); raise {option} (1e-3 to 1e-6 is the usual range)"
+    )
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)

@@ -5,14 +5,16 @@ file (the native format here; pybloomfiltermmap3 in interchange.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from bloom_builder.errors import BuildError
 from bloom_builder.plan import BUILDER_VERSION, BuildPlan
 from bloom_builder.reduce import Reduced, ReduceTask, read_kept
 from bloom_builder.settings import BuildSettings
 from memfree.filter_writer import FilterFileWriter, PrefixSection, set_fingerprint_bits
-from memfree.sizing import choose_size
+from memfree.sizing import FilterSize, choose_size
 from memfree.units import EncoderPayload
 
 
@@ -97,17 +99,18 @@ def write_native(
             prefix section).
     """
     kept = int(metadata["num_ngrams"])
-    size = choose_size(kept, settings.false_positive_rate)
+    size = _size_for(kept, settings.false_positive_rate, "--fpr", "n-grams")
     metadata = {**metadata, "num_probes": size.num_probes}
     prefix_tasks, kept_prefixes = prefixes
     prefix_section = None
     prefix_rate = settings.prefix_false_positive_rate
     if prefix_tasks and prefix_rate is not None:
-        prefix_size = choose_size(kept_prefixes, prefix_rate)
+        prefix_size = _size_for(kept_prefixes, prefix_rate, "--prefix-fpr", "prefixes")
         prefix_section = PrefixSection(
             prefix_size.num_blocks, prefix_size.num_probes, kept_prefixes
         )
-    with FilterFileWriter(output, size.num_blocks, metadata, prefix_section) as writer:
+    writer = FilterFileWriter(output, size.num_blocks, metadata, prefix_section)
+    try:
         for task in ngram_tasks:
             set_fingerprint_bits(writer.words, read_kept(task), size.num_probes)
         if writer.prefix_words is not None and prefix_section is not None:
@@ -115,4 +118,45 @@ def write_native(
                 set_fingerprint_bits(
                     writer.prefix_words, read_kept(task), prefix_section.num_probes
                 )
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit(check=partial(verify_written, output))
     return FilterShape(size.num_bits, size.num_probes, size.expected_false_positive_rate)
+
+
+class UnreachableRateError(BuildError):
+    """The target rate cannot be met for the number of n-grams counted; the finished tasks are
+    kept, so a rerun with a higher rate reuses them (the rate is not part of the work's key)."""
+
+
+def _size_for(num_keys: int, rate: float, option: str, what: str) -> FilterSize:
+    try:
+        return choose_size(num_keys, rate)
+    except ValueError:
+        raise UnreachableRateError(
+            f"{option} {rate!r} cannot be reached for {num_keys:,} {what}: no filter of at most "
+            f"2**32 blocks does; raise {option} (the finished tasks are kept: a rerun with a "
+            "higher rate reuses them)"
+        ) from None
+
+
+def verify_written(output: Path, temporary: Path) -> None:
+    """Open the written filter as every reader will (header, checksums, set-bit count) before
+    it is renamed into place: a damaged work directory must fail the build, never leave a
+    filter that readers refuse or that answers wrong.
+
+    Raises:
+        BuildError: the check failed; the message names the output and what to do.
+    """
+    from memfree.errors import DamagedFilterError
+    from memfree.filter import NgramFilter
+
+    try:
+        NgramFilter.open(temporary, verify=True).close()
+    except DamagedFilterError as error:
+        raise BuildError(
+            f"{output}: the filter written from the work directory failed its own check ("
+            f"{error}); its intermediate files are damaged. The work directory is deleted: "
+            "rerun the same command to build it afresh"
+        ) from None

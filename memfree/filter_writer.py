@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,8 +127,14 @@ class FilterFileWriter:
     def _metadata_bytes(self) -> bytes:
         return json_bytes(self.metadata)
 
-    def commit(self) -> Path:
-        """Checksum the bits, write the header, then fsync and rename into place."""
+    def commit(self, check: Callable[[Path], None] | None = None) -> Path:
+        """Checksum the bits, write the header, then fsync and rename into place.
+
+        Args:
+            check: called with the complete temporary file before the rename (e.g. to open it
+                as a reader would); an exception from it discards the file, and the target is
+                left as it was.
+        """
         try:
             self.words.flush()
             self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(self.words.data.cast("B"))
@@ -148,6 +154,8 @@ class FilterFileWriter:
             self.prefix_words = None
             with open(self._pending.temporary, "r+b") as out:
                 out.write(header)
+            if check is not None:
+                check(self._pending.temporary)
         except BaseException:
             self.abort()
             raise
