@@ -264,3 +264,19 @@ def test_a_same_size_edit_with_its_mtime_restored_is_not_reused(
     again = _kept_build(tmp_path / "corpus", output, tokenizer_dir)
     assert again.reused_tasks == 0  # type: ignore[attr-defined]
     assert output.read_bytes() != first
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--shard-size", "0"), ("--memory-limit", "1K"), ("--partitions", "3")]
+)
+def test_setting_errors_name_the_option_as_typed(
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    value: str,
+) -> None:
+    write_corpus(tmp_path / "corpus", 1)
+    assert cli_build(tmp_path / "corpus", tmp_path / "f.memfree", tokenizer_dir, option, value) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("memfree: error: ") and option in error and "_" not in error.split(":")[2]
