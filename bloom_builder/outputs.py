@@ -59,12 +59,34 @@ def _is_sidecar_file(path: Path) -> bool:
     return isinstance(loaded, dict) and "key_encoding" in loaded and "header_xxh3" in loaded
 
 
+def output_path(raw: str | os.PathLike[str]) -> Path:
+    """The absolute path of ``-o``, refused when it cannot name a file.
+
+    An empty path, one ending in a separator, ``.`` or ``..`` names a folder, never a filter file
+    (``-o new/`` used to write a file named ``new``; ``-o x/..`` read the whole corpus before the
+    rename failed). The path is made absolute here, once, so that every task of the build (Ray
+    workers have a working directory of their own) writes where the user meant.
+
+    Raises:
+        OutputError: the path cannot name a file.
+    """
+    text = os.fspath(raw)
+    if not text.strip():
+        raise OutputError("-o is empty; give the filter's file path, e.g. -o corpus.memfree")
+    if text.endswith(("/", os.sep)) or os.path.basename(text) in (".", ".."):
+        suggestion = os.path.join(text.rstrip("/" + os.sep) or os.sep, "filter.memfree")
+        raise OutputError(
+            f"{text}: names a folder, not a file; give the filter's file path, e.g. -o {suggestion}"
+        )
+    return Path(os.path.abspath(text))
+
+
 def check_output(output: Path, force: bool, pybloom: bool) -> None:
     """Refuse an output that is a directory, a device, or an existing file of another kind.
 
-    Overwriting a previous filter (either format) is the normal rebuild; any other existing file
-    needs ``force``. Then the output's folder is created if needed and tried with a temporary
-    file, so that an unwritable output fails now, not after the corpus was read.
+    Overwriting a previous filter (either format) is the normal rebuild; any other existing file,
+    and a read-only filter (its owner protected it: ``mv`` would ask), needs ``force``. The
+    output's folder is not created here (see :func:`make_folders`).
     """
     targets = [(output, _is_filter_file)] + (
         [(sidecar_of(output), _is_sidecar_file)] if pybloom else []
@@ -80,11 +102,34 @@ def check_output(output: Path, force: bool, pybloom: bool) -> None:
             raise OutputError(f"{target}: is a directory; give a file path for the filter (-o)")
         if not stat.S_ISREG(mode):
             raise OutputError(f"{target}: not a regular file; give a file path for the filter (-o)")
-        if not force and not is_ours(target):
+        if force:
+            continue
+        if not is_ours(target):
             raise OutputError(
                 f"{target}: exists and is not a memfree filter; memfree does not replace other "
                 "files. Choose another -o, or pass --force to overwrite it"
             )
+        if not mode & 0o222:
+            raise OutputError(
+                f"{target}: is read-only (mode {stat.S_IMODE(mode):04o}): its owner protected it. "
+                "Make it writable (chmod u+w), choose another -o, or pass --force to replace it "
+                "(the new filter keeps the mode)"
+            )
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """The folders above ``path`` (absolute) that do not exist yet, the highest first."""
+    missing: list[Path] = []
+    for parent in path.parents:
+        if parent.exists() or parent.is_symlink():
+            break
+        missing.append(parent)
+    return missing[::-1]
+
+
+def make_folders(output: Path) -> None:
+    """Create the output's folder if needed and try it with a temporary file, so that an
+    unwritable output fails now, not after the corpus was read."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         handle, probe = tempfile.mkstemp(
@@ -96,6 +141,37 @@ def check_output(output: Path, force: bool, pybloom: bool) -> None:
         raise OutputError(
             f"{output}: cannot write the filter there ({error.strerror or error}); choose another -o"
         ) from None
+
+
+def remove_empty_folders(folders: Iterable[Path]) -> None:
+    """Remove the folders a failed build created, deepest first, where they are still empty
+    (a folder holding finished tasks to resume, or anybody's file, stays)."""
+    for folder in sorted(folders, key=lambda path: len(path.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def owned_paths(written: Iterable[str]) -> list[str]:
+    """The build's paths that a corpus walk or glob may pass over unsaid: each of ``written``
+    (filter, sidecar, work directory) that does not exist yet, is a directory, or holds a
+    filter or sidecar an earlier build wrote, and each one's lock file (``.NAME.lock``).
+
+    Any other file at one of those paths is corpus, not the build's: leaving it out would hide
+    it from :func:`check_not_an_input`, which must refuse it (even with ``--force``).
+    """
+    owned = []
+    for name in written:
+        path = Path(os.path.abspath(name))
+        owned.append(str(BuildLock(path).path))
+        try:
+            mode: int | None = path.stat().st_mode
+        except FileNotFoundError:
+            mode = None  # nothing there yet: whatever appears there is the build's
+        except OSError:
+            continue
+        if mode is None or stat.S_ISDIR(mode) or _is_filter_file(path) or _is_sidecar_file(path):
+            owned.append(str(path))
+    return owned
 
 
 def check_not_an_input(output: Path, inputs: Iterable[str], pybloom: bool) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import xxhash
 
 from bloom_builder.errors import BuildError
-from bloom_builder.outputs import check_not_an_input
+from bloom_builder.outputs import check_not_an_input, owned_paths
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
 from memfree.units import BuildParts, get_unit
@@ -74,7 +74,8 @@ def plan_build(
     Args:
         paths: files, directories, globs, saved ``datasets`` directories, or ``stdlib:``.
         output: the filter path.
-        written: every path the build writes (output, sidecar, work directory): never read.
+        written: every path the build writes (output, sidecar, work directory): never read;
+            one that holds a file the build did not write is refused if the corpus holds it.
         settings: the build's settings.
         parts: the unit's choices (its configuration fields enter the work-directory hash).
 
@@ -91,10 +92,11 @@ def plan_build(
         follow_symlinks=settings.follow_symlinks,
     )
     problems = ProblemLog()
-    # Named files first: discovery leaves out the build's own paths, so an output named as an
-    # input would not be among the units; then every file discovery found.
+    # Named files first, then every file discovery found. Discovery passes over only what is
+    # the build's own (a previous filter, its sidecar, the work directory, the locks): any other
+    # file at the output path, or behind a link there, is found and refused here.
     check_not_an_input(output, _named_files(paths), pybloom)
-    units = discover(list(paths), options, problems, reserved=written)
+    units = discover(list(paths), options, problems, reserved=owned_paths(written))
     check_not_an_input(output, [unit.path for unit in units], pybloom)
     if not units:
         raise BuildError(nothing_usable(problems, "no readable input found"))
@@ -106,7 +108,7 @@ def plan_build(
     config = {
         "builder": BUILDER_VERSION,
         "units": [
-            [u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, _mtime(u.path)]
+            [u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, *_stamp(u.path)]
             for u in units
         ],
         **parts.config_fields,
@@ -149,11 +151,17 @@ def nothing_usable(problems: ProblemLog, headline: str) -> str:
     return "\n".join(lines)
 
 
-def _mtime(path: str) -> int:
+def _stamp(path: str) -> tuple[int, int]:
+    """What tells a changed file from the one whose tasks are kept: its modification time and
+    its status-change time. Tools that copy a file's times (``cp -p``, ``rsync -t``, ``touch -r``)
+    restore the first but cannot set the second: the kernel sets it on every write, so a
+    same-size edit with its mtime restored still starts the work afresh. (Reading the whole
+    corpus again to hash it would double a resumed build's reading.)"""
     try:
-        return Path(path).stat().st_mtime_ns
+        info = Path(path).stat()
     except OSError:
-        return 0
+        return 0, 0
+    return info.st_mtime_ns, info.st_ctime_ns
 
 
 def _named_files(paths: list[str]) -> list[str]:

@@ -1,5 +1,6 @@
 """Discovery: expand files, directories, globs and ``stdlib:`` into a corpus's work units, with
-the symbolic-link policy, hidden and reserved paths skipped, and saved datasets taken whole.
+the symbolic-link policy, hidden paths skipped (and counted), reserved paths skipped, saved
+datasets taken whole and Megatron datasets read through their ``.idx``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,17 @@ import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from bloom_builder.sources.megatron import bin_path, megatron_units
+from bloom_builder.sources.megatron import bin_path, is_megatron_index, megatron_units
 from bloom_builder.sources.parquet import parquet_units
 from bloom_builder.sources.saved_datasets import dataset_splits, dataset_units
 from bloom_builder.sources.streams import COMPRESSION_RATIO, COMPRESSION_SUFFIXES
 from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
 
 STDLIB = "stdlib:"
+_HIDDEN = {
+    "file": "a hidden file (its name starts with '.'), not read; name it to read it",
+    "directory": "a hidden folder (its name starts with '.'), not walked; name it to read it",
+}
 
 
 def discover(
@@ -31,33 +36,46 @@ def discover(
     """Expand files, directories, globs and :data:`STDLIB` into work units.
 
     Args:
-        paths: files; directories (walked recursively, hidden entries skipped, saved datasets
-            taken whole); glob patterns (``**`` allowed); ``"stdlib:"`` for the standard library.
+        paths: files; directories (walked recursively, hidden entries skipped and counted,
+            saved datasets taken whole); glob patterns (``**`` allowed); ``"stdlib:"`` for the
+            standard library's ``.py`` files. A Megatron ``.bin`` stands for its dataset, read
+            through the ``.idx`` beside it.
         options: selection, splitting and symbolic-link settings.
-        problems: receives "missing", "unreadable", "missing column", "symlink" and "symlink loop"
-            entries.
-        reserved: paths the build writes (its filter, sidecar, work directory): never read when
-            a walk or a glob meets them, and not reported (they are not part of the corpus).
+        problems: receives "missing", "unreadable", "missing column", "symlink", "symlink loop",
+            "hidden" (files and folders a walk passed over; the stdlib walk's are not counted),
+            "no ids" (plain text with ``ids_field``) and "empty" entries.
+        reserved: paths that are the build's own (its filter, sidecar, work directory, locks):
+            never read when a walk or a glob meets them, and not reported (they are not part of
+            the corpus). A caller must pass only what it wrote there: a corpus file at one of
+            these paths would be left out unsaid.
 
     Returns:
-        Units sorted by path, then start; a file reached twice (through links too) appears once.
+        Units sorted by path, then start; a file reached twice (through links too, or a
+        Megatron dataset through its ``.bin`` and ``.idx``) appears once.
     """
     if isinstance(paths, str):
         raise ValueError(f"discover() takes a list of paths, got the string {paths!r}; pass [path]")
     chosen: dict[str, tuple[str, bool]] = {}  # real path -> (absolute path, is a dataset)
+    hidden_seen: set[str] = set()  # real paths of the hidden entries counted
     walk = _Walk(options.follow_symlinks, {os.path.realpath(path) for path in reserved}, problems)
 
-    def add(path: str, relative: str | None, is_dataset: bool) -> None:
-        """Take ``path``; ``relative`` (None: named explicitly, always taken) meets the patterns."""
+    def add(path: str, relative: str | None, is_dataset: bool, hidden: str = "") -> None:
+        """Take ``path``; ``relative`` (None: named explicitly, always taken) meets the patterns.
+        A ``hidden`` "file" or "directory" the patterns select is counted instead."""
         names = () if relative is None else (relative, os.path.basename(relative))
-        if names and options.include and not _matches(names, options.include):
+        selecting = options.include and hidden != "directory"  # include patterns name files
+        if names and selecting and not _matches(names, options.include):
             return
+        if not is_dataset and not hidden:
+            path = _megatron_index_of(path) or path  # a .bin stands for its dataset
         absolute, key = os.path.abspath(path), os.path.realpath(path)
-        if key in walk.reserved:
-            return  # the build's own output: never part of the corpus, so not reported either
-        if not _matches(names, options.exclude) and (
-            key not in chosen or absolute < chosen[key][0]
-        ):
+        if key in walk.reserved or _matches(names, options.exclude):
+            return  # reserved: the build's own output, not part of the corpus, so not reported
+        if hidden:
+            if key not in hidden_seen:  # a folder walked twice (named twice, nested) counts once
+                hidden_seen.add(key)
+                problems.record("hidden", absolute, _HIDDEN[hidden])
+        elif key not in chosen or absolute < chosen[key][0]:
             chosen[key] = (absolute, is_dataset)
 
     for spec in paths:
@@ -67,7 +85,7 @@ def discover(
         elif os.path.isdir(path):
             walk.run(path, add)
         elif os.path.exists(path):
-            add(path, None, False)
+            add(path, None, False, "")
         elif glob.has_magic(path):
             matches = sorted(glob.glob(path, recursive=True))
             for match in matches:
@@ -76,7 +94,7 @@ def discover(
                 if os.path.isdir(match):
                     walk.run(match, add)
                 else:
-                    add(match, os.path.basename(match), False)
+                    add(match, os.path.basename(match), False, "")
             if not matches:
                 problems.record("missing", spec, "the glob pattern matched nothing")
         elif os.path.islink(path):
@@ -98,6 +116,13 @@ def discover(
 
 def _matches(names: tuple[str, ...], patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(name, pattern) for name in names for pattern in patterns)
+
+
+def _megatron_index_of(path: str) -> str | None:
+    """The ``.idx`` beside a Megatron ``.bin`` file, which stands for the dataset; else None."""
+    if path.lower().endswith(".bin") and os.path.isfile(path[:-4] + ".idx"):
+        return path[:-4] + ".idx"
+    return None
 
 
 def _dangling(path: str) -> str:
@@ -124,12 +149,16 @@ class _Walk:
         return True
 
     def run(
-        self, root: str, add: Callable[[str, str | None, bool], None], python_only: bool = False
+        self,
+        root: str,
+        add: Callable[[str, str | None, bool, str], None],
+        python_only: bool = False,
     ) -> None:
-        """Offer every file under ``root`` to ``add``, and saved datasets as a whole."""
+        """Offer every file under ``root`` to ``add``, saved datasets as a whole, and hidden
+        entries as such (except in a ``python_only`` walk, which passes over all but ``.py``)."""
         splits = dataset_splits(root, self.problems)
         for split in splits or ():
-            add(split, None, True)  # a root is named by the user (or matched by a glob)
+            add(split, None, True, "")  # a root is named by the user (or matched by a glob)
         if splits is not None:
             return
         skipped = {"site-packages", "dist-packages", "__pycache__"} if python_only else set()
@@ -144,20 +173,26 @@ class _Walk:
             kept = []
             for name in sorted(set(subdirectories) - skipped):
                 path = os.path.join(directory, name)
-                if name.startswith(".") or self.refuse_link(path) or not self._enter(path):
+                if name.startswith("."):
+                    if not python_only:
+                        add(path, os.path.relpath(path, root), False, "directory")
+                    continue
+                if self.refuse_link(path) or not self._enter(path):
                     continue
                 splits = dataset_splits(path, self.problems)
                 for split in splits or ():
-                    add(split, os.path.relpath(split, root), True)
+                    add(split, os.path.relpath(split, root), True, "")
                 if splits is None:
                     kept.append(name)
             subdirectories[:] = kept
             for name in sorted(files):
                 path = os.path.join(directory, name)
-                if name.startswith(".") or (python_only and not name.endswith(".py")):
+                if python_only and (name.startswith(".") or not name.endswith(".py")):
                     continue
-                if not self.refuse_link(path):
-                    add(path, os.path.relpath(path, root), False)
+                if name.startswith("."):
+                    add(path, os.path.relpath(path, root), False, "file")
+                elif not self.refuse_link(path):
+                    add(path, os.path.relpath(path, root), False, "")
 
     def _enter(self, path: str) -> bool:
         """Whether to walk the directory ``path``: not reserved, not walked yet, not a loop."""
@@ -196,14 +231,26 @@ def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list
             name, compression = name[: -len(suffix)], method
     kind = "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "text"
     size, step = info.st_size, options.split_bytes
-    if name.endswith(".idx") and not compression and os.path.exists(bin_path(path)):
-        return megatron_units(path, problems)
-    if name.endswith(".bin") and not compression and os.path.exists(path[:-4] + ".idx"):
-        return []  # a Megatron dataset's token ids: read through its .idx
+    if name.endswith(".idx") and not compression:
+        if os.path.exists(bin_path(path)):
+            return megatron_units(path, problems)
+        if is_megatron_index(path):
+            missing = f"a Megatron index without its .bin: {bin_path(path)} does not exist"
+            problems.record("missing", path, f"{missing}; put the .bin beside it")
+            return []
     if name.endswith(".parquet"):
         if not compression:
             return parquet_units(path, options, problems)
         problems.record("unreadable", path, "compressed Parquet: decompress it first")
+        return []
+    if kind == "text" and options.ids_field is not None:
+        problems.record(
+            "no ids",
+            path,
+            f"plain text holds no token ids for --ids-field {options.ids_field!r} (it reads "
+            "Parquet, saved datasets and JSON lines); leave --ids-field out to tokenize the "
+            "text, or leave the file out of this corpus",
+        )
         return []
     if compression:
         return [WorkUnit(path, kind, compression, size_bytes=size * COMPRESSION_RATIO)]

@@ -24,6 +24,7 @@ _HEADER = struct.Struct("<9sQBQQ")
 # Megatron-LM's DType codes; only integer types can hold token ids.
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
 DOCUMENTS_PER_UNIT = 1 << 14
+CHECK_SEQUENCES = 1 << 20  # sequences checked at once: bounds the memory a Pile-sized check takes
 
 
 def bin_path(idx_path: str) -> str:
@@ -60,11 +61,15 @@ def read_index(idx_path: str, check_all: bool = True) -> MegatronIndex:
 
     Args:
         idx_path: the ``.idx`` file.
-        check_all: check every sequence and boundary (discovery does, once); without it only the
-            header and sizes are checked here, and a reader checks the range it reads.
+        check_all: check every sequence and boundary (discovery does, once): each sequence lies
+            inside the ``.bin``, right after the one before (as Megatron writes them, so the
+            pointers agree with the dtype's size), and the last ends where the ``.bin`` does;
+            without it only the header and sizes are checked here, and a reader checks the
+            range it reads.
 
     Raises:
-        ValueError: the files are not a consistent Megatron indexed dataset (the reason named).
+        ValueError: the files are not a consistent Megatron indexed dataset (the reason named;
+            "damaged .idx: ..." where the index disagrees with itself or its ``.bin``).
         OSError: a file cannot be read.
     """
     with open(idx_path, "rb") as handle:
@@ -76,20 +81,35 @@ def read_index(idx_path: str, check_all: bool = True) -> MegatronIndex:
         raise ValueError(f"index version {version}; this reader knows version 1")
     if code not in DTYPES:
         raise ValueError(f"dtype code {code} holds no token ids (integer codes: {sorted(DTYPES)})")
+    if num_documents < 1:
+        raise ValueError("damaged .idx: no document boundaries (an index holds at least one, 0)")
     need = _HEADER.size + num_sequences * 12 + num_documents * 8
     size = os.path.getsize(idx_path)
-    if num_documents < 1 or size not in (need, need + num_sequences):  # + optional modes
-        raise ValueError(f"{size:,} bytes where its counts need {need:,}: truncated or damaged")
+    if size not in (need, need + num_sequences):  # + optional modes
+        raise ValueError(
+            f"damaged .idx: {size:,} bytes where its counts need {need:,} (truncated or damaged)"
+        )
     offset = _HEADER.size
     lengths = _map(idx_path, np.int32, num_sequences, offset)
     pointers = _map(idx_path, np.int64, num_sequences, offset + 4 * num_sequences)
     documents = _map(idx_path, np.int64, num_documents, offset + 12 * num_sequences)
     index = MegatronIndex(np.dtype(DTYPES[code]), lengths, pointers, documents)
     if check_all:
-        _check_sequences(index, 0, num_sequences, os.path.getsize(bin_path(idx_path)))
+        _check_sequences(index, 0, num_sequences, os.path.getsize(bin_path(idx_path)), whole=True)
         if documents[0] != 0 or documents[-1] != num_sequences or np.any(np.diff(documents) < 0):
-            raise ValueError("document boundaries are not increasing from 0 to the sequence count")
+            raise ValueError(
+                "damaged .idx: document boundaries are not increasing from 0 to the sequence count"
+            )
     return index
+
+
+def is_megatron_index(path: str) -> bool:
+    """Whether ``path`` begins with the ``MMIDIDX`` magic (unreadable files: False)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def _map(path: str, dtype: type, count: int, offset: int) -> np.ndarray:
@@ -100,33 +120,91 @@ def _map(path: str, dtype: type, count: int, offset: int) -> np.ndarray:
                      shape=(count,))  # fmt: skip
 
 
-def _check_sequences(index: MegatronIndex, first: int, last: int, data_bytes: int) -> None:
-    """Sequences ``first`` to ``last`` lie inside the ``.bin`` file (ValueError if not)."""
-    if last <= first:
-        return
-    lengths = np.asarray(index.lengths[first:last])
-    pointers = np.asarray(index.pointers[first:last])
-    ends = pointers + lengths.astype(np.int64) * index.dtype.itemsize
-    if lengths.min() < 0 or pointers.min() < 0 or ends.max() > data_bytes:
-        raise ValueError(f"a sequence lies outside the {data_bytes:,}-byte .bin file")
+def _dtype_words(dtype: np.dtype) -> str:
+    """E.g. "its dtype code 8 (2-byte uint16)", for messages blaming the dtype."""
+    code = next(code for code, known in DTYPES.items() if np.dtype(known) == dtype)
+    return f"its dtype code {code} ({dtype.itemsize}-byte {dtype.name})"
+
+
+def _check_sequences(
+    index: MegatronIndex, first: int, last: int, data_bytes: int, whole: bool = False
+) -> None:
+    """Sequences ``first`` to ``last`` lie inside the ``.bin`` file, each right after the one
+    before; with ``whole`` (all of them), the first at byte 0 and the last ending at the end.
+
+    Megatron-LM and GPT-NeoX write the sequences back to back, so a pointer is the sum of the
+    lengths before it times the dtype's size: a dtype code that disagrees with the data fails
+    here instead of turning the data into wrong ids. Sums are formed as pointer <= size - bytes
+    (both far below 2**63), so no damaged pointer can wrap int64 past the check.
+
+    Raises:
+        ValueError: "damaged .idx: ..." naming the sequence and the check that failed.
+    """
+    itemsize = index.dtype.itemsize
+    expected = 0 if whole else None  # where the next sequence must start, once known
+    for low in range(first, last, CHECK_SEQUENCES):
+        high = min(low + CHECK_SEQUENCES, last)
+        lengths = np.asarray(index.lengths[low:high]).astype(np.int64)
+        pointers = np.asarray(index.pointers[low:high]).astype(np.int64)
+        sizes = lengths * itemsize  # |length| < 2**31: no overflow
+        outside = (lengths < 0) | (pointers < 0) | (pointers > data_bytes - sizes)
+        if outside.any():
+            at = int(np.flatnonzero(outside)[0])
+            raise ValueError(
+                f"damaged .idx: sequence {low + at} ({int(lengths[at]):,} ids of {itemsize} "
+                f"bytes at byte {int(pointers[at]):,}) lies outside the {data_bytes:,}-byte .bin "
+                f"file: a damaged pointer or length, or {_dtype_words(index.dtype)} does not "
+                "match the data"
+            )
+        ends = pointers + sizes  # inside the file now: no overflow
+        # Where each sequence must start; a range's first sequence may start anywhere.
+        previous = np.concatenate([[pointers[0] if expected is None else expected], ends[:-1]])
+        moved = np.flatnonzero(pointers != previous)
+        if moved.size:
+            at = int(moved[0])
+            raise ValueError(
+                f"damaged .idx: sequence {low + at} starts at byte {int(pointers[at]):,}, not at "
+                f"byte {int(previous[at]):,} where the sequences before it end (Megatron writes "
+                f"them back to back): {_dtype_words(index.dtype)} does not match the data, or a "
+                "pointer is damaged"
+            )
+        expected = int(ends[-1])
+    end = expected if expected is not None else 0
+    if whole and end != data_bytes:
+        raise ValueError(
+            f"damaged .idx: its sequences end at byte {end:,}, but the .bin file holds "
+            f"{data_bytes:,} bytes: {_dtype_words(index.dtype)} does not match the data, or the "
+            ".bin is not this index's"
+        )
 
 
 def megatron_units(idx_path: str, problems: ProblemLog) -> list[WorkUnit]:
     """One work unit per :data:`DOCUMENTS_PER_UNIT` documents (none, recorded, if unusable)."""
     try:
         index = read_index(idx_path)
+        data_bytes = os.path.getsize(bin_path(idx_path))
     except (OSError, ValueError) as error:
-        problems.record("unreadable", idx_path, reason(error))
+        problems.record("unreadable", idx_path, _described(error))
         return []
     total = index.num_documents
-    token_bytes = index.lengths.astype(np.int64) * index.dtype.itemsize
-    starts = np.concatenate([[0], np.cumsum(token_bytes)])
+    if total == 0:
+        problems.record("empty", idx_path, "a Megatron dataset with no documents")
+        return []
+
+    def offset(sequence: int) -> int:  # checked: sequences lie back to back, filling the .bin
+        return data_bytes if sequence == len(index.pointers) else int(index.pointers[sequence])
+
     units = []
     for first in range(0, total, DOCUMENTS_PER_UNIT):
         last = min(first + DOCUMENTS_PER_UNIT, total)
-        size = int(starts[index.documents[last]] - starts[index.documents[first]])
+        size = offset(int(index.documents[last])) - offset(int(index.documents[first]))
         units.append(WorkUnit(idx_path, "megatron", "", first, last, size))
     return units
+
+
+def _described(error: OSError | ValueError) -> str:
+    """A problem's reason: a ValueError here is this module's own message, said as it is."""
+    return str(error) if isinstance(error, ValueError) else reason(error)
 
 
 def read_megatron(
@@ -143,14 +221,16 @@ def read_megatron(
         stop = min(unit.stop, index.num_documents)
         boundaries = np.asarray(index.documents[unit.start : stop + 1])
         if boundaries.size and (
-            np.any(np.diff(boundaries) < 0) or boundaries[-1] > len(index.lengths)
+            boundaries[0] < 0
+            or np.any(np.diff(boundaries) < 0)
+            or boundaries[-1] > len(index.lengths)
         ):
-            raise ValueError("document boundaries are not increasing")
+            raise ValueError("damaged .idx: document boundaries are not increasing")
         if boundaries.size:
             _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), os.path.getsize(where))
         handle = os.open(where, os.O_RDONLY)
     except (OSError, ValueError) as error:
-        problems.record("unreadable", unit.path, reason(error))
+        problems.record("unreadable", unit.path, _described(error))
         return
     try:
         itemsize = index.dtype.itemsize
@@ -185,9 +265,7 @@ def write_megatron(prefix: str, documents: list[list[int]], dtype: type = np.uin
         for array in arrays:
             out.write(array.tobytes())
     lengths = np.array([array.size for array in arrays], dtype=np.int32)
-    pointers = (
-        np.concatenate([[0], np.cumsum(lengths.astype(np.int64))[:-1]]) * np.dtype(dtype).itemsize
-    )
+    pointers = (np.cumsum(lengths, dtype=np.int64) - lengths) * np.dtype(dtype).itemsize
     boundaries = np.arange(len(arrays) + 1, dtype=np.int64)
     with open(prefix + ".idx", "wb") as out:
         out.write(_HEADER.pack(MAGIC, 1, code, len(arrays), len(arrays) + 1))
@@ -196,4 +274,11 @@ def write_megatron(prefix: str, documents: list[list[int]], dtype: type = np.uin
         out.write(boundaries.tobytes())
 
 
-__all__ = ["MegatronIndex", "megatron_units", "read_index", "read_megatron", "write_megatron"]
+__all__ = [
+    "MegatronIndex",
+    "is_megatron_index",
+    "megatron_units",
+    "read_index",
+    "read_megatron",
+    "write_megatron",
+]

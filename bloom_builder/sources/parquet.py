@@ -7,10 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
-
 from bloom_builder.segments import Document
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
+from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
 from memfree.errors import require
 
 BATCH_ROWS = 256  # rows converted to Python at once: bounds memory on wide rows
@@ -44,12 +42,18 @@ def column_problem(schema: Any, column: str, ids: bool = False) -> str | None:
 
 def checked(value: Any, where: str, problems: ProblemLog, ids: bool = False) -> Iterator[Document]:
     """The Document of a non-blank column value; nulls and blanks are recorded as "empty".
-    With ``ids``, the value is a list of token ids (a pre-tokenized document)."""
+    With ``ids``, the value is a list of token ids (a pre-tokenized document); a list holding a
+    null, or an id past int64 (a uint64 column), is recorded as "bad ids" or "ids out of range"
+    and the document skipped, as the encoder skips ids outside the vocabulary."""
     if ids:
-        if value:
-            yield Document("", ids=np.asarray(value, dtype=np.int64), where=where)
-        else:
+        if not value:
             problems.record("empty", where, "null value" if value is None else "no token ids")
+            return
+        array, kind, why = token_ids(value)
+        if array is None:
+            problems.record(kind, where, why)
+        else:
+            yield Document("", ids=array, where=where)
         return
     if value is not None and str(value).strip():
         yield Document(str(value))

@@ -70,7 +70,9 @@ def read_dataset(
         return
     stop = dataset.num_rows if unit.stop < 0 else min(unit.stop, dataset.num_rows)
     column, ids = column_of(options)
-    rows = dataset.select_columns([column]).select(range(unit.start, stop))
+    # Python values whatever format was saved with the dataset: a "numpy" format would give
+    # float arrays, with NaN for a missing id, in place of a row's list of ids.
+    rows = dataset.select_columns([column]).with_format(None).select(range(unit.start, stop))
     for number, batch in enumerate(rows.iter(batch_size=BATCH_ROWS)):
         for offset, value in enumerate(batch[column]):
             row = unit.start + number * BATCH_ROWS + offset

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from bloom_builder.segments import SEGMENT_BYTES
 
 KINDS = ("text", "jsonl", "parquet", "dataset", "megatron")
@@ -32,9 +34,10 @@ class SourceOptions:
         follow_symlinks: follow symbolic links met walking a directory or expanding a glob (each
             file is read once, loops are cut and reported); False skips them and reports each
             one as "symlink". Paths named explicitly are always followed.
-        ids_field: Parquet or ``datasets`` column of token ids (a pre-tokenized corpus), read
-            instead of ``text_field``; None reads text. Megatron ``.bin``/``.idx`` datasets are
-            token ids whatever it is.
+        ids_field: Parquet or ``datasets`` column, or JSONL field, of token ids (a pre-tokenized
+            corpus: lists of integers), read instead of ``text_field``; None reads text. Plain
+            text files have no ids: with it, each is skipped and recorded as "no ids". Megatron
+            ``.bin``/``.idx`` datasets are token ids whatever it is.
     """
 
     text_field: str = "text"
@@ -154,6 +157,52 @@ class ProblemLog:
         return cls(
             counts, {str(k): [str(e) for e in v][:MAX_EXAMPLES] for k, v in examples.items()}
         )
+
+
+def token_ids(values: list[Any]) -> tuple[np.ndarray | None, str, str]:
+    """A pre-tokenized document's ids as int64 `(num_ids,)`, or why its list cannot be ids.
+
+    Every value must be a Python ``int`` that fits in 64 bits: a null (a Parquet list with a
+    missing element), a boolean, a float or a string is refused, not converted as numpy would
+    (``True`` -> 1, ``2.5`` -> 2, ``"7"`` -> 7), and an id past int64 (a uint64 column's) is out
+    of every vocabulary.
+
+    Args:
+        values: a list, as JSON or Arrow's ``to_pylist`` gives it.
+
+    Returns:
+        ``(ids, "", "")``, or ``(None, kind, reason)`` with kind "bad ids" or "ids out of range"
+        and a reason naming the first bad position.
+    """
+    if set(map(type, values)) == {int}:  # the common case, checked at C speed
+        try:
+            return np.array(values, dtype=np.int64), "", ""
+        except OverflowError:
+            pass
+    for position, value in enumerate(values):  # find the first bad value, to name it
+        if type(value) is not int:
+            held = _held(value)
+            return None, "bad ids", f"position {position} holds {held}, not an integer token id"
+        if not -(1 << 63) <= value < 1 << 63:
+            return (
+                None,
+                "ids out of range",
+                f"id {value} at position {position} is outside every tokenizer's vocabulary (it "
+                "does not fit in 64 bits); check that --ids-field names the token ids",
+            )
+    return np.array(values, dtype=np.int64), "", ""
+
+
+def _held(value: Any) -> str:
+    """How a problem names a value that is not a token id."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return f"the number {value!r}"
+    names: dict[type, str] = {str: "a string", list: "a list", dict: "an object"}
+    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def reason(error: BaseException) -> str:
