@@ -192,15 +192,15 @@ def run_extractability(
 
     rows: list[ExtractableSequence] = []
     decoding = DecodingSettings(max_new_tokens=truth_tokens, batch_size=batch_size)
-    for k in prompt_lengths:
-        if per_bucket is not None:
-            examples = sample_bucketed_examples(
-                corpus, tokenizer, per_bucket, k, truth_tokens, seed
-            )
-        else:
-            examples = sample_examples(
-                corpus, tokenizer, num_examples, k, truth_tokens, seed, count_occurrences=False
-            )
+    # Every k's sequences are drawn before any is generated: a corpus too small for one k is
+    # refused before the work, not after.
+    drawn = {
+        k: sample_bucketed_examples(corpus, tokenizer, per_bucket, k, truth_tokens, seed)
+        if per_bucket is not None
+        else sample_examples(corpus, tokenizer, num_examples, k, truth_tokens, seed, required=True)
+        for k in prompt_lengths
+    }
+    for k, examples in drawn.items():
         completions = complete(
             model, tokenizer, [list(e.prompt_ids) for e in examples], decoding, guard
         )

@@ -15,11 +15,46 @@ from memfree.fileio import atomic_write
 
 
 def write_audit_report(
-    out_dir: str | os.PathLike[str], results: dict[str, Any], title: str
+    out_dir: str | os.PathLike[str],
+    results: dict[str, Any],
+    title: str,
+    *,
+    overwrite: bool = False,
 ) -> list[str]:
-    """``audit.json``, ``audit.md`` and, for exposure results, ``exposure.png``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    """``audit.json``, ``audit.md`` and, for exposure results, ``exposure.png``; returns the
+    names written.
+
+    Args:
+        out_dir: the report's folder: a new or empty one, or one of the same step's report (its
+            files are replaced: the report is rendered again); another only with ``overwrite``.
+        results: label ("unguarded", "guarded") -> the step's result.
+        title: the report's heading.
+        overwrite: write into a non-empty folder of another kind (``--force``).
+
+    Raises:
+        eval.resultdirs.ResultsDirError: ``out_dir`` is refused (see :mod:`eval.resultdirs`), or
+            another run holds its lock.
+    """
+    from eval.resultdirs import claim_results_dir
+
+    with claim_results_dir(out_dir, audit_kind(results), overwrite) as out:
+        return _write(out, results, title)
+
+
+def audit_kind(results: Mapping[str, Any]) -> str:
+    """The kind of results folder (:data:`eval.resultdirs.KINDS`) ``results`` make: that of the
+    audit step whose results they are."""
+    for key, kind in (
+        ("by_repetitions", "audit exposure"),
+        ("shortest_path", "audit extract"),
+        ("by_k", "audit extractable"),
+    ):
+        if any(isinstance(part, Mapping) and key in part for part in results.values()):
+            return kind
+    raise ValueError("results of no audit step (exposure, extract, extractable) to write")
+
+
+def _write(out: Path, results: dict[str, Any], title: str) -> list[str]:
     plain = {
         label: part.to_dict() if isinstance(part, JsonView) else part
         for label, part in results.items()

@@ -121,6 +121,48 @@ class Canary:
         }
 
 
+def _existing(corpus: Sequence[str]) -> list[str]:
+    return [path for path in corpus if not path.endswith(":") and os.path.lexists(path)]
+
+
+def _check_output(out: Path, corpus: Sequence[str]) -> None:
+    """Refuse an output that is a file (a corpus file given as the output, say)."""
+    if os.path.lexists(out) and not os.path.isdir(out):
+        given = next((path for path in _existing(corpus) if _same_file(path, out)), None)
+        what = f"the corpus file {given} given as input" if given else "a file"
+        raise ValueError(
+            f"{out}: is {what}, not a folder; -o names the folder that gets the planted "
+            "corpus.jsonl and manifest.json: choose another -o, e.g. a new folder"
+        )
+
+
+def _check_not_an_input(out: Path, corpus: Sequence[str]) -> None:
+    """Refuse, since ``overwrite`` would replace them, a ``corpus.jsonl`` or ``manifest.json``
+    in ``out`` that is an input of this run or lies inside one."""
+    inputs = _existing(corpus)
+    for name in ("corpus.jsonl", "manifest.json"):
+        target = out / name
+        if not os.path.lexists(target):
+            continue
+        for path in inputs:
+            inside = os.path.isdir(path) and Path(os.path.realpath(target)).is_relative_to(
+                os.path.realpath(path)
+            )
+            if inside or _same_file(path, target):
+                raise ValueError(
+                    f"{target}: is {'inside ' if inside else ''}an input of this run ({path}); "
+                    "writing the planted corpus there would replace what is being read. Choose "
+                    "another -o"
+                )
+
+
+def _same_file(first: str | os.PathLike[str], second: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return False
+
+
 def _refuse_overwrite(out: Path, overwrite: bool) -> None:
     """Refuse an output directory that already holds a manifest or a planted corpus."""
     present = [name for name in ("manifest.json", "corpus.jsonl") if os.path.lexists(out / name)]
@@ -187,16 +229,48 @@ def insert_canaries(
         the manifest.
 
     Raises:
-        ValueError: bad repetitions, no readable document, or ``output_dir`` already holds a
-            manifest or corpus and ``overwrite`` is not set.
+        ValueError: bad repetitions, more canaries than the format has secrets, no readable
+            document, ``output_dir`` is a file, or it already holds a manifest or corpus and
+            ``overwrite`` is not set (or they are inputs of this run).
+        eval.resultdirs.ResultsDirError: another run writes into ``output_dir`` (it holds the
+            folder's lock; the message names it).
     """
+    from eval.resultdirs import ResultsLock
+
+    if canaries_per_repetition < 1 or not repetitions or min(repetitions) < 1:
+        raise ValueError("--repetitions and --per-repetition must be >= 1")
+    wanted = len(repetitions) * canaries_per_repetition
+    if wanted > canary_format.space_size:
+        raise ValueError(
+            f"--repetitions and --per-repetition ask for {wanted} distinct canaries, but the "
+            f"format {canary_format.template!r} has only {canary_format.space_size} (|R|); plant "
+            "fewer, or give --format more holes"
+        )
+    out = Path(output_dir)
+    _check_output(out, corpus)
+    # Held from the check of what is there to the manifest's writing: two runs into one folder
+    # would otherwise both pass the check, and one manifest would replace the other.
+    with ResultsLock(out, option="-o"):
+        _refuse_overwrite(out, overwrite)
+        _check_not_an_input(out, corpus)
+        return _insert(
+            corpus, out, canary_format, repetitions, canaries_per_repetition, seed, text_field
+        )
+
+
+def _insert(
+    corpus: Sequence[str],
+    out: Path,
+    canary_format: CanaryFormat,
+    repetitions: Sequence[int],
+    canaries_per_repetition: int,
+    seed: int,
+    text_field: str,
+) -> dict[str, Any]:
+    """:func:`insert_canaries` in its locked output folder."""
     from bloom_builder.sources import ProblemLog, SourceOptions, iter_documents
     from eval.sampling import skipped
 
-    if canaries_per_repetition < 1 or not repetitions or min(repetitions) < 1:
-        raise ValueError("repetitions and canaries_per_repetition must be >= 1")
-    out = Path(output_dir)
-    _refuse_overwrite(out, overwrite)
     options = SourceOptions(text_field=text_field)
     problems = ProblemLog()
     documents = [found.text for found in iter_documents(list(corpus), options, problems)]

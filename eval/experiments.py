@@ -17,6 +17,7 @@ from typing import Any
 
 from eval.metrics import MetricSettings, score, stored_ngrams
 from eval.records import MemorizationRecord, MemorizationResults
+from eval.resultdirs import claim_results_dir
 from eval.resultfiles import RecordLog, read_examples, read_settings_fingerprint, write_examples
 from eval.sampling import Example, frequency_bucket, sample_examples
 from eval.settings import GUARDS, ExperimentSettings, settings_fingerprint
@@ -55,14 +56,18 @@ def run_memorization(
     progress: Callable[[int], Any] | None = None,
     examples: Sequence[Example] | None = None,
     word_filter: Any = None,
+    overwrite: bool = False,
 ) -> MemorizationResults:
     """Run the discoverable-memorization or style-transfer experiment; returns all its records.
 
     Args:
         settings: the experiment.
         out_dir: where ``records.jsonl``, ``examples.jsonl`` and ``settings.json`` go; a
-            directory holding records of other settings, or a damaged one of these files, is
-            refused (see :mod:`eval.resultfiles`).
+            directory holding records of other settings, a damaged one of these files, or a
+            record that is not this run's or is there twice, is refused (see
+            :mod:`eval.resultfiles`). The run holds the folder's lock (another run writing there
+            is refused) and writes only into a new, empty or eval folder (see
+            :mod:`eval.resultdirs`).
         model: causal LM.
         tokenizer: its tokenizer.
         ngram_filter: the training corpus's filter (the guard's, and for counting stored n-grams).
@@ -72,26 +77,67 @@ def run_memorization(
         word_filter: the corpus's word filter (``memfree build --unit word``): the "word"
             defense's guard; when given, every record also counts the stored word n-grams of
             its output.
+        overwrite: write into a non-empty ``out_dir`` that holds no eval results (``--force``).
 
     Raises:
-        ValueError: the "word" defense without a word filter, or a filter of the wrong unit.
-        eval.resultfiles.ResultFileError: a result file in ``out_dir`` is damaged (the message
-            names the file, the line and the fix).
+        ValueError: the "word" defense without a word filter, a filter of the wrong unit, or a
+            corpus without ``settings.num_examples`` documents long enough.
+        eval.resultfiles.ResultFileError: a result file in ``out_dir`` is damaged or holds
+            another run's or a duplicate record (the message names the file, the line and the
+            fix).
+        eval.resultdirs.ResultsDirError: ``out_dir`` is another kind of folder, or another run
+            holds its lock.
     """
-    from memfree.generation import DecodingSettings
-    from memfree.processor import MemFreeLogitsProcessor
-
     check_filters(ngram_filter, word_filter)
     if "word" in settings.defenses and word_filter is None:
         raise ValueError(
             "the 'word' defense needs a word filter (memfree build CORPUS --unit word); give it "
             "with --word-filter"
         )
-    out = Path(out_dir)
-    recorded = _claim_out_dir(out, settings, model_name, ngram_filter, word_filter)
+    with claim_results_dir(out_dir, "eval", overwrite) as out:
+        return _run_in_folder(
+            settings,
+            out,
+            model,
+            tokenizer,
+            ngram_filter,
+            model_name,
+            progress,
+            examples,
+            word_filter,
+        )
+
+
+def _run_in_folder(
+    settings: ExperimentSettings,
+    out: Path,
+    model: Any,
+    tokenizer: Any,
+    ngram_filter: Any,
+    model_name: str,
+    progress: Callable[[int], Any] | None,
+    examples: Sequence[Example] | None,
+    word_filter: Any,
+) -> MemorizationResults:
+    """:func:`run_memorization` in its claimed folder."""
+    from memfree.generation import DecodingSettings
+    from memfree.processor import MemFreeLogitsProcessor
+
+    recorded = _recorded_settings(out, settings, model_name, ngram_filter, word_filter)
     fingerprint = recorded["fingerprint"]
+    drawn = examples is None and not os.path.lexists(out / "examples.jsonl")
     examples = list(examples) if examples is not None else _examples(settings, out, tokenizer)
-    log = RecordLog(out / "records.jsonl")
+    # Written once the examples are drawn: a corpus too small for the settings leaves nothing
+    # behind, so the same command with other settings can use the folder.
+    atomic_write(out / "settings.json", json.dumps(recorded, indent=2))
+    if drawn:
+        write_examples(out / "examples.jsonl", examples)
+    log = RecordLog(
+        out / "records.jsonl",
+        example_ids={example.example_id for example in examples},
+        styles=settings.styles,
+        defenses=settings.defenses,
+    )
     decoding = DecodingSettings(
         max_new_tokens=settings.truth_tokens,
         batch_size=settings.batch_size,
@@ -122,11 +168,10 @@ def run_memorization(
     )
 
 
-def _claim_out_dir(
+def _recorded_settings(
     out: Path, settings: ExperimentSettings, model_name: str, ngram_filter: Any, word_filter: Any
 ) -> dict[str, Any]:
-    """Write ``settings.json`` into ``out``, refusing a directory of another run; returns it."""
-    out.mkdir(parents=True, exist_ok=True)
+    """What ``settings.json`` records of this run, refusing a directory of another run."""
     fingerprint = settings_fingerprint(
         settings,
         ngram_filter.metadata,
@@ -136,8 +181,9 @@ def _claim_out_dir(
     settings_path = out / "settings.json"
     if os.path.lexists(settings_path) and read_settings_fingerprint(settings_path) != fingerprint:
         raise ValueError(
-            f"{out}: holds results of other settings (or another model or filter); choose "
-            "another --out directory or delete it"
+            f"{out}: holds results of other settings (or another model or filter: its "
+            "settings.json); choose another --out directory, or delete that one to start afresh "
+            "(--force does not: memfree never deletes results)"
         )
     recorded = {
         "fingerprint": fingerprint,
@@ -146,7 +192,6 @@ def _claim_out_dir(
         "filter": str(ngram_filter.path),
         "word_filter": str(word_filter.path) if word_filter is not None else None,
     }
-    atomic_write(settings_path, json.dumps(recorded, indent=2))
     return recorded
 
 
@@ -209,7 +254,8 @@ class _Run:
 
 
 def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[Example]:
-    """Sample the examples once and keep them beside the records (a resumed run reuses them)."""
+    """The examples of ``examples.jsonl`` (a resumed run reuses them), else drawn from the corpus
+    (the caller keeps them there)."""
     path = out / "examples.jsonl"
     if os.path.lexists(path):
         return read_examples(path)
@@ -235,13 +281,13 @@ def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[E
             settings.seed,
             settings.text_field,
             settings.count_occurrences,
+            required=True,
         )
     if not examples:
         raise ValueError(
             f"no document in {', '.join(settings.corpus)} is long enough for "
             f"{settings.prompt_tokens}+{settings.truth_tokens} tokens"
         )
-    write_examples(path, examples)
     return examples
 
 

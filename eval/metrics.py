@@ -49,10 +49,12 @@ class MetricSettings:
             object.__setattr__(self, "normalize", "casefold" if self.normalize else "none")
         if self.normalize not in NORMALIZATIONS:
             raise ValueError(
-                f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}"
+                f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}"
             )
         if not 0.0 <= self.bleu_threshold <= 1.0:
-            raise ValueError(f"bleu_threshold must be in [0, 1], got {self.bleu_threshold!r}")
+            raise ValueError(
+                f"--bleu-threshold must be a number from 0 to 1, got {self.bleu_threshold!r}"
+            )
         if self.edit_unit not in EDIT_UNITS:
             raise ValueError(
                 f"edit_unit must be one of {', '.join(EDIT_UNITS)}, got {self.edit_unit!r}"

@@ -44,6 +44,8 @@ def sample_examples(
     seed: int = 0,
     text_field: str = "text",
     count_occurrences: bool = False,
+    *,
+    required: bool = False,
 ) -> list[Example]:
     """Draw ``num_examples`` windows of ``prompt_tokens + truth_tokens`` tokens from a corpus.
 
@@ -61,6 +63,12 @@ def sample_examples(
         text_field: JSONL field / Parquet column holding the text.
         count_occurrences: also count how often each window occurs in the corpus (a second
             pass; for the paper's frequency buckets).
+        required: refuse to return fewer than ``num_examples`` examples (what the experiments
+            do: their settings record the number asked for); without it, fewer may come back.
+
+    Raises:
+        ValueError: no readable input; with ``required``, fewer documents long enough than
+            ``num_examples`` (the message says how many there are and what to change).
     """
     from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
 
@@ -107,6 +115,10 @@ def sample_examples(
         )
         if len(examples) == num_examples:
             break
+    if required and len(examples) < num_examples:
+        raise ValueError(
+            _shortfall(corpus, num_examples, len(examples), len(reservoir), seen, wanted)
+        )
     if count_occurrences and examples:
         counts = _count_occurrences(units, options, tokenizer, examples)
         examples = [
@@ -114,6 +126,26 @@ def sample_examples(
             for i, e in enumerate(examples)
         ]
     return examples
+
+
+def _shortfall(
+    corpus: Sequence[str], asked: int, found: int, drawn: int, seen: int, wanted: int
+) -> str:
+    """Why fewer examples than ``--num-examples`` were found, and what to change."""
+    fix = "give a larger corpus, or shorten --prompt-tokens/--truth-tokens"
+    if found:
+        fix = f"ask for --num-examples {found} or fewer, {fix}"
+    where = ", ".join(corpus)
+    if drawn >= seen:  # every document long enough by its characters was tokenized
+        held = f"only {found} document{'s' if found > 1 else ''}" if found else "no document"
+        return (
+            f"--num-examples {asked}: {where} holds {held} of at least {wanted} tokens (prompt "
+            f"and truth), and each gives one example; {fix}"
+        )
+    return (
+        f"--num-examples {asked}: only {found} of the {drawn} documents drawn from {where} are "
+        f"{wanted} tokens long (prompt and truth), one example each; {fix}"
+    )
 
 
 def sample_bucketed_examples(

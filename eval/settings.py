@@ -31,7 +31,7 @@ class ExperimentSettings:
         defenses: among "none", "censor" (reject a generation holding a stored n-gram, as a
             Copilot-style output filter does), "memfree" (the token guard) and "word" (the word
             guard, with a word filter: robust to case, spacing and punctuation).
-        seed: sampling seed (prompts and decoding).
+        seed: sampling seed (prompts and decoding), 0 to 2^32 - 1.
         batch_size: prompts per generate() call.
         count_occurrences: count each example's repetitions in the corpus (frequency buckets).
         per_bucket: instead of ``num_examples`` uniform draws, draw up to this many examples from
@@ -55,17 +55,40 @@ class ExperimentSettings:
     metrics: MetricSettings = field(default_factory=MetricSettings)
 
     def __post_init__(self) -> None:
+        problem = self.problem()
+        if problem:
+            raise ValueError(problem)
+
+    def problem(self) -> str | None:
+        """The first invalid setting, phrased for the command line (``memfree eval``), or None.
+
+        The metric settings check themselves (:class:`eval.metrics.MetricSettings`).
+        """
         if self.experiment not in EXPERIMENTS:
-            raise ValueError(f"experiment must be one of {', '.join(EXPERIMENTS)}")
+            return (
+                f"the experiment must be one of {', '.join(EXPERIMENTS)}, got {self.experiment!r}"
+            )
         unknown = [d for d in self.defenses if d not in DEFENSES]
         if unknown or not self.defenses:
-            raise ValueError(f"--defenses must be among {', '.join(DEFENSES)}, got {unknown}")
+            return f"--defenses must be among {', '.join(DEFENSES)}, got {_shown(tuple(unknown))}"
         for style in self.styles:
-            get_style(style)  # raises ValueError naming the known styles
-        if min(self.num_examples, self.prompt_tokens, self.truth_tokens, self.batch_size) < 1:
-            raise ValueError("--num-examples, --prompt-tokens, --truth-tokens, --batch-size: >= 1")
-        if self.per_bucket is not None and self.per_bucket < 1:
-            raise ValueError(f"--per-bucket must be >= 1, got {self.per_bucket}")
+            try:
+                get_style(style)
+            except ValueError as error:  # it names the known styles
+                return f"--styles: {error}"
+        for option, value in (
+            ("--num-examples", self.num_examples),
+            ("--prompt-tokens", self.prompt_tokens),
+            ("--truth-tokens", self.truth_tokens),
+            ("--batch-size", self.batch_size),
+        ):
+            if not _positive(value):
+                return f"{option} must be an integer >= 1, got {value!r}"
+        if self.per_bucket is not None and not _positive(self.per_bucket):
+            return f"--per-bucket must be an integer >= 1, got {self.per_bucket!r}"
+        if not self.text_field:
+            return "--text-field must not be empty"
+        return _seed_problem(self.seed)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -116,7 +139,7 @@ class AuditSettings:
         repetitions: how many times each group of canaries is planted (``--repetitions``).
         canaries_per_repetition: canaries planted per repetition count (``--per-repetition``).
         seed: random seed of the planted secrets and places, of the sampled references, and of
-            the sequences drawn for k-extractability (``--seed``).
+            the sequences drawn for k-extractability, 0 to 2^32 - 1 (``--seed``).
         text_field: JSONL field / Parquet column of the corpus, and of the planted corpus
             (``--text-field``).
         prompt_lengths: k, the prompt lengths in tokens whose extractability is measured
@@ -161,8 +184,9 @@ class AuditSettings:
             return f"--repetitions must be integers >= 1, got {_shown(self.repetitions)}"
         if not _positive(self.canaries_per_repetition):
             return f"--per-repetition must be an integer >= 1, got {self.canaries_per_repetition!r}"
-        if not isinstance(self.seed, int):
-            return f"--seed must be an integer, got {self.seed!r}"
+        seed_problem = _seed_problem(self.seed)
+        if seed_problem:
+            return seed_problem
         if not self.text_field:
             return "--text-field must not be empty"
         if not _all_positive(self.prompt_lengths):
@@ -185,6 +209,19 @@ class AuditSettings:
         data["repetitions"] = list(self.repetitions)
         data["prompt_lengths"] = list(self.prompt_lengths)
         return data
+
+
+#: The largest seed every random generator a run seeds takes (numpy's legacy seed, which
+#: transformers' ``set_seed`` sets, is 32 bits; numpy's generators take no negative seed).
+MAX_SEED = 2**32 - 1
+
+
+def _seed_problem(value: Any) -> str | None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"--seed must be an integer, got {value!r}"
+    if not 0 <= value <= MAX_SEED:
+        return f"--seed must be from 0 to {MAX_SEED}, got {value}"
+    return None
 
 
 def _positive(value: Any) -> bool:

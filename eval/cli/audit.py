@@ -4,6 +4,7 @@ k-extractability — with and without the guard. Defaults and checks: :class:`Au
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Mapping
@@ -78,7 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         step.add_argument(
             "--filter", default=None, help="a filter of the training corpus: also run guarded"
         )
-        step.add_argument("--out", default=None, help="report directory (default: beside manifest)")
+        step.add_argument(
+            "--out",
+            default=None,
+            help=f"report directory (default: {name}/ beside the manifest): a new or empty one, "
+            f"or an earlier audit {name} report's, which is replaced",
+        )
+        _add_force(step)
         step.add_argument("--json", action="store_true")
         if name == "exposure":
             step.add_argument("--references", type=int, default=defaults.references)
@@ -123,8 +130,23 @@ def _add_extractable(steps: Any, defaults: Any) -> None:
     extractable.add_argument("--num-examples", type=int, default=defaults.num_examples)
     extractable.add_argument("--per-bucket", type=int, default=defaults.per_bucket)
     extractable.add_argument("--seed", type=int, default=defaults.seed)
-    extractable.add_argument("--out", default=DEFAULT_EXTRACTABLE_OUT)
+    extractable.add_argument(
+        "--out",
+        default=DEFAULT_EXTRACTABLE_OUT,
+        help="report directory (default %(default)s): a new or empty one, or an earlier audit "
+        "extractable report's, which is replaced",
+    )
+    _add_force(extractable)
     extractable.add_argument("--json", action="store_true")
+
+
+def _add_force(step: argparse.ArgumentParser) -> None:
+    step.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty --out that holds no report of this step, replacing its "
+        "audit.json, audit.md (and exposure.png)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -193,45 +215,50 @@ def _canary_step(args: argparse.Namespace) -> int:
         canary_format, canaries, _ = load_manifest(args.manifest)
     except (FileNotFoundError, ValueError) as error:
         return fail(str(error))
-    from memfree.errors import FilterError
-    from memfree.models import ModelNotFoundError
-
-    try:
-        model, tokenizer, guard = _model_and_guard(args.model, args.filter)
-    except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
-        return fail(str(error))
-    from eval.audit import run_exposure, run_extraction
-    from eval.audit_report import write_audit_report
-
-    results: dict[str, Any] = {}
-    for label, processor in (("unguarded", None), ("guarded", guard)):
-        if label == "guarded" and guard is None:
-            continue
-        print(f"{args.step} ({label}) ...", file=sys.stderr, flush=True)
-        if args.step == "exposure":
-            results[label] = run_exposure(
-                model,
-                tokenizer,
-                canary_format,
-                canaries,
-                processor,
-                settings.references,
-                settings.seed,
-            )
-        else:
-            results[label] = run_extraction(
-                model, tokenizer, canary_format, canaries, processor, settings.max_queries
-            )
     manifest_dir = Path(args.manifest)
     out = (
         Path(args.out)
         if args.out
         else (manifest_dir if manifest_dir.is_dir() else manifest_dir.parent) / args.step
     )
-    try:
-        write_audit_report(out, results, f"audit {args.step}: {args.model}")
-    except (OSError, ImportError) as error:
-        return fail(str(error))
+    with contextlib.ExitStack() as held:
+        problem = _claim(held, out, args)
+        if problem:
+            return problem
+        from memfree.errors import FilterError
+        from memfree.models import ModelNotFoundError
+
+        try:
+            model, tokenizer, guard = _model_and_guard(args.model, args.filter)
+        except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
+            return fail(str(error))
+        from eval.audit import run_exposure, run_extraction
+        from eval.audit_report import write_audit_report
+
+        results: dict[str, Any] = {}
+        try:
+            for label, processor in (("unguarded", None), ("guarded", guard)):
+                if label == "guarded" and guard is None:
+                    continue
+                print(f"{args.step} ({label}) ...", file=sys.stderr, flush=True)
+                if args.step == "exposure":
+                    results[label] = run_exposure(
+                        model,
+                        tokenizer,
+                        canary_format,
+                        canaries,
+                        processor,
+                        settings.references,
+                        settings.seed,
+                    )
+                else:
+                    results[label] = run_extraction(
+                        model, tokenizer, canary_format, canaries, processor, settings.max_queries
+                    )
+            title = f"audit {args.step}: {args.model}"
+            write_audit_report(out, results, title, overwrite=args.force)
+        except (ValueError, OSError, ImportError) as error:
+            return fail(_said(error))
     if args.json:
         print(json.dumps(as_json(results), indent=2))
         return 0
@@ -259,6 +286,28 @@ def _print_canary_results(step: str, results: dict[str, Any]) -> None:
             )
 
 
+def _claim(held: contextlib.ExitStack, out: Path, args: argparse.Namespace) -> int | None:
+    """Check ``out`` for this step's report and hold its lock until ``held`` closes (before the
+    model loads: a second run into the same folder is refused at once, naming the first); the
+    exit status of a refusal, else None."""
+    from eval.resultdirs import claim_results_dir
+
+    try:
+        held.enter_context(claim_results_dir(out, f"audit {args.step}", args.force))
+    except ValueError as error:
+        return fail(str(error))
+    return None
+
+
+def _said(error: BaseException) -> str:
+    """An error in words: an OSError as ``PATH: problem`` rather than ``[Errno N] ...``."""
+    from memfree.errors import os_problem
+
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.filename}: {os_problem(error)}"
+    return str(error)
+
+
 def _insert(args: argparse.Namespace) -> int:
     """``insert``: plant the canaries and write the corpus and its manifest."""
     from eval.canaries import CanaryFormat, insert_canaries
@@ -278,7 +327,14 @@ def _insert(args: argparse.Namespace) -> int:
             return fail(f"{args.words}: not UTF-8 text ({error.reason} at byte {error.start})")
     try:
         settings = settings_from_args(args)
+    except ValueError as error:
+        return fail(str(error))
+    try:
         canary_format = CanaryFormat(settings.canary_format, words)
+    except ValueError as error:
+        hint = " (give them with --words FILE)" if "{word}" in str(error) else ""
+        return fail(f"--format: {error}{hint}")
+    try:
         manifest = insert_canaries(
             args.corpus,
             args.output,
@@ -290,7 +346,7 @@ def _insert(args: argparse.Namespace) -> int:
             overwrite=args.force,
         )
     except (ValueError, OSError) as error:
-        return fail(str(error))
+        return fail(_said(error))
     print(
         f"planted {len(manifest['canaries'])} canaries (|R| = {manifest['space_size']:,}) in "
         f"{manifest['documents']:,} documents: {args.output}/corpus.jsonl, manifest.json"
@@ -309,37 +365,42 @@ def _extractable(args: argparse.Namespace) -> int:
     unreadable = first_unreadable(args.corpus)
     if unreadable:
         return fail(unreadable)
-    from memfree.errors import FilterError
-    from memfree.models import ModelNotFoundError
+    with contextlib.ExitStack() as held:
+        problem = _claim(held, Path(args.out), args)
+        if problem:
+            return problem
+        from memfree.errors import FilterError
+        from memfree.models import ModelNotFoundError
 
-    try:
-        model, tokenizer, guard = _model_and_guard(args.model, args.filter)
-    except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
-        return fail(str(error))
-    from eval.audit import run_extractability
-    from eval.audit_report import write_audit_report
+        try:
+            model, tokenizer, guard = _model_and_guard(args.model, args.filter)
+        except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
+            return fail(str(error))
+        from eval.audit import run_extractability
+        from eval.audit_report import write_audit_report
 
-    results: dict[str, Any] = {}
-    try:
-        for label, processor in (("unguarded", None), ("guarded", guard)):
-            if label == "guarded" and guard is None:
-                continue
-            print(f"extractable ({label}) ...", file=sys.stderr, flush=True)
-            with warnings_to_stderr():
-                results[label] = run_extractability(
-                    model,
-                    tokenizer,
-                    args.corpus,
-                    list(settings.prompt_lengths),
-                    settings.truth_tokens,
-                    processor,
-                    settings.num_examples,
-                    settings.per_bucket,
-                    settings.seed,
-                )
-        write_audit_report(args.out, results, f"k-extractability: {args.model or 'default'}")
-    except (ValueError, OSError, ImportError) as error:
-        return fail(str(error))
+        results: dict[str, Any] = {}
+        try:
+            for label, processor in (("unguarded", None), ("guarded", guard)):
+                if label == "guarded" and guard is None:
+                    continue
+                print(f"extractable ({label}) ...", file=sys.stderr, flush=True)
+                with warnings_to_stderr():
+                    results[label] = run_extractability(
+                        model,
+                        tokenizer,
+                        args.corpus,
+                        list(settings.prompt_lengths),
+                        settings.truth_tokens,
+                        processor,
+                        settings.num_examples,
+                        settings.per_bucket,
+                        settings.seed,
+                    )
+            title = f"k-extractability: {args.model or 'default'}"
+            write_audit_report(args.out, results, title, overwrite=args.force)
+        except (ValueError, OSError, ImportError) as error:
+            return fail(_said(error))
     if args.json:
         print(
             json.dumps({k: {**as_json(v), "sequences": None} for k, v in results.items()}, indent=2)

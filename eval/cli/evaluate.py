@@ -5,6 +5,7 @@ the standard library and its filters) when nothing else is given. Defaults: Expe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -157,7 +158,18 @@ def _add_inputs(parser: argparse.ArgumentParser, defaults: Any) -> None:
         "--corpus", nargs="+", default=list(defaults.corpus), help="where prompts come from"
     )
     parser.add_argument("--text-field", default=defaults.text_field)
-    parser.add_argument("--out", default=None, help="results directory (default out/eval/NAME)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results directory (default out/eval/NAME): a new or empty one, or one of the same "
+        "run to resume it",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty --out that holds no eval results, replacing files of the "
+        "names eval writes (report.md, summary.json, plots, ...)",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -192,6 +204,21 @@ def run(args: argparse.Namespace) -> int:
                 "the word defense needs --word-filter, the word filter of your corpus (memfree "
                 "build CORPUS --unit word), or leave 'word' out of --defenses"
             )
+    out = Path(args.out or f"out/eval/{args.experiment}")
+    from eval.resultdirs import claim_results_dir
+
+    with contextlib.ExitStack() as held:
+        try:
+            # Checked and locked before the model loads: a second run into the same --out is
+            # refused at once, naming the first; the lock is held until the report is written.
+            held.enter_context(claim_results_dir(out, "eval", args.force))
+        except ValueError as error:
+            return fail(str(error))
+        return _run_in(args, settings, out)
+
+
+def _run_in(args: argparse.Namespace, settings: Any, out: Path) -> int:
+    """Run ``memfree eval discoverable|styles`` into ``out``, whose lock is held."""
     disable_download_bars()
     from memfree.errors import FilterError
     from memfree.models import ModelNotFoundError
@@ -200,14 +227,13 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, ngram_filter, word_filter = _model_and_filters(args, settings)
     except (ModelNotFoundError, FilterError, OSError, ValueError, ImportError) as error:
         return fail(str(error))
-    out = Path(args.out or f"out/eval/{args.experiment}")
     try:
         records = _run_memorization(
             args, settings, out, model, tokenizer, ngram_filter, word_filter
         )
     except (ValueError, OSError, ImportError, FilterError) as error:
         # Among them the library's refusals: a filter of the wrong unit or tokenizer, results
-        # of other settings in --out.
+        # of other settings in --out, a damaged, duplicate or another run's record.
         return fail(str(error))
     except KeyboardInterrupt:
         return interrupted()
@@ -329,6 +355,7 @@ def _run_memorization(
             model_name=args.model or DEFAULT_MODEL_NAME,
             progress=bar.update,
             word_filter=word_filter,
+            overwrite=args.force,
         )
 
 
