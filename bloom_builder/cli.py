@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from bloom_builder.build import BuildError, build_filter
-    from bloom_builder.errors import TaskFailed
+    from bloom_builder.errors import RayUnavailable, TaskFailed
     from memfree.errors import MissingDependencyError
     from memfree.tokenizer import TokenizerNotFoundError
 
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             force=args.force,
         )
-    except (BuildError, TokenizerNotFoundError, MissingDependencyError) as error:
+    except (BuildError, RayUnavailable, TokenizerNotFoundError, MissingDependencyError) as error:
         return fail(str(error))  # a missing extra: the message names the pip command
     except TaskFailed as error:  # finished tasks are kept: the build said where
         print(f"memfree: error: {error}", file=sys.stderr)

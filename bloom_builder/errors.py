@@ -1,7 +1,13 @@
-"""The builder's user-facing errors: why a build cannot produce a filter (and what to do), and a
-task that failed on every attempt."""
+"""The builder's user-facing errors: why a build cannot produce a filter (and what to do), a task
+that failed on every attempt, and a Ray cluster that cannot be joined."""
 
 from __future__ import annotations
+
+import os
+from typing import Any
+
+# Files a task's name lists before "and N more": enough to find the shard, short enough to read.
+SHOWN_FILES = 2
 
 
 class BuildError(ValueError):
@@ -18,3 +24,49 @@ class TaskFailed(RuntimeError):
     The message names the task (its shard or key range) and the last error. Finished tasks stay
     in the work directory: fix the cause and rerun the same command to resume.
     """
+
+
+class RayUnavailable(ConnectionError):
+    """The Ray cluster named by ``--ray-address`` cannot be joined (nothing answers there, or
+    not Ray), or the local Ray cannot start.
+
+    The message names the address and the fix; ``memfree build`` prints it without a traceback
+    and exits with status 2. It is a ``ConnectionError``, not a :class:`BuildError`: a build
+    that stops on it keeps its finished tasks, so a rerun against a reachable cluster resumes.
+    """
+
+
+def describe_task(task: Any) -> str:
+    """A task named for an error message: a map task by its shard index and first files, a
+    reduce task by its kind and partition, anything else by its type and index.
+
+    A task with a ``describe()`` method names itself; tasks are read by their fields only, so
+    this module imports none of the steps.
+
+    Example:
+        ``"map task 3 (/data/a.jsonl[0:4194304], /data/b.txt and 5 more units)"``
+    """
+    describe = getattr(task, "describe", None)
+    if callable(describe):
+        return str(describe())
+    index = getattr(task, "index", None)
+    units = getattr(task, "units", None)
+    if isinstance(units, (tuple, list)):
+        names = [_unit_name(unit) for unit in units[:SHOWN_FILES]]
+        more = len(units) - len(names)
+        listed = ", ".join(names) + (f" and {more} more units" if more > 0 else "")
+        return f"map task {index} ({listed or 'no units'})"
+    kind = getattr(task, "kind", None)
+    if isinstance(kind, str) and hasattr(task, "low"):
+        return f"reduce task {index} ({kind} partition {index})"
+    name = type(task).__name__
+    return f"{name} {index}" if index is not None else name
+
+
+def _unit_name(unit: Any) -> str:
+    """A work unit's full path with its range (``WorkUnit.describe`` names the file only)."""
+    path = str(getattr(unit, "path", unit))
+    describe = getattr(unit, "describe", None)
+    if not callable(describe):
+        return path
+    return os.path.join(os.path.dirname(path), str(describe()))

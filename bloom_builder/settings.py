@@ -125,6 +125,12 @@ class BuildSettings:
             return f"--executor must be local or ray, got {self.executor!r}"
         if self.ray_address is not None and self.executor != "ray":
             return "--ray-address needs --executor ray"
+        if self.ray_address is not None:
+            from bloom_builder.executors.ray import ray_address_problem  # syntax only: no ray
+
+            problem = ray_address_problem(self.ray_address)
+            if problem:
+                return problem
         rate = self.prefix_false_positive_rate
         if rate is not None and not 0.0 < float(rate) < 1.0:
             return f"--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got {rate!r}"

@@ -31,8 +31,12 @@ def make_executor(
         workers: tasks run at once (for Ray without an address: the CPUs of the Ray it starts).
         setup: run once per worker process before its first task.
         kind: "local" (a process pool on this machine) or "ray" (Ray Core tasks).
-        address: for Ray, a running cluster's address ("auto" to join the one this node is
-            part of); None starts a local Ray.
+        address: for Ray, a running cluster's address (HOST:PORT, "auto" to join the one this
+            node is part of, ray://HOST:PORT with ray[client]); None starts a local Ray of the
+            build's own, even where a cluster runs.
+
+    Raises:
+        ValueError: an unknown kind, or a malformed Ray address.
     """
     if kind == "ray":
         from bloom_builder.executors.ray import RayExecutor
