@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
+from memfree.errors import (
+    DamagedFilterError,
+    FilterChangedError,
+    FilterError,
+    FilterMismatchError,
+)
 from memfree.filter import NgramFilter
 
 if TYPE_CHECKING:
@@ -19,6 +24,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 __all__ = [
     "DamagedFilterError",
+    "FilterChangedError",
     "FilterError",
     "FilterMismatchError",
     "GuardStats",

@@ -13,6 +13,11 @@ class DamagedFilterError(FilterError):
     """A filter file is truncated, corrupted, of an unknown version or not a filter at all."""
 
 
+class FilterChangedError(DamagedFilterError):
+    """A filter file was rewritten in place while a guard had it mapped (see
+    :mod:`memfree.filewatch`): the guard stops rather than read bits it did not verify."""
+
+
 class FilterMismatchError(FilterError):
     """A filter was built for another tokenizer or another n-gram size than it is used with."""
 

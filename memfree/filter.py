@@ -9,17 +9,17 @@ lets the guard skip, exactly, every decoding step whose last n-1 tokens begin no
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import numpy as np
 
+from memfree.filewatch import FileIdentity, FileWatch
 from memfree.filter_writer import (
     DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
     write_filter,
@@ -27,6 +27,8 @@ from memfree.filter_writer import (
 )
 from memfree.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
 from memfree.header import (
+    PREAMBLE,
+    bits_checksum,
     read_header,
     read_preamble,
     verify_bits,
@@ -110,6 +112,8 @@ class NgramFilter:
         self.num_probes: int = int(metadata["num_probes"])
         self.hash_seed: int = int(metadata["hash_seed"])
         self.num_ngrams: int = int(metadata["num_ngrams"])
+        # The open file's identity, which guards check around their reads (None: not mapped).
+        self.file_watch: FileWatch | None = None
 
     # -- opening and creating ----------------------------------------------------------------
 
@@ -139,33 +143,46 @@ class NgramFilter:
             return pybloom.open_pybloom(path, verify=verify, **kwargs)
         if kwargs:
             raise TypeError(f"unexpected arguments for a memfree filter: {sorted(kwargs)}")
-        return cls._open_native(path, head, verify)
+        return cls._open_native(path, verify)
 
     @classmethod
-    def _open_native(cls, path: Path, head: bytes, verify: bool) -> NgramFilter:
-        metadata, data_offset = read_header(path, head, path.stat().st_size)
-        num_words = int(metadata["num_bits"]) // 64
-        # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy while
-        # the file itself can never be changed through this mapping.
-        words = np.memmap(path, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
-        prefix = metadata.get("prefix")
-        prefix_words = None
-        if prefix:
-            prefix_words = np.memmap(
-                path,
-                dtype="<u8",
-                mode="c",
-                offset=data_offset + num_words * 8,
-                shape=(int(prefix["num_bits"]) // 64,),
-            )
-        if verify:
-            verify_bits(path, metadata, words, prefix_words)
-        return cls(path, words, metadata, prefix_words)
+    def _open_native(cls, path: Path, verify: bool) -> NgramFilter:
+        # One open file for the header, the bits and the watch: a rename over the path meanwhile
+        # cannot mix two files, and the identity is taken before anything is read or verified.
+        handle = open(path, "rb")  # noqa: SIM115 - kept open by the watch while the bits are mapped
+        try:
+            identity = FileIdentity.of(os.fstat(handle.fileno()))
+            head = os.pread(handle.fileno(), PREAMBLE.size, 0)
+            metadata, data_offset = read_header(path, head, identity.size_bytes, handle)
+            header = os.pread(handle.fileno(), data_offset, 0)
+            num_words = int(metadata["num_bits"]) // 64
+            # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy
+            # while the file itself can never be changed through this mapping.
+            words = np.memmap(handle, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
+            prefix = metadata.get("prefix")
+            prefix_words = None
+            if prefix:
+                prefix_words = np.memmap(
+                    handle,
+                    dtype="<u8",
+                    mode="c",
+                    offset=data_offset + num_words * 8,
+                    shape=(int(prefix["num_bits"]) // 64,),
+                )
+            if verify:
+                verify_bits(path, metadata, words, prefix_words)
+        except BaseException:
+            handle.close()
+            raise
+        filt = cls(path, words, metadata, prefix_words)
+        intact = _intact_check(handle, header, metadata, words, prefix_words)
+        filt.file_watch = FileWatch(path, handle, identity, intact)
+        return filt
 
     @classmethod
     def _open_written(cls, path: str | os.PathLike[str]) -> NgramFilter:
         """Open (verified) a native file this process just wrote."""
-        return cls._open_native(Path(path), read_preamble(Path(path)), verify=True)
+        return cls._open_native(Path(path), verify=True)
 
     @classmethod
     def create(
@@ -346,12 +363,17 @@ class NgramFilter:
 
     def close(self) -> None:
         """Drop the mapping (queries after this fail)."""
+        still_mapped = False
         for array in (self._words, self._prefix_words):
             mapping = getattr(array, "_mmap", None)
             if mapping is not None:
                 # Another view (e.g. a torch tensor) may still use it; it then closes with it.
-                with contextlib.suppress(BufferError):
+                try:
                     mapping.close()
+                except BufferError:
+                    still_mapped = True
+        if self.file_watch is not None and not still_mapped:
+            self.file_watch.close()  # a guard still reading the pages keeps checking them
         self._words = np.empty(0, dtype=np.uint64)
         if self._prefix_words is not None:
             self._prefix_words = np.empty(0, dtype=np.uint64)
@@ -361,6 +383,31 @@ class NgramFilter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _intact_check(
+    handle: BinaryIO,
+    header: bytes,
+    metadata: dict[str, Any],
+    words: np.ndarray,
+    prefix_words: np.ndarray | None,
+) -> Callable[[], str | None]:
+    """What tells a guard, once the file's identity changed, whether its bytes did: the header's
+    bytes as opened, and the bit arrays against the checksums it records. (It holds the arrays,
+    not the filter, so that a filter is freed as soon as it is no longer used.)"""
+    checksum = metadata["bits_xxh3"]
+    prefix_checksum = (metadata.get("prefix") or {}).get("bits_xxh3")
+
+    def problem() -> str | None:
+        if os.pread(handle.fileno(), len(header), 0) != header:
+            return "its header changed"
+        if bits_checksum(words) != checksum:
+            return "its bit array changed"
+        if prefix_words is not None and bits_checksum(prefix_words) != prefix_checksum:
+            return "its prefix section changed"
+        return None
+
+    return problem
 
 
 def describe_rate(rate: float) -> str:

@@ -21,6 +21,8 @@ from memfree.processor import MemFreeLogitsProcessor
 from memfree.stats import GuardStats
 from memfree.units import unit_of
 
+MAX_SEED = 2**32 - 1
+
 
 @dataclass(frozen=True)
 class DecodingSettings:
@@ -74,6 +76,8 @@ class DecodingSettings:
                 f"--num-beams ({self.num_beams}) without --sample",
             ),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            # transformers' set_seed seeds numpy too, which takes only 32-bit seeds.
+            (0 <= self.seed <= MAX_SEED, f"--seed must be in [0, 2**32 - 1], got {self.seed}"),
         ]
         for ok, message in checks:
             if not ok:

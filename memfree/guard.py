@@ -3,9 +3,11 @@
 The transformers :class:`~memfree.MemFreeLogitsProcessor` and the engine adapters
 (:mod:`memfree.integrations`) all start from a :class:`GuardSetup`: the filter, its unit, the ids
 exempt from the guard, the end-of-sequence ids and the unit's :class:`~memfree.core.Masker`, with
-every argument checked once, at construction. At each step they edit the scores with
-:func:`ban_scores` (blocked tokens at ``-inf``, end of sequence rescued) or, when a row's context
-is not known, :func:`fail_closed` (nothing but end of sequence).
+every argument checked once, at construction. At each step they ask :func:`checked_banned_mask`
+(the masker's answer, read from a filter file that was not rewritten in place meanwhile: see
+:mod:`memfree.filewatch`), then edit the scores with :func:`ban_scores` (blocked tokens at
+``-inf``, end of sequence rescued) or, when a row's context is not known, :func:`fail_closed`
+(nothing but end of sequence).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 
 from memfree.core import Masker, exempt_token_ids
 from memfree.errors import FilterMismatchError
+from memfree.filewatch import FileWatch
 from memfree.filter import NgramFilter, NgramSet
 from memfree.tokenizer import check_tokenizer
 from memfree.tokenizer import special_token_ids as tokenizer_special_ids
@@ -37,6 +40,8 @@ class GuardSetup:
         special_token_ids: the exempt ids (sorted): never banned, never part of a checked window.
         eos_token_ids: end-of-sequence ids among them (the first is the one rescued).
         masker: the unit's core.
+        file_watch: the identity of the filter's mapped file, checked around every step's reads
+            (None: the filter maps no file, e.g. a copy).
     """
 
     filter: NgramSet
@@ -45,6 +50,18 @@ class GuardSetup:
     special_token_ids: tuple[int, ...]
     eos_token_ids: tuple[int, ...]
     masker: Masker
+    file_watch: FileWatch | None = None
+
+    def banned_mask(
+        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The masker's ``banned_mask``, checked against a filter file rewritten in place (see
+        :func:`checked_banned_mask`); every engine asks this, never the masker itself.
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place; fail the step closed.
+        """
+        return checked_banned_mask(self.masker, self.file_watch, contexts, vocab_width, device)
 
     @classmethod
     def create(
@@ -94,7 +111,34 @@ class GuardSetup:
             ngram_filter, tokenizer, exempt, skip_rows=skip_rows, cuda_graphs=cuda_graphs
         )
         eos = tuple(i for i in dict.fromkeys(eos_ids) if i in exempt)
-        return cls(ngram_filter, n, unit, exempt, eos, masker)
+        watch = getattr(ngram_filter, "file_watch", None)
+        return cls(ngram_filter, n, unit, exempt, eos, masker, watch)
+
+
+def checked_banned_mask(
+    masker: Masker,
+    file_watch: FileWatch | None,
+    contexts: torch.Tensor,
+    vocab_width: int,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``masker.banned_mask(contexts, vocab_width, device)``, read from bits that were verified
+    before and unchanged after (:meth:`~memfree.filewatch.FileWatch.read`: two ``fstat`` calls).
+
+    A masker whose steps on ``device`` read only its own copy of the bits (a filter copied to an
+    accelerator at its first step there) is not checked: a change of the file cannot reach it.
+
+    Raises:
+        FilterChangedError: the filter file was rewritten in place (now or at an earlier step);
+            the caller fails the step closed (end of sequence only) or stops.
+    """
+    if file_watch is None:
+        return masker.banned_mask(contexts, vocab_width, device)
+    target = torch.device(device or contexts.device)
+    holds_copy = getattr(masker, "holds_own_copy", None)
+    if holds_copy is not None and holds_copy(target):
+        return masker.banned_mask(contexts, vocab_width, device)
+    return file_watch.read(lambda: masker.banned_mask(contexts, vocab_width, device))
 
 
 def ban_scores(
@@ -194,4 +238,11 @@ def token_ids(name: str, value: Any) -> list[int]:
     return [int(item) for item in values]
 
 
-__all__ = ["GuardSetup", "ban_scores", "fail_closed", "open_filter", "token_ids"]
+__all__ = [
+    "GuardSetup",
+    "ban_scores",
+    "checked_banned_mask",
+    "fail_closed",
+    "open_filter",
+    "token_ids",
+]

@@ -21,7 +21,9 @@ is sane: an edited header with its checksum recomputed must still never crash a 
 make the guard miss a stored n-gram and never yield a filter that silently blocks nothing. So every
 field the readers rely on is checked here, the false-positive rate the header states is
 recomputed from its sizes, and (when the bits are verified) the share of set bits is compared with
-what the header's n-gram count and probe count must produce.
+what the header's n-gram count and probe count must produce. An edited seed or n shows in no bit,
+so the header must also carry ``hashing_xxh3``, binding the bits' checksums to the parameters that
+placed them: a header without it is refused (rebuild the file), as is one it does not match.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import os
 import stat
 import struct
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 import numpy as np
 import xxhash
@@ -95,13 +97,17 @@ def read_preamble(path: Path) -> bytes:
         ) from None
 
 
-def read_header(path: Path, head: bytes, file_size: int) -> tuple[dict[str, Any], int]:
+def read_header(
+    path: Path, head: bytes, file_size: int, handle: BinaryIO | None = None
+) -> tuple[dict[str, Any], int]:
     """Parse and validate a native filter file's header.
 
     Args:
-        path: the file (read again for the metadata; named in errors).
+        path: the file (read again for the metadata unless ``handle`` is given; named in errors).
         head: its first ``PREAMBLE.size`` bytes (fewer when the file is shorter).
         file_size: its size in bytes; must be exactly what the header implies.
+        handle: the open file to read the metadata from (so that header and bits come from one
+            file even if the path is renamed over meanwhile).
 
     Returns:
         (the validated JSON metadata, the byte offset of the first bit word).
@@ -125,9 +131,12 @@ def read_header(path: Path, head: bytes, file_size: int) -> tuple[dict[str, Any]
         raise damaged_error(
             path, f"metadata length {metadata_bytes} does not fit in {file_size} bytes"
         )
-    with open(path, "rb") as handle:
-        handle.seek(PREAMBLE.size)
-        raw = handle.read(metadata_bytes)
+    if handle is not None:
+        raw = os.pread(handle.fileno(), metadata_bytes, PREAMBLE.size)
+    else:
+        with open(path, "rb") as reader:
+            reader.seek(PREAMBLE.size)
+            raw = reader.read(metadata_bytes)
     if xxhash.xxh3_64_intdigest(raw) != metadata_hash:
         raise damaged_error(path, "metadata checksum mismatch")
     try:
@@ -184,10 +193,10 @@ def verify_bits(
     Raises:
         DamagedFilterError: the first mismatch, named.
     """
-    if _xxh3(words) != metadata["bits_xxh3"]:
+    if bits_checksum(words) != metadata["bits_xxh3"]:
         raise damaged_error(path, "bit array checksum mismatch")
     prefix: dict[str, Any] = metadata.get("prefix") or {}
-    if prefix_words is not None and _xxh3(prefix_words) != prefix["bits_xxh3"]:
+    if prefix_words is not None and bits_checksum(prefix_words) != prefix["bits_xxh3"]:
         raise damaged_error(path, "prefix bit array checksum mismatch")
     problem = fill_problem(
         "the bit array",
@@ -207,8 +216,20 @@ def verify_bits(
     if problem:
         raise damaged_error(path, problem)
     # Last, so that the checks above name what they find first (an emptied array, more probes).
-    recorded = metadata.get("hashing_xxh3")  # absent in files written before it existed
-    if recorded is not None and recorded != hashing_digest(metadata):
+    check_hashing_binding(path, metadata)
+
+
+def check_hashing_binding(path: Path, metadata: dict[str, Any]) -> None:
+    """Refuse a header whose hashing parameters are not those its bits were written with (part of
+    :func:`verify_bits`: the digest binds the bits' checksums, which ``verify=False`` skips).
+
+    Raises:
+        DamagedFilterError: ``hashing_xxh3`` is missing or does not match the header.
+    """
+    recorded = metadata.get("hashing_xxh3")
+    if not isinstance(recorded, str):
+        raise damaged_error(path, "metadata has no 'hashing_xxh3'")
+    if recorded != hashing_digest(metadata):
         raise damaged_error(
             path,
             "its hashing parameters (hash_seed, n, num_probes, scheme, unit) are not those the "
@@ -216,7 +237,8 @@ def verify_bits(
         )
 
 
-def _xxh3(words: np.ndarray) -> str:
+def bits_checksum(words: np.ndarray) -> str:
+    """The xxh3-64 hex digest of a bit array's bytes, as the header records it."""
     return xxhash.xxh3_64_hexdigest(words.data.cast("B"))
 
 
@@ -285,6 +307,14 @@ def check_metadata(metadata: Any) -> str | None:
         return "hash_seed does not fit in 64 bits"
     if not isinstance(metadata.get("bits_xxh3"), str):
         return "metadata has no bit array checksum"
+    if not isinstance(metadata.get("hashing_xxh3"), str):
+        # Without it an edit of the seed, n or probe count (header checksum recomputed) would
+        # open cleanly and find none of the stored n-grams; memfree has written it since the
+        # hashing parameters were bound, so a file without it is refused, never trusted.
+        return (
+            "metadata has no 'hashing_xxh3' (the checksum binding the bit array to its hash_seed, "
+            "n and num_probes): the file predates it or its header was edited"
+        )
     problem = _rate_problem(
         "expected_false_positive_rate",
         metadata.get("expected_false_positive_rate"),

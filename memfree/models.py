@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,19 +128,65 @@ def _load_pretrained(name: str, dtype: Any) -> tuple[Any, Any]:
         raise ModelNotFoundError(
             f"{path}: is a file; pass a model directory (with config.json) or a .gguf file"
         )
+    where = "directory" if path.is_dir() else "name"
     try:
-        model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, dtype=dtype)
+        with warnings.catch_warnings():
+            # torch's weights-only unpickler warns about the protocol of the pickle it is about
+            # to refuse; the refusal below says what matters.
+            warnings.filterwarnings("ignore", module=r"torch\._weights_only_unpickler")
+            model = AutoModelForCausalLM.from_pretrained(name, local_files_only=True, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError, KeyError) as error:
-        lines = str(error).strip().splitlines()
-        where = "directory" if path.is_dir() else "name"
-        raise ModelNotFoundError(
-            f"model {name!r}: cannot load this {where} as a causal language model "
-            f"({lines[0] if lines else type(error).__name__}). memfree never downloads: pass a "
-            "directory saved with model.save_pretrained() (and its tokenizer), a .gguf file, or "
-            f"omit --model for the default SmolLM2-135M-Instruct ({INSTALL_DEFAULT_HINT})"
-        ) from None
+        raise ModelNotFoundError(_cannot_load(name, where, _first_line(error))) from None
+    except _weights_errors() as error:
+        raise ModelNotFoundError(_cannot_load(name, where, _weights_problem(error))) from None
     return model, tokenizer
+
+
+def _cannot_load(name: str, where: str, reason: str) -> str:
+    return (
+        f"model {name!r}: cannot load this {where} as a causal language model ({reason}). "
+        "memfree never downloads: pass a directory saved with model.save_pretrained() (and its "
+        "tokenizer), a .gguf file, or omit --model for the default SmolLM2-135M-Instruct "
+        f"({INSTALL_DEFAULT_HINT})"
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def _weights_errors() -> tuple[type[BaseException], ...]:
+    """What loading a damaged or hostile weights file raises: torch.load (weights_only) refuses a
+    pickle that is not plain tensors (UnpicklingError) or ends early (EOFError); a damaged zip
+    checkpoint raises RuntimeError; safetensors its own error."""
+    import pickle
+
+    errors: list[type[BaseException]] = [pickle.UnpicklingError, EOFError, RuntimeError]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors comes with transformers
+        pass
+    return tuple(errors)
+
+
+def _weights_problem(error: BaseException) -> str:
+    """The reason shown for a weights file that cannot be loaded. torch's own message for a
+    refused pickle advises turning ``weights_only`` off, which would run the file's code: never
+    shown."""
+    import pickle
+
+    if isinstance(error, pickle.UnpicklingError):
+        return (
+            "its PyTorch weights file (.bin) is damaged or holds more than plain tensors; it was "
+            "refused without running any of it"
+        )
+    if isinstance(error, EOFError):
+        return "a weights file is empty or ends early"
+    return f"its weights cannot be read: {_first_line(error)}"
 
 
 def _load_gguf_cached(gguf: Path, name: str, dtype: Any) -> tuple[Any, Any]:

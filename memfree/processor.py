@@ -13,8 +13,9 @@ import torch
 
 from memfree.core import Masker
 from memfree.errors import FilterError
+from memfree.filewatch import FileWatch
 from memfree.filter import NgramSet
-from memfree.guard import GuardSetup, ban_scores
+from memfree.guard import GuardSetup, ban_scores, checked_banned_mask
 from memfree.stats import GuardStats, StatsRecorder, calling_list
 from memfree.units import Unit, get_unit
 
@@ -117,6 +118,7 @@ class MemFreeLogitsProcessor(_Base):
         self.cuda_graphs = bool(cuda_graphs)
         self.unit: Unit = setup.unit
         self.masker: Masker = setup.masker
+        self.file_watch: FileWatch | None = setup.file_watch
         self._recorder = StatsRecorder()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -163,6 +165,12 @@ class MemFreeLogitsProcessor(_Base):
 
         Returns:
             A new `(batch, vocab)` tensor; ``scores`` is not modified.
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place while the guard had it
+                open (see :mod:`memfree.filewatch`). Raised, not swallowed: ``generate()`` stops
+                and nothing the guard did not check is emitted. Replace filters by renaming a new
+                file over the old one; a running guard then keeps the old one.
         """
         if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
             raise ValueError(
@@ -188,8 +196,11 @@ class MemFreeLogitsProcessor(_Base):
 
         Returns:
             (bool `(batch, vocab_size)` mask of blocked tokens, bool `(batch,)` rows checked).
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place (see :meth:`__call__`).
         """
-        return self.masker.banned_mask(input_ids, vocab_size, device)
+        return checked_banned_mask(self.masker, self.file_watch, input_ids, vocab_size, device)
 
     def __repr__(self) -> str:
         name = (

@@ -5,20 +5,21 @@ numpy, is in :mod:`memfree.pybloom_hash`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import xxhash
 
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
 from memfree.fileio import atomic_write
+from memfree.filewatch import FileIdentity, FileWatch
+from memfree.header import MAX_NGRAM_SIZE
 from memfree.pybloom_hash import (  # expected_false_positive_rate: re-exported for the builder
     MAX_HASHES,
     derive_seeds,
@@ -66,6 +67,8 @@ class PybloomNgramFilter:
         self.num_bits: int = int(metadata["num_bits"])
         self.num_probes: int = len(self.seeds)
         self.num_ngrams: int = int(metadata["num_ngrams"])
+        # The open file's identity, which guards check around their reads (None: not mapped).
+        self.file_watch: FileWatch | None = None
 
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
         """Whether each n-gram is (probably) stored, answered exactly as the library answers.
@@ -137,8 +140,12 @@ class PybloomNgramFilter:
         mapping = getattr(self.bits, "_mmap", None)
         self.bits = np.empty(0, dtype=np.uint8)
         if mapping is not None:
-            with contextlib.suppress(BufferError):  # a view still uses it; it closes with that
+            try:
                 mapping.close()
+            except BufferError:  # a view still uses it; it closes with that, still watched
+                return
+        if self.file_watch is not None:
+            self.file_watch.close()
 
     def __enter__(self) -> PybloomNgramFilter:
         return self
@@ -210,6 +217,8 @@ def _read_sidecar(path: Path, damaged: Callable[[str], Exception]) -> dict[str, 
         value = loaded.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             raise damaged(f"sidecar field {key!r} is {value!r}, expected an integer >= {minimum}")
+    if loaded["n"] > MAX_NGRAM_SIZE:
+        raise damaged(f"sidecar field 'n' is {loaded['n']}, must be in [1, {MAX_NGRAM_SIZE}]")
     if loaded.get("key_encoding") != KEY_ENCODING:
         raise damaged(
             f"sidecar key_encoding is {loaded.get('key_encoding')!r}, not {KEY_ENCODING!r}"
@@ -244,9 +253,30 @@ def open_pybloom(
         )
 
     try:
-        file_size = path.stat().st_size
-        with open(path, "rb") as handle:
-            preamble = handle.read(PREAMBLE_BYTES)
+        # Kept open while the bits are mapped: a guard checks its identity (memfree.filewatch).
+        handle = open(path, "rb")  # noqa: SIM115
+    except OSError as error:
+        raise FilterError(f"{path}: cannot read the filter file ({error})") from None
+    try:
+        filt = _open_handle(path, handle, damaged, verify, ngram_size)
+    except BaseException:
+        handle.close()
+        raise
+    return filt
+
+
+def _open_handle(
+    path: Path,
+    handle: BinaryIO,
+    damaged: Callable[[str], DamagedFilterError],
+    verify: bool,
+    ngram_size: int | None,
+) -> PybloomNgramFilter:
+    """:func:`open_pybloom` on the open file ``handle``."""
+    try:
+        status = os.fstat(handle.fileno())
+        file_size = status.st_size
+        preamble = os.pread(handle.fileno(), PREAMBLE_BYTES, 0)
     except OSError as error:
         raise FilterError(f"{path}: cannot read the filter file ({error})") from None
     if len(preamble) < PREAMBLE_BYTES:
@@ -255,17 +285,25 @@ def open_pybloom(
     if problem:
         raise damaged(problem)
     num_bits, num_hashes = header["num_bits"], header["num_hashes"]
-    bits = np.memmap(path, dtype=np.uint8, mode="r", offset=PREAMBLE_BYTES, shape=(num_bits // 8,))
+    bits = np.memmap(
+        handle, dtype=np.uint8, mode="r", offset=PREAMBLE_BYTES, shape=(num_bits // 8,)
+    )
     sidecar = _read_sidecar(path, damaged)
     if sidecar is None:
         if ngram_size is None:
             raise FilterError(
                 f"{path}: a pybloomfiltermmap3 file without its sidecar {sidecar_path(path).name}; "
-                "pass ngram_size= (keys must be uint32le token ids) or keep the .json beside it"
+                "pass ngram_size= (--ngram-size on the command line; keys must be uint32le "
+                "token ids) or keep the .json beside it"
             )
-        if not isinstance(ngram_size, int) or ngram_size < 1:
+        if (
+            not isinstance(ngram_size, int)
+            or isinstance(ngram_size, bool)
+            or not 1 <= ngram_size <= MAX_NGRAM_SIZE
+        ):
             raise ValueError(
-                f"{path}: ngram_size (--ngram-size) must be a positive integer, got {ngram_size!r}"
+                f"{path}: ngram_size (--ngram-size) must be a positive integer at most "
+                f"{MAX_NGRAM_SIZE}, got {ngram_size!r}"
             )
         # pybloomfiltermmap3 never writes its count back to the file, so 0 there means unknown
         counted = bool(header["count_correct"] and header["elem_count"])
@@ -276,7 +314,8 @@ def open_pybloom(
         sidecar["num_ngrams_estimated"] = not counted
     elif ngram_size is not None and ngram_size != sidecar["n"]:
         raise FilterMismatchError(
-            f"{path}: its sidecar says n={sidecar['n']}, but ngram_size={ngram_size} was given"
+            f"{path}: its sidecar says n={sidecar['n']}, but ngram_size={ngram_size} "
+            "(--ngram-size) was given; drop it or give the sidecar's n"
         )
     for key in ("num_bits", "num_hashes", "seeds"):
         if sidecar.get(key, header[key]) != header[key]:
@@ -289,7 +328,21 @@ def open_pybloom(
     metadata["expected_false_positive_rate"] = expected_false_positive_rate(
         int(metadata["num_ngrams"]), num_bits, num_hashes
     )
-    return PybloomNgramFilter(path, bits, metadata)
+    filt = PybloomNgramFilter(path, bits, metadata)
+    checksum = sidecar.get("bits_xxh3")
+
+    def intact() -> str | None:  # holds the bits, not the filter: no reference cycle
+        if os.pread(handle.fileno(), PREAMBLE_BYTES, 0) != preamble:
+            return "its header changed"
+        if _xxh3(bits) != checksum:
+            return "its bit array changed"
+        return None
+
+    # Without a recorded checksum the bits cannot be verified again: any change stops a guard.
+    filt.file_watch = FileWatch(
+        path, handle, FileIdentity.of(status), intact if isinstance(checksum, str) else None
+    )
+    return filt
 
 
 def _xxh3(data: bytes | np.ndarray) -> str:

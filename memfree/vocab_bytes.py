@@ -1,13 +1,20 @@
 """The bytes each vocabulary token adds to decoded text, read from the tokenizer's decoder.
 
 The word guard reasons about text, so it needs, for every token id, the exact bytes the token
-appends when a sequence is decoded: concatenating them gives ``tokenizer.decode(ids)`` (up to the
-leading space a SentencePiece decoder strips at the start, and WordPiece's clean-up of spaces
-before punctuation, neither of which changes words).
+appends when a sequence is decoded: concatenating them gives ``tokenizer.decode(ids)`` up to a
+leading space, which changes no word (the one a SentencePiece decoder strips at the start, or the
+one that starts a space-joined text).
 
 Supported decoders (Hugging Face ``tokenizers``): ``ByteLevel`` (GPT-2, Llama 3, SmolLM),
 ``Metaspace`` and the SentencePiece sequence ``Replace("▁", " ")`` + ``ByteFallback`` (Llama 2,
-Mistral, Gemma), ``WordPiece`` (BERT), ``BPEDecoder`` (suffix-marked BPE), and no decoder.
+Mistral, Gemma), ``WordPiece`` (BERT; its per-token ``cleanup`` too), ``BPEDecoder``
+(suffix-marked BPE), and no decoder: ``tokenizers`` then joins the tokens with one space (a
+``WordLevel`` model's words), so each token appends a space and its text.
+
+transformers' ``clean_up_tokenization_spaces`` rewrites the *whole* decoded text with rules that
+chain across tokens and change words (``"fox n ' t"`` becomes ``"foxn't"``, gluing words):
+no table of token bytes models that, so a tokenizer whose ``decode`` applies it is refused (set
+``clean_up_tokenization_spaces=False``, or use the token unit).
 """
 
 from __future__ import annotations
@@ -75,11 +82,14 @@ def _step(spec: dict[str, Any]) -> Any:
         return lambda token: token.replace(replacement, " ") if isinstance(token, str) else token
     if kind == "WordPiece":
         prefix = spec.get("prefix", "##")
+        cleanup = bool(spec.get("cleanup", True))
 
         def word_piece(token: bytes | str) -> bytes | str:
             if isinstance(token, bytes):
                 return token
-            return token[len(prefix) :] if token.startswith(prefix) else " " + token
+            text = token[len(prefix) :] if token.startswith(prefix) else " " + token
+            # tokenizers cleans each token's text on its own (its `cleanup`), so a table is exact.
+            return _wordpiece_cleanup(text) if cleanup else text
 
         return word_piece
     if kind == "BPEDecoder":
@@ -88,6 +98,47 @@ def _step(spec: dict[str, Any]) -> Any:
     if kind in ("Fuse", "Strip"):
         return None  # joins tokens / trims the start of the whole text: no change to words
     raise UnsupportedTokenizerError(f"decoder type {kind!r}")
+
+
+# tokenizers' decoders::wordpiece::cleanup, rule for rule and in its order (applied to each token).
+_WORDPIECE_CLEANUP_RULES = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" do not", " don't"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
+
+
+def _wordpiece_cleanup(text: str) -> str:
+    for old, new in _WORDPIECE_CLEANUP_RULES:
+        text = text.replace(old, new)
+    return text
+
+
+def _space_joined(token: bytes | str) -> bytes | str:
+    """No decoder: ``tokenizers`` joins the tokens with one space (``tokens.join(" ")``)."""
+    return b" " + token if isinstance(token, bytes) else " " + token
+
+
+def text_cleanup(tokenizer: Any) -> bool:
+    """Whether ``tokenizer.decode`` (transformers, default arguments) cleans up the decoded
+    text's spaces: its ``clean_up_tokenization_spaces``, which transformers ignores for a BPE
+    model unless told to apply it anyway."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    model = type(getattr(backend, "model", None)).__name__
+    forced = getattr(
+        tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
+    )
+    return model != "BPE" or bool(forced)
 
 
 def _steps(spec: dict[str, Any] | None) -> list[Any]:
@@ -119,13 +170,25 @@ def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> list[bytes | N
             f"tokenizer {name!r} is a slow (Python) tokenizer; the word guard reads token bytes "
             "from a fast tokenizer's decoder: load it with use_fast=True"
         )
+    decoder = json.loads(backend.to_str()).get("decoder")
     try:
-        steps = _steps(json.loads(backend.to_str()).get("decoder"))
+        steps = _steps(decoder)
     except UnsupportedTokenizerError as error:
         raise UnsupportedTokenizerError(
             f"tokenizer {name!r}: the word guard cannot read token bytes from {error}; "
-            "supported: ByteLevel, Metaspace, SentencePiece byte fallback, WordPiece, BPEDecoder"
+            "supported: ByteLevel, Metaspace, SentencePiece byte fallback, WordPiece, BPEDecoder, "
+            "or no decoder; use the token unit (`memfree build --unit token`) for this tokenizer"
         ) from None
+    if text_cleanup(tokenizer):
+        raise UnsupportedTokenizerError(
+            f"tokenizer {name!r}: its decode() cleans up spaces over the whole decoded text "
+            "(clean_up_tokenization_spaces=True), with rules that join words across tokens "
+            '("fox n \' t" becomes "foxn\'t"): the word guard cannot read that text from token '
+            "bytes. Set tokenizer.clean_up_tokenization_spaces = False (or save the tokenizer "
+            "with it), or use the token unit (`memfree build --unit token`)"
+        )
+    if decoder is None:
+        steps = [_space_joined]
     size = len(tokenizer) if vocab_size is None else int(vocab_size)
     special = set(special_token_ids(tokenizer))
     pieces = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
@@ -158,4 +221,4 @@ def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset(i for piece, i in vocab.items() if _BYTE_FALLBACK.fullmatch(piece))
 
 
-__all__ = ["UnsupportedTokenizerError", "byte_fallback_ids", "token_bytes"]
+__all__ = ["UnsupportedTokenizerError", "byte_fallback_ids", "text_cleanup", "token_bytes"]

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from memfree.cli.common import fail
+from memfree.header import MAX_NGRAM_SIZE
 
 # Shown on their own lines first; every other metadata key follows, sorted.
 _SHOWN_FIRST = frozenset(
@@ -34,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ngram-size",
         type=int,
         default=None,
-        help="n, for a pybloomfiltermmap3 file without its .json sidecar",
+        help="n, for a pybloomfiltermmap3 file without its .json sidecar (1 to "
+        f"{MAX_NGRAM_SIZE}); a memfree filter records its own",
     )
     parser.add_argument("--no-verify", action="store_true", help="skip the bit-array checksum")
     parser.add_argument("--json", action="store_true", help="print the metadata as JSON")
@@ -47,13 +49,23 @@ def run(args: argparse.Namespace) -> int:
 
     kwargs: dict[str, Any] = {}
     if args.ngram_size is not None:
-        # A native filter records its n and ignores the argument, so the reader cannot refuse it.
-        if args.ngram_size < 1:
-            return fail(f"--ngram-size must be a positive integer, got {args.ngram_size}")
+        if not 1 <= args.ngram_size <= MAX_NGRAM_SIZE:  # the bound of the native header
+            return fail(
+                f"--ngram-size must be a positive integer at most {MAX_NGRAM_SIZE} (as in a memfree "
+                f"filter's header), got {args.ngram_size}"
+            )
         kwargs["ngram_size"] = args.ngram_size
     try:
-        filt = NgramFilter.open(args.filter, verify=not args.no_verify, **kwargs)
-    except (FileNotFoundError, FilterError, TypeError, ValueError) as error:
+        if kwargs and not _is_pybloom(args.filter):
+            filt = NgramFilter.open(args.filter, verify=not args.no_verify)
+            if filt.n != args.ngram_size:
+                return fail(
+                    f"--ngram-size {args.ngram_size}: {args.filter} is a memfree filter of "
+                    f"{filt.n}-grams (it records its n); drop --ngram-size"
+                )
+        else:
+            filt = NgramFilter.open(args.filter, verify=not args.no_verify, **kwargs)
+    except (FileNotFoundError, FilterError, ValueError) as error:
         return fail(str(error))
     metadata = filt.metadata
     metadata["size_bytes"] = filt.size_bytes
@@ -62,6 +74,18 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(describe(filt, metadata))
     return 0
+
+
+def _is_pybloom(path: str) -> bool:
+    """Whether ``path`` starts as a pybloomfiltermmap3 file (other paths are left to the reader,
+    which names what is wrong with them)."""
+    from memfree import pybloom
+
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(pybloom.MAGIC)) == pybloom.MAGIC
+    except OSError:
+        return False
 
 
 def describe(filt: Any, metadata: dict[str, Any]) -> str:

@@ -95,6 +95,13 @@ class TokenMasker:
     def describe(self) -> dict[str, Any]:
         return {"skip_rows": self.skip_rows}
 
+    def holds_own_copy(self, device: torch.device) -> bool:
+        """Whether steps on ``device`` read only the masker's copy of the bits there (made at
+        the first step on an accelerator the filter fits), never the mapped filter file."""
+        device = torch.device(device)
+        tables = self._tables.get(device)
+        return tables is not None and tables.words is not None and device.type != "cpu"
+
     def banned_mask(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -98,13 +98,17 @@ class RowGuard:
         Returns:
             (bool `(rows, vocab_width)` banned candidates, bool `(rows,)` closed rows), on
             ``device``.
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place (see
+                :mod:`memfree.filewatch`); the adapter fails the step closed.
         """
         device = torch.device(device)
         contexts, checked, closed = self.contexts(rows, guarded)
         banned = torch.zeros((len(rows), vocab_width), dtype=torch.bool, device=device)
         if checked.any():
             which = np.flatnonzero(checked)
-            mask, _ = self.setup.masker.banned_mask(
+            mask, _ = self.setup.banned_mask(
                 torch.from_numpy(np.ascontiguousarray(contexts[which])), vocab_width, device
             )
             banned[torch.from_numpy(which).to(device)] = mask
@@ -127,6 +131,9 @@ class RowGuard:
             guarded: bool `(rows,)`, the rows to guard (None: all); the others are left as
                 they are.
             inplace: edit ``scores`` itself or return a new tensor.
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place; ``scores`` is untouched.
         """
         banned, closed = self.banned(rows, scores.shape[1], scores.device, guarded)
         rescued = None if guarded is None else torch.from_numpy(np.asarray(guarded, bool))

@@ -10,12 +10,17 @@ a bad setting stops the engine at start-up with a message that names it.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memfree.errors import FilterError
-from memfree.guard import GuardSetup
+import torch
+
+from memfree.errors import FilterChangedError, FilterError
+from memfree.guard import GuardSetup, fail_closed
 from memfree.integrations.policy import ServingConfig, ServingConfigError, requested_guard
 from memfree.integrations.rows import RowGuard
+
+if TYPE_CHECKING:
+    import numpy as np
 
 logger = logging.getLogger("memfree")
 
@@ -68,6 +73,39 @@ def engine_guard(vllm_config: Any) -> tuple[ServingConfig, RowGuard]:
     return config, RowGuard(setup)
 
 
+class ChangedFilterGuard:
+    """What a vLLM adapter does when its filter file was rewritten in place under it
+    (:class:`~memfree.errors.FilterChangedError`): raising inside ``apply()`` would kill the
+    engine and every request with it, so the guarded rows are closed (end of sequence only) at
+    this step and every later one (the error is sticky), and the error is logged once, naming the
+    file and the fix. Unguarded requests (opt-out) run on.
+    """
+
+    def __init__(self) -> None:
+        self.error: FilterChangedError | None = None
+
+    def closed(
+        self,
+        logits: torch.Tensor,
+        guarded: torch.Tensor | np.ndarray,
+        eos_token_ids: tuple[int, ...],
+        error: FilterChangedError,
+    ) -> torch.Tensor:
+        """``logits`` (edited in place) with every guarded row left only end of sequence.
+
+        Args:
+            logits: float `(rows, vocab)`, as the adapter got them (not yet edited).
+            guarded: bool `(rows,)`, the guarded rows.
+            eos_token_ids: the rows' end-of-sequence ids (the first is kept).
+            error: what the guard raised.
+        """
+        if self.error is None:
+            logger.error("memfree: %s; guarded requests now end at once", error)
+        self.error = error
+        rows = torch.as_tensor(guarded, dtype=torch.bool).to(logits.device)
+        return fail_closed(logits, rows, eos_token_ids)
+
+
 def validate_request(sampling_params: Any) -> None:
     """Refuse a request whose ``extra_args["memfree"]`` is not 0/1/true/false.
 
@@ -103,4 +141,10 @@ class RequestPolicy:
         return asked is not False
 
 
-__all__ = ["RequestPolicy", "engine_guard", "engine_tokenizer", "validate_request"]
+__all__ = [
+    "ChangedFilterGuard",
+    "RequestPolicy",
+    "engine_guard",
+    "engine_tokenizer",
+    "validate_request",
+]

@@ -20,7 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.integrations.vllm_common import RequestPolicy, engine_guard, validate_request
+from memfree.errors import FilterChangedError
+from memfree.integrations.vllm_common import (
+    ChangedFilterGuard,
+    RequestPolicy,
+    engine_guard,
+    validate_request,
+)
 
 try:  # vLLM checks the subclass; without vLLM the class stays importable (and testable)
     from vllm.v1.sample.logits_processor.interface import LogitsProcessor as _V1Base
@@ -77,6 +83,7 @@ class MemFreeV1LogitsProcessor(_V1Base):
         self.policy = RequestPolicy(self.config)
         self.device = device
         self._requests: dict[int, _Request] = {}
+        self.changed = ChangedFilterGuard()
 
     def is_argmax_invariant(self) -> bool:
         """False: the guard changes greedy choices."""
@@ -102,7 +109,9 @@ class MemFreeV1LogitsProcessor(_V1Base):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits (edited in place) with every stored n-gram's last token at ``-inf``.
 
-        A row no request was added for is closed: it may take only end of sequence.
+        A row no request was added for is closed: it may take only end of sequence. If the
+        filter file was rewritten in place, every guarded row is closed from then on and the
+        error is logged (see :class:`~memfree.integrations.vllm_common.ChangedFilterGuard`).
         """
         count = logits.shape[0]
         window = self.rows.window
@@ -119,7 +128,10 @@ class MemFreeV1LogitsProcessor(_V1Base):
                 rows.append(request.context(window))
         if not guarded.any():
             return logits
-        return self.rows.guard(logits, rows, guarded=guarded, inplace=True)
+        try:
+            return self.rows.guard(logits, rows, guarded=guarded, inplace=True)
+        except FilterChangedError as error:  # raising here would kill the engine
+            return self.changed.closed(logits, guarded, self.rows.eos_token_ids, error)
 
 
 __all__ = ["MemFreeV1LogitsProcessor"]

@@ -21,8 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfree.errors import FilterChangedError
 from memfree.guard import ban_scores
-from memfree.integrations.vllm_common import RequestPolicy, engine_guard, validate_request
+from memfree.integrations.vllm_common import (
+    ChangedFilterGuard,
+    RequestPolicy,
+    engine_guard,
+    validate_request,
+)
 
 try:  # import-light in vLLM (no Triton): the frontend loads it to validate requests
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as _V2Base
@@ -56,6 +62,7 @@ class MemFreeV2LogitsProcessor(_V2Base):
         self.device = torch.device(req_states.device)
         self._guarded = np.zeros(req_states.max_num_reqs, dtype=bool)
         self._guarded_device = torch.from_numpy(self._guarded.copy()).to(self.device)
+        self.changed = ChangedFilterGuard()
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Whether the request that takes slot ``req_idx`` is guarded (the slot's old state is
@@ -69,18 +76,25 @@ class MemFreeV2LogitsProcessor(_V2Base):
         self._guarded_device = torch.from_numpy(self._guarded.copy()).to(self.device)
 
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """The logits (edited in place) with every stored n-gram's last token at ``-inf``."""
+        """The logits (edited in place) with every stored n-gram's last token at ``-inf``.
+
+        If the filter file was rewritten in place, every guarded row is closed from then on and
+        the error is logged (see :class:`~memfree.integrations.vllm_common.ChangedFilterGuard`).
+        """
         if not self._guarded[np.asarray(ctx.idx_mapping_np)].any():
             return logits
         slots = ctx.expanded_idx_mapping.to(torch.long)
         guarded = self._guarded_device.to(logits.device)[slots]
-        if self.rows.window is not None:
-            ids, full = self._windows(ctx, slots, self.rows.window)
-            mask, _ = self.rows.setup.masker.banned_mask(ids, logits.shape[1], logits.device)
-            mask &= (full & guarded).unsqueeze(1)
-            return ban_scores(logits, mask, self.rows.eos_token_ids, inplace=True, rows=guarded)
-        rows = self._host_rows(ctx, slots)
-        return self.rows.guard(logits, rows, guarded=guarded.cpu().numpy(), inplace=True)
+        try:
+            if self.rows.window is not None:
+                ids, full = self._windows(ctx, slots, self.rows.window)
+                mask, _ = self.rows.setup.banned_mask(ids, logits.shape[1], logits.device)
+                mask &= (full & guarded).unsqueeze(1)
+                return ban_scores(logits, mask, self.rows.eos_token_ids, inplace=True, rows=guarded)
+            rows = self._host_rows(ctx, slots)
+            return self.rows.guard(logits, rows, guarded=guarded.cpu().numpy(), inplace=True)
+        except FilterChangedError as error:  # raising here would kill the engine
+            return self.changed.closed(logits, guarded, self.rows.eos_token_ids, error)
 
     def _windows(
         self, ctx: Any, slots: torch.Tensor, width: int
