@@ -205,7 +205,9 @@ def test_markers_record_each_output_size_and_checksum(tmp_path: Path, tokenizer_
     work = tmp_path / "f.memfree.work"
     for marker in _map_markers(work):
         files = json.loads(marker.read_text())["files"]
-        assert files and all(file_digest(Path(name)) == tuple(entry) for name, entry in files.items())
+        assert files and all(
+            file_digest(Path(name)) == tuple(entry) for name, entry in files.items()
+        )
     for marker in (work / "reduce-min1").glob("*.json"):
         result = json.loads(marker.read_text())
         kept = marker.with_suffix(".u64")
@@ -279,4 +281,6 @@ def test_setting_errors_name_the_option_as_typed(
     write_corpus(tmp_path / "corpus", 1)
     assert cli_build(tmp_path / "corpus", tmp_path / "f.memfree", tokenizer_dir, option, value) == 2
     error = capsys.readouterr().err
-    assert error.startswith("memfree: error: ") and option in error and "_" not in error.split(":")[2]
+    assert (
+        error.startswith("memfree: error: ") and option in error and "_" not in error.split(":")[2]
+    )
