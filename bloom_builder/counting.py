@@ -20,20 +20,30 @@ KEY_BYTES = 8
 RUN_ENTRY_BYTES = 12  # a key, and room for repeats: what the memory budget plans per entry
 
 
-def _write_array(path: Path, array: np.ndarray) -> tuple[int, str]:
+def _write_array(path: Path, array: np.ndarray) -> list[Any]:
     """Write an array's bytes to a temporary beside ``path`` and rename it into place (a run
     file is complete or absent); :class:`RunWriter` makes it durable later, off the hot path.
 
     Returns:
-        The file's size in bytes and the xxh3 of its bytes (what a task's marker records, so
-        that a run damaged later is never reused).
+        What a task's marker records of the file (:func:`file_record`), so that a run damaged
+        later is never reused.
     """
     temporary = path.with_name(f".{path.name}.tmp")
     data = np.ascontiguousarray(array).data.cast("B")
     with open(temporary, "wb") as handle:
         handle.write(data)
     os.replace(temporary, path)
-    return len(data), xxhash.xxh3_64_hexdigest(data)
+    return file_record(path, xxhash.xxh3_64_hexdigest(data))
+
+
+def file_record(path: Path, digest: str) -> list[Any]:
+    """``[size, xxh3, mtime_ns, ctime_ns]`` of a file just written whose bytes hash to ``digest``.
+
+    The times let a resumed build trust an untouched file without reading it: any write changes
+    the status-change time (ctime), which no user command can set back. A file whose times moved
+    (``touch``, a copied work directory) is read and hashed instead."""
+    info = path.stat()
+    return [info.st_size, digest, info.st_mtime_ns, info.st_ctime_ns]
 
 
 def file_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[int, str]:
@@ -48,12 +58,22 @@ def file_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[int, str]:
 
 
 def files_intact(recorded: dict[str, list[Any]]) -> bool:
-    """Whether every file recorded as ``path -> [size, xxh3]`` still has that size and those
-    bytes (the size is compared first: a truncated file costs no read)."""
-    for name, (size, digest) in recorded.items():
+    """Whether every file recorded by :func:`file_record` (``path -> [size, xxh3, mtime_ns,
+    ctime_ns]``) still has that size and those bytes.
+
+    A file with its recorded size and times is trusted unread (a resume must not read every
+    intermediate file again: runs take about 8 bytes per n-gram); a changed size fails at once;
+    any other file is hashed and compared."""
+    for name, entry in recorded.items():
         path = Path(name)
+        size, digest = int(entry[0]), str(entry[1])
         try:
-            if path.stat().st_size != int(size) or file_digest(path) != (int(size), digest):
+            info = path.stat()
+            if info.st_size != size:
+                return False
+            if list(entry[2:]) == [info.st_mtime_ns, info.st_ctime_ns]:
+                continue
+            if file_digest(path) != (size, digest):
                 return False
         except OSError:
             return False
@@ -154,7 +174,7 @@ class RunWriter:
         self._pending: list[np.ndarray] = []
         self._pending_entries = 0
         self.runs: list[Run] = []
-        self.files: dict[str, tuple[int, str]] = {}  # every run file -> (size, xxh3)
+        self.files: dict[str, list[Any]] = {}  # every run file -> its file_record
         self._flusher: ThreadPoolExecutor | None = None
         self._flushes: list[Future[None]] = []
         directory.mkdir(parents=True, exist_ok=True)

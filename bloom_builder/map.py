@@ -106,7 +106,7 @@ def map_shard(task: MapTask) -> dict[str, Any]:
         "stats": asdict(stats),
         "runs": [str(run.stem) for run in runs],
         "prefix_runs": [str(run.stem) for run in prefix_runs],
-        "files": {path: list(entry) for path, entry in files.items()},
+        "files": files,
     }
 
 

@@ -16,6 +16,7 @@ from bloom_builder.errors import BuildError
 from bloom_builder.outputs import check_not_an_input, owned_paths
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
+from bloom_builder.sources.megatron import bin_path
 from memfree.units import BuildParts, get_unit
 
 BUILDER_VERSION = "bloom_builder 0.2.0"  # 0.2: runs store only their repeated keys' counts
@@ -105,10 +106,11 @@ def plan_build(
         and settings.ngram_size > 1
         and settings.output_format == "memfree"
     )
+    stamps: dict[str, list[Any]] = {}
     config = {
         "builder": BUILDER_VERSION,
         "units": [
-            [u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, *_stamp(u.path)]
+            [u.path, u.kind, u.compression, u.start, u.stop, u.size_bytes, _unit_stamp(u, stamps)]
             for u in units
         ],
         **parts.config_fields,
@@ -151,7 +153,26 @@ def nothing_usable(problems: ProblemLog, headline: str) -> str:
     return "\n".join(lines)
 
 
-def _stamp(path: str) -> tuple[int, int]:
+def _unit_stamp(unit: WorkUnit, stamps: dict[str, list[Any]]) -> list[Any]:
+    """The stamps of every file a unit reads: a Megatron dataset's ``.bin`` beside its ``.idx``
+    (the unit's path), every file of a saved dataset's split folder; ``stamps`` caches them by
+    path (a file cut into many units is looked at once)."""
+    if unit.path not in stamps:
+        if unit.kind == "megatron":
+            files = [unit.path, bin_path(unit.path)]
+        elif os.path.isdir(unit.path):
+            files = sorted(
+                os.path.join(folder, name)
+                for folder, _, names in os.walk(unit.path)
+                for name in names
+            )
+        else:
+            files = [unit.path]
+        stamps[unit.path] = [[os.path.relpath(f, unit.path), *_stamp(f)] for f in files]
+    return stamps[unit.path]
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
     """What tells a changed file from the one whose tasks are kept: its modification time and
     its status-change time. Tools that copy a file's times (``cp -p``, ``rsync -t``, ``touch -r``)
     restore the first but cannot set the second: the kernel sets it on every write, so a
@@ -160,8 +181,8 @@ def _stamp(path: str) -> tuple[int, int]:
     try:
         info = Path(path).stat()
     except OSError:
-        return 0, 0
-    return info.st_mtime_ns, info.st_ctime_ns
+        return 0, 0, 0
+    return info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _named_files(paths: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from bloom_builder.counting import Run, count_range, files_intact, partition_bounds
+from bloom_builder.counting import Run, count_range, file_record, files_intact, partition_bounds
 from memfree.fileio import atomic_file
 
 KINDS = ("ngrams", "prefixes")
@@ -43,8 +43,10 @@ class ReduceTask:
     def outputs_intact(self, result: dict[str, Any]) -> bool:
         """Whether the kept file holds the number of fingerprints the result counted, with the
         bytes (xxh3) it was written with."""
-        size = int(result["kept"]) * 8
-        return files_intact({str(self.kept_path): [size, result["kept_xxh3"]]})
+        record = result["kept_file"]
+        return int(record[0]) == int(result["kept"]) * 8 and files_intact(
+            {str(self.kept_path): record}
+        )
 
 
 @dataclass
@@ -128,7 +130,7 @@ def reduce_partition(task: ReduceTask) -> dict[str, Any]:
     return {
         "distinct": distinct,
         "kept": kept,
-        "kept_xxh3": digest.hexdigest(),
+        "kept_file": file_record(task.kept_path, digest.hexdigest()),
         "seconds": time.perf_counter() - started,
         "cpu_seconds": time.thread_time() - started_cpu,
     }

@@ -185,6 +185,24 @@ def test_a_damaged_map_run_is_run_again_not_reused(
     assert output.read_bytes() == expected
 
 
+def test_run_files_whose_times_moved_are_hashed_and_reused_when_intact(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """A marker trusts a file with its recorded size and times unread; a file touched since (or a
+    copied work directory) is read and hashed instead, and reused when its bytes are intact."""
+    write_corpus(tmp_path / "corpus", 6)
+    output = tmp_path / "f.memfree"
+    first = _kept_build(tmp_path / "corpus", output, tokenizer_dir)
+    expected = output.read_bytes()
+    work = tmp_path / "f.memfree.work"
+    for path in [*(work / "map").rglob("run-*"), *(work / "reduce-min1").glob("*.u64")]:
+        os.utime(path, ns=(1, 1))  # times moved, bytes intact
+    output.unlink()
+    again = _kept_build(tmp_path / "corpus", output, tokenizer_dir)
+    assert again.reused_tasks == first.map_tasks  # type: ignore[attr-defined]
+    assert output.read_bytes() == expected
+
+
 def test_a_damaged_kept_file_is_counted_again(tmp_path: Path, tokenizer_dir: Path) -> None:
     write_corpus(tmp_path / "corpus", 4)
     output = tmp_path / "f.memfree"
@@ -206,12 +224,12 @@ def test_markers_record_each_output_size_and_checksum(tmp_path: Path, tokenizer_
     for marker in _map_markers(work):
         files = json.loads(marker.read_text())["files"]
         assert files and all(
-            file_digest(Path(name)) == tuple(entry) for name, entry in files.items()
+            file_digest(Path(name)) == tuple(entry[:2]) for name, entry in files.items()
         )
     for marker in (work / "reduce-min1").glob("*.json"):
         result = json.loads(marker.read_text())
         kept = marker.with_suffix(".u64")
-        assert file_digest(kept) == (result["kept"] * 8, result["kept_xxh3"])
+        assert file_digest(kept) == (result["kept"] * 8, result["kept_file"][1])
 
 
 def test_work_that_passes_its_markers_but_gives_a_damaged_filter_never_reaches_the_output(
@@ -231,7 +249,7 @@ def test_work_that_passes_its_markers_but_gives_a_damaged_filter_never_reaches_t
         kept = marker.with_suffix(".u64")
         zeros = np.zeros(result["kept"], dtype="<u8").tobytes()
         kept.write_bytes(zeros)
-        result["kept_xxh3"] = file_digest(kept)[1]
+        result["kept_file"] = list(file_digest(kept))  # size and xxh3 agree: only reading tells
         marker.write_text(json.dumps(result))
     with pytest.raises(BuildError, match="failed its own check") as refused:
         _kept_build(tmp_path / "corpus", output, tokenizer_dir)
@@ -284,3 +302,30 @@ def test_setting_errors_name_the_option_as_typed(
     assert (
         error.startswith("memfree: error: ") and option in error and "_" not in error.split(":")[2]
     )
+
+
+def test_a_megatron_bin_rewritten_in_place_is_not_reused(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """A Megatron unit is named by its .idx; the .bin it reads is part of the reuse key too (two
+    datasets of the same document lengths have byte-identical indexes)."""
+    from bloom_builder.sources.megatron import write_megatron
+
+    rng = np.random.default_rng(0)
+    documents = [rng.integers(5, 250, size=40).tolist() for _ in range(4)]
+    others = [rng.integers(5, 250, size=40).tolist() for _ in range(4)]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "e").mkdir()
+    write_megatron(str(tmp_path / "d" / "data"), documents)
+    write_megatron(str(tmp_path / "e" / "data"), others)
+    assert (tmp_path / "d/data.idx").read_bytes() == (tmp_path / "e/data.idx").read_bytes()
+    output = tmp_path / "f.memfree"
+    _kept_build(tmp_path / "d", output, tokenizer_dir)
+    first = output.read_bytes()
+    with open(tmp_path / "d" / "data.bin", "r+b") as handle:  # in place, as `cat e > d` does
+        handle.write((tmp_path / "e" / "data.bin").read_bytes())
+    again = _kept_build(tmp_path / "d", output, tokenizer_dir)
+    assert again.reused_tasks == 0  # type: ignore[attr-defined]
+    fresh = tmp_path / "fresh.memfree"
+    build(tmp_path / "d", fresh, tokenizer_dir)
+    assert output.read_bytes() == fresh.read_bytes() != first
