@@ -1,6 +1,7 @@
 """Reading the n-gram filter file: a validated, memory-mapped, cache-line-blocked Bloom filter,
 and the read Protocol (:class:`NgramSet`) that every filter format implements. The byte layout
-is in :mod:`memfree.header`; writing is in :mod:`memfree.filter_writer`.
+is in :mod:`memfree.header`; opening a file is in :mod:`memfree.filter_open`; writing is in
+:mod:`memfree.filter_writer`.
 
 With a prefix section, an n-gram is a member when its prefix *and* the n-gram are both found.
 That is still free of false negatives (every stored n-gram's prefix is in the prefix section) and
@@ -12,27 +13,22 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from memfree.filewatch import FileIdentity, FileWatch
+from memfree.filewatch import FileWatch
+from memfree.filter_open import open_native
 from memfree.filter_writer import (
     DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
     write_filter,
     write_ngrams,
 )
 from memfree.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
-from memfree.header import (
-    PREAMBLE,
-    bits_checksum,
-    read_header,
-    read_preamble,
-    verify_bits,
-)
+from memfree.header import read_preamble
 
 
 @dataclass(frozen=True)
@@ -147,36 +143,9 @@ class NgramFilter:
 
     @classmethod
     def _open_native(cls, path: Path, verify: bool) -> NgramFilter:
-        # One open file for the header, the bits and the watch: a rename over the path meanwhile
-        # cannot mix two files, and the identity is taken before anything is read or verified.
-        handle = open(path, "rb")  # noqa: SIM115 - kept open by the watch while the bits are mapped
-        try:
-            identity = FileIdentity.of(os.fstat(handle.fileno()))
-            head = os.pread(handle.fileno(), PREAMBLE.size, 0)
-            metadata, data_offset = read_header(path, head, identity.size_bytes, handle)
-            header = os.pread(handle.fileno(), data_offset, 0)
-            num_words = int(metadata["num_bits"]) // 64
-            # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy
-            # while the file itself can never be changed through this mapping.
-            words = np.memmap(handle, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
-            prefix = metadata.get("prefix")
-            prefix_words = None
-            if prefix:
-                prefix_words = np.memmap(
-                    handle,
-                    dtype="<u8",
-                    mode="c",
-                    offset=data_offset + num_words * 8,
-                    shape=(int(prefix["num_bits"]) // 64,),
-                )
-            if verify:
-                verify_bits(path, metadata, words, prefix_words)
-        except BaseException:
-            handle.close()
-            raise
-        filt = cls(path, words, metadata, prefix_words)
-        intact = _intact_check(handle, header, metadata, words, prefix_words)
-        filt.file_watch = FileWatch(path, handle, identity, intact)
+        opened = open_native(path, verify)
+        filt = cls(path, opened.words, opened.metadata, opened.prefix_words)
+        filt.file_watch = opened.file_watch
         return filt
 
     @classmethod
@@ -383,31 +352,6 @@ class NgramFilter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def _intact_check(
-    handle: BinaryIO,
-    header: bytes,
-    metadata: dict[str, Any],
-    words: np.ndarray,
-    prefix_words: np.ndarray | None,
-) -> Callable[[], str | None]:
-    """What tells a guard, once the file's identity changed, whether its bytes did: the header's
-    bytes as opened, and the bit arrays against the checksums it records. (It holds the arrays,
-    not the filter, so that a filter is freed as soon as it is no longer used.)"""
-    checksum = metadata["bits_xxh3"]
-    prefix_checksum = (metadata.get("prefix") or {}).get("bits_xxh3")
-
-    def problem() -> str | None:
-        if os.pread(handle.fileno(), len(header), 0) != header:
-            return "its header changed"
-        if bits_checksum(words) != checksum:
-            return "its bit array changed"
-        if prefix_words is not None and bits_checksum(prefix_words) != prefix_checksum:
-            return "its prefix section changed"
-        return None
-
-    return problem
 
 
 def describe_rate(rate: float) -> str:

@@ -1,46 +1,42 @@
-"""Interchange with pybloomfiltermmap3 0.6 files: a strict reader (which answers the same read
-Protocol as memfree's own filter) and a deterministic writer; the library's hashing, replicated in
-numpy, is in :mod:`memfree.pybloom_hash`.
+"""Interchange with pybloomfiltermmap3 0.6 files: a strict reader, which answers the same read
+Protocol as memfree's own filter. The layout and sidecar are in :mod:`memfree.pybloom_format`, the
+deterministic writer in :mod:`memfree.pybloom_writer`, the library's hashing, replicated in numpy,
+in :mod:`memfree.pybloom_hash`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
-import xxhash
 
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
-from memfree.fileio import atomic_write
 from memfree.filewatch import FileIdentity, FileWatch
-from memfree.header import MAX_NGRAM_SIZE
+from memfree.header_fields import MAX_NGRAM_SIZE
+from memfree.pybloom_format import (
+    BF_VERSION,
+    HASH_SCHEME,
+    HEADER_BYTES,
+    KEY_ENCODING,
+    LAYOUT,
+    MAGIC,
+    PREAMBLE_BYTES,
+    parse_header,
+    read_sidecar,
+    sidecar_path,
+    xxh3_hex,
+)
 from memfree.pybloom_hash import (  # expected_false_positive_rate: re-exported for the builder
-    MAX_HASHES,
-    derive_seeds,
     estimate_num_ngrams,
     expected_false_positive_rate,
-    library_size,
     ngram_key_bytes,
     probe_positions,
 )
-
-MAGIC = b"MBITARRAY"
-LAYOUT = "pybloomfiltermmap3"
-HASH_SCHEME = "murmur3_x64_128-xor-mod"
-KEY_ENCODING = "uint32le"
-BF_VERSION = 1  # BF_CURRENT_VERSION in the library's bloomfilter.h
-HEADER_BYTES = 1200  # sizeof(struct _BloomFilter) on 64-bit platforms
-PREAMBLE_BYTES = 1280  # magic, uint64 num_bits, int32 header length, struct; rounded up to 256
-_PREFIX = struct.Struct("<9sQi")
-# struct _BloomFilter: max_num_elem, error_rate, num_hashes, hash_seeds[256], pad, array pointer,
-# bf_version, count_correct, pad, elem_count, reserved[32]
-_BLOOM = struct.Struct("<QdI256I4s8sBB6sQ128s")
+from memfree.pybloom_writer import PybloomWriter
 
 
 class PybloomNgramFilter:
@@ -154,80 +150,6 @@ class PybloomNgramFilter:
         self.close()
 
 
-def sidecar_path(path: str | os.PathLike[str]) -> Path:
-    """Where memfree keeps the JSON metadata of a pybloomfiltermmap3 file: ``<path>.json``."""
-    path = Path(path)
-    return path.with_name(path.name + ".json")
-
-
-def _parse_header(preamble: bytes, file_size: int) -> tuple[str | None, dict[str, Any]]:
-    """The header's fields, and the first problem found (None for a sound header)."""
-    magic, num_bits, header_len = _PREFIX.unpack_from(preamble)
-    if magic != MAGIC:
-        return f"bad magic bytes {magic!r}, expected {MAGIC!r}", {}
-    if header_len != HEADER_BYTES:
-        return f"header length {header_len}, expected {HEADER_BYTES}", {}
-    capacity, error_rate, num_hashes, *rest = _BLOOM.unpack_from(preamble, _PREFIX.size)
-    slots = rest[:MAX_HASHES]
-    pad, _pointer, bf_version, count_correct, pad2, elem_count, reserved = rest[MAX_HASHES:]
-    expected_size = PREAMBLE_BYTES + num_bits // 8
-    if not 1 <= num_hashes <= MAX_HASHES:
-        problem = f"num_hashes is {num_hashes}, must be in [1, {MAX_HASHES}]"
-    elif num_bits == 0 or num_bits % 8:  # the library sizes every filter in whole bytes
-        problem = f"num_bits is {num_bits}, must be a positive multiple of 8"
-    elif file_size != expected_size:
-        problem = f"size {file_size} bytes, expected {expected_size} for num_bits={num_bits}"
-    elif not (math.isfinite(error_rate) and 0.0 < error_rate < 1.0):
-        problem = f"error_rate is {error_rate!r}, must be in (0, 1)"
-    elif any(slots[num_hashes:]) or len(set(slots[:num_hashes])) < num_hashes:
-        problem = f"hash seeds do not fit num_hashes={num_hashes} (unused slots set or repeats)"
-    elif bf_version != BF_VERSION or count_correct > 1:
-        problem = f"bf_version {bf_version} (expected 1) or count_correct {count_correct} (0 or 1)"
-    elif any(pad + pad2 + reserved + preamble[_PREFIX.size + HEADER_BYTES :]):
-        problem = "padding or reserved bytes are not zero"
-    else:
-        problem = None
-    fields = {
-        "layout": LAYOUT,
-        "hash_scheme": HASH_SCHEME,
-        "num_bits": num_bits,
-        "num_hashes": num_hashes,
-        "num_probes": num_hashes,
-        "seeds": slots[:num_hashes],
-        "capacity": capacity,
-        "error_rate": error_rate,
-        "bf_version": bf_version,
-        "count_correct": count_correct,
-        "elem_count": elem_count,
-    }
-    return problem, fields
-
-
-def _read_sidecar(path: Path, damaged: Callable[[str], Exception]) -> dict[str, Any] | None:
-    sidecar = sidecar_path(path)
-    if not sidecar.exists():
-        return None
-    try:
-        loaded = json.loads(sidecar.read_bytes().decode("utf-8"))
-    except (OSError, ValueError) as error:  # UnicodeDecodeError and JSONDecodeError included
-        raise damaged(f"unreadable sidecar {sidecar.name} ({error})") from None
-    if not isinstance(loaded, dict):
-        raise damaged(f"sidecar {sidecar.name} is not a JSON object")
-    for key, minimum in (("n", 1), ("num_ngrams", 0)):
-        value = loaded.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise damaged(f"sidecar field {key!r} is {value!r}, expected an integer >= {minimum}")
-    if loaded["n"] > MAX_NGRAM_SIZE:
-        raise damaged(f"sidecar field 'n' is {loaded['n']}, must be in [1, {MAX_NGRAM_SIZE}]")
-    if loaded.get("key_encoding") != KEY_ENCODING:
-        raise damaged(
-            f"sidecar key_encoding is {loaded.get('key_encoding')!r}, not {KEY_ENCODING!r}"
-        )
-    if loaded.get("key_bytes", 4 * loaded["n"]) != 4 * loaded["n"]:
-        raise damaged(f"sidecar key_bytes {loaded['key_bytes']!r} does not fit n={loaded['n']}")
-    return loaded
-
-
 def open_pybloom(
     path: str | os.PathLike[str], *, verify: bool = True, ngram_size: int | None = None
 ) -> PybloomNgramFilter:
@@ -281,14 +203,14 @@ def _open_handle(
         raise FilterError(f"{path}: cannot read the filter file ({error})") from None
     if len(preamble) < PREAMBLE_BYTES:
         raise damaged(f"only {file_size} bytes, shorter than the {PREAMBLE_BYTES}-byte preamble")
-    problem, header = _parse_header(preamble, file_size)
+    problem, header = parse_header(preamble, file_size)
     if problem:
         raise damaged(problem)
     num_bits, num_hashes = header["num_bits"], header["num_hashes"]
     bits = np.memmap(
         handle, dtype=np.uint8, mode="r", offset=PREAMBLE_BYTES, shape=(num_bits // 8,)
     )
-    sidecar = _read_sidecar(path, damaged)
+    sidecar = read_sidecar(path, damaged)
     if sidecar is None:
         if ngram_size is None:
             raise FilterError(
@@ -320,9 +242,9 @@ def _open_handle(
     for key in ("num_bits", "num_hashes", "seeds"):
         if sidecar.get(key, header[key]) != header[key]:
             raise damaged(f"sidecar {key} {sidecar[key]!r} differs from the file's {header[key]!r}")
-    if sidecar.get("header_xxh3", _xxh3(preamble)) != _xxh3(preamble):
+    if sidecar.get("header_xxh3", xxh3_hex(preamble)) != xxh3_hex(preamble):
         raise damaged("header checksum mismatch with the sidecar")
-    if verify and "bits_xxh3" in sidecar and _xxh3(bits) != sidecar["bits_xxh3"]:
+    if verify and "bits_xxh3" in sidecar and xxh3_hex(bits) != sidecar["bits_xxh3"]:
         raise damaged("bit array checksum mismatch with the sidecar")
     metadata = {**sidecar, **header, "key_bytes": 4 * sidecar["n"]}
     metadata["expected_false_positive_rate"] = expected_false_positive_rate(
@@ -334,7 +256,7 @@ def _open_handle(
     def intact() -> str | None:  # holds the bits, not the filter: no reference cycle
         if os.pread(handle.fileno(), PREAMBLE_BYTES, 0) != preamble:
             return "its header changed"
-        if _xxh3(bits) != checksum:
+        if xxh3_hex(bits) != checksum:
             return "its bit array changed"
         return None
 
@@ -345,101 +267,18 @@ def _open_handle(
     return filt
 
 
-def _xxh3(data: bytes | np.ndarray) -> str:
-    return xxhash.xxh3_64_hexdigest(data.data if isinstance(data, np.ndarray) else data)
-
-
-class PybloomWriter:
-    """Builds a pybloomfiltermmap3 file of token n-grams, sized as ``BloomFilter(capacity, p)``.
-
-    Seeds derive from ``hash_seed`` (the library's are random): the same inputs give the same bytes.
-
-    Args:
-        capacity: n-grams the filter is sized for (the library's ``capacity``).
-        error_rate: target false-positive rate at capacity, in (0, 1).
-        hash_seed: 64-bit seed from which the ``num_hashes`` distinct 32-bit probe seeds derive.
-
-    Example:
-        >>> writer = PybloomWriter(capacity=1000, error_rate=0.01, hash_seed=7)
-        >>> writer.add_ngrams(np.array([[1, 2, 3], [2, 3, 4]]))
-        >>> writer.write("ngrams.bloom", {"unit": "token"}, num_ngrams=2)  # doctest: +SKIP
-    """
-
-    def __init__(self, capacity: int, error_rate: float, hash_seed: int) -> None:
-        if not isinstance(capacity, int) or not 0 <= capacity < 1 << 64:
-            raise ValueError(f"capacity must be an integer in [0, 2**64), got {capacity!r}")
-        if not 0.0 < error_rate < 1.0:
-            raise ValueError(f"error_rate must be in (0, 1), got {error_rate!r}")
-        if not isinstance(hash_seed, int) or not 0 <= hash_seed < 1 << 64:
-            raise ValueError(f"hash_seed must be an integer in [0, 2**64), got {hash_seed!r}")
-        self.capacity, self.error_rate, self.hash_seed = capacity, float(error_rate), hash_seed
-        self.num_hashes, self.num_bits = library_size(capacity, self.error_rate)
-        self.seeds: list[int] = derive_seeds(hash_seed, self.num_hashes)
-        self.bits = np.zeros(self.num_bits // 8, dtype=np.uint8)
-        self.n: int | None = None
-
-    def add_ngrams(self, ngrams: np.ndarray, chunk: int = 1 << 18) -> None:
-        """Set the probe bits of each n-gram (integer array `(N, n)`, the same n in every call)."""
-        array = np.asarray(ngrams)
-        if array.ndim != 2 or array.shape[1] < 1 or self.n not in (None, array.shape[1]):
-            raise ValueError(f"ngrams must have shape (N, {self.n or 'n'}), got {array.shape}")
-        self.n = int(array.shape[1])
-        for begin in range(0, array.shape[0], chunk):
-            keys = ngram_key_bytes(array[begin : begin + chunk])
-            positions = probe_positions(keys, self.seeds, self.num_bits).ravel()
-            masks = np.left_shift(1, positions & 7).astype(np.uint8)
-            np.bitwise_or.at(self.bits, positions >> 3, masks)
-
-    def write(
-        self, path: str | os.PathLike[str], metadata: dict[str, Any], num_ngrams: int
-    ) -> Path:
-        """Write the library's file format and the ``<path>.json`` sidecar, each atomically.
-
-        Args:
-            path: output file.
-            metadata: JSON-serializable fields to keep (tokenizer name and fingerprint, corpus
-                summary, ...); may give ``n`` when no n-gram was added.
-            num_ngrams: distinct n-grams added; the library reports it as ``len()``.
-
-        Returns:
-            The path of the filter file.
-        """
-        path = Path(path)
-        ngram_size = metadata.get("n", self.n)
-        if not isinstance(ngram_size, int) or ngram_size < 1 or self.n not in (None, ngram_size):
-            raise ValueError(
-                f"n is unknown or inconsistent: added {self.n}, metadata {ngram_size!r}"
-            )
-        if not isinstance(num_ngrams, int) or num_ngrams < 0:
-            raise ValueError(f"num_ngrams must be a non-negative integer, got {num_ngrams!r}")
-        slots = self.seeds + [0] * (MAX_HASHES - self.num_hashes)
-        header = _BLOOM.pack(
-            self.capacity, self.error_rate, self.num_hashes, *slots, bytes(4), bytes(8),
-            BF_VERSION, 1, bytes(6), num_ngrams, bytes(128),
-        )  # fmt: skip
-        preamble = _PREFIX.pack(MAGIC, self.num_bits, HEADER_BYTES) + header
-        preamble += bytes(PREAMBLE_BYTES - len(preamble))
-        problem, fields = _parse_header(preamble, PREAMBLE_BYTES + len(self.bits))
-        if problem:  # e.g. a capacity beyond uint64
-            raise ValueError(f"cannot write {path}: {problem}")
-        full = {
-            **metadata,
-            **fields,
-            "n": ngram_size,
-            "key_encoding": KEY_ENCODING,
-            "key_bytes": 4 * ngram_size,
-            "num_ngrams": num_ngrams,
-            "hash_seed": self.hash_seed,
-            "bits_xxh3": _xxh3(self.bits),
-            "header_xxh3": _xxh3(preamble),
-            "expected_false_positive_rate": expected_false_positive_rate(
-                num_ngrams, self.num_bits, self.num_hashes
-            ),
-        }
-        try:
-            sidecar = json.dumps(full, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"metadata must be JSON-serializable ({error})") from None
-        atomic_write(path, [preamble, self.bits.data])
-        atomic_write(sidecar_path(path), [sidecar])
-        return path
+# The reader here; the format's constants, sidecar_path and the writer keep their old import path.
+__all__ = [
+    "BF_VERSION",
+    "HASH_SCHEME",
+    "HEADER_BYTES",
+    "KEY_ENCODING",
+    "LAYOUT",
+    "MAGIC",
+    "PREAMBLE_BYTES",
+    "PybloomNgramFilter",
+    "PybloomWriter",
+    "expected_false_positive_rate",
+    "open_pybloom",
+    "sidecar_path",
+]
