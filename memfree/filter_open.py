@@ -13,7 +13,13 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from memfree.filewatch import FileIdentity, FileWatch
-from memfree.header import PREAMBLE, bits_checksum, read_header, verify_bits
+from memfree.header import (
+    PREAMBLE,
+    bits_checksum,
+    check_hashing_binding,
+    read_header,
+    verify_bits,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,8 @@ def open_native(path: Path, verify: bool) -> OpenedFilter:
             )
         if verify:
             verify_bits(path, metadata, words, prefix_words)
+        else:  # the binding reads only the header: an edited seed or n never opens unverified
+            check_hashing_binding(path, metadata)
     except BaseException:
         handle.close()
         raise

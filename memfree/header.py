@@ -177,7 +177,8 @@ def verify_bits(
 
 def check_hashing_binding(path: Path, metadata: dict[str, Any]) -> None:
     """Refuse a header whose hashing parameters are not those its bits were written with (part of
-    :func:`verify_bits`: the digest binds the bits' checksums, which ``verify=False`` skips).
+    :func:`verify_bits`; run alone with ``verify=False``: it reads only the header, binding the
+    bits' *recorded* checksums, so an edited seed, n or probe count never opens unverified).
 
     Raises:
         DamagedFilterError: ``hashing_xxh3`` is missing or does not match the header.

@@ -251,7 +251,12 @@ def _open_handle(
         int(metadata["num_ngrams"]), num_bits, num_hashes
     )
     filt = PybloomNgramFilter(path, bits, metadata)
+    # The reference a changed file is verified against: the sidecar's checksum, else the bits'
+    # own as opened (a file of the library itself has none), so that a rename over the path or a
+    # touch, which change the file's identity but not its bytes, never stops a guard.
     checksum = sidecar.get("bits_xxh3")
+    if not isinstance(checksum, str):
+        checksum = xxh3_hex(bits)
 
     def intact() -> str | None:  # holds the bits, not the filter: no reference cycle
         if os.pread(handle.fileno(), PREAMBLE_BYTES, 0) != preamble:
@@ -260,10 +265,7 @@ def _open_handle(
             return "its bit array changed"
         return None
 
-    # Without a recorded checksum the bits cannot be verified again: any change stops a guard.
-    filt.file_watch = FileWatch(
-        path, handle, FileIdentity.of(status), intact if isinstance(checksum, str) else None
-    )
+    filt.file_watch = FileWatch(path, handle, FileIdentity.of(status), intact)
     return filt
 
 

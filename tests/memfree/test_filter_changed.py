@@ -239,6 +239,37 @@ def test_a_pybloom_filter_is_watched_too(tmp_path: Path) -> None:
         banned(guard)
 
 
+def test_a_pybloom_file_without_a_sidecar_survives_a_rename_and_stops_on_a_rewrite(
+    tmp_path: Path,
+) -> None:
+    """A file of the library itself has no sidecar, so no recorded checksum: the bits' own, taken
+    at open, is the reference. A rename over the path or a touch changes the open file's identity
+    but not its bytes: the guard goes on; an in-place rewrite stops it."""
+    from memfree import pybloom
+
+    paths = []
+    for name, ngrams in (("live", STORED), ("other", OTHER)):
+        writer = pybloom.PybloomWriter(100, 1e-6, hash_seed=1)
+        writer.add_ngrams(np.asarray(ngrams))
+        path = writer.write(tmp_path / f"{name}.bloom", {}, num_ngrams=len(ngrams))
+        pybloom.sidecar_path(path).unlink()
+        paths.append(path)
+    first_bytes = paths[0].read_bytes()
+    spare = tmp_path / "spare.bloom"
+    spare.write_bytes(paths[1].read_bytes())
+    guard = MemFreeLogitsProcessor(NgramFilter.open(paths[0], ngram_size=3), eos_token_id=EOS)
+    assert banned(guard) == {3}
+    os.utime(paths[0], ns=(1, 1))
+    os.replace(spare, paths[0])  # the supported way: the guard keeps the old, intact file
+    assert banned(guard) == {3}
+    live = NgramFilter.open(paths[0], ngram_size=3)  # the new file, now live
+    second = MemFreeLogitsProcessor(live, eos_token_id=EOS)
+    assert banned(second) == set()  # the other n-grams: none starts with this row
+    overwrite(paths[0], first_bytes, truncate=False)
+    with pytest.raises(FilterChangedError, match="its bit array changed"):
+        banned(second)
+
+
 # ------------------------------------------------------------------------------------------------
 # A truncating rewrite while another process's guard is reading: SIGBUS or FilterChangedError,
 # never exit 0 with a stored n-gram emitted.

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from memfree import NgramFilter
 from memfree.errors import DamagedFilterError, FilterError
-from memfree.header import PAGE_BYTES
+from memfree.header import PAGE_BYTES, hashing_digest
 from memfree.sizing import expected_false_positive_rate
 
 PREAMBLE = struct.Struct("<8sIIQ")
@@ -97,6 +97,10 @@ def test_an_emptied_bit_array_is_refused(filter_path: Path) -> None:
     metadata, _ = read_header(filter_path)
     zeros = np.zeros(metadata["num_bits"] // 64, dtype=np.uint64)
     rewrite(filter_path, metadata, zeros)
+    with pytest.raises(DamagedFilterError, match="hashing parameters"):
+        NgramFilter.open(filter_path, verify=False)  # the binding holds the old bits' checksum
+    metadata["hashing_xxh3"] = hashing_digest(metadata)  # a forger who rebinds it too
+    rewrite(filter_path, metadata)
     with pytest.raises(DamagedFilterError, match="block nothing"):
         NgramFilter.open(filter_path)
     assert len(NgramFilter.open(filter_path, verify=False)) == 2000  # opt-out stays
