@@ -22,7 +22,7 @@ from eval.audit_results import (
     ShortestPathSearch,
     audit_settings,
 )
-from eval.canaries import Canary, CanaryFormat
+from eval.canary_formats import Canary, CanaryFormat
 from eval.exposure import (
     epsilon_lower_bound,
     extrapolated_exposure,

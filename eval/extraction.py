@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from eval.canaries import CanaryFormat
+from eval.canary_formats import CanaryFormat
 
 
 def _secret_start(tokenizer: Any, text: str, prefix: str) -> int:

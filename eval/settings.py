@@ -177,7 +177,7 @@ class AuditSettings:
     def problem(self) -> str | None:
         """The first invalid setting, phrased for the command line, or None.
 
-        The canary template itself is checked by :class:`eval.canaries.CanaryFormat`, which
+        The canary template itself is checked by :class:`eval.canary_formats.CanaryFormat`, which
         knows its holes.
         """
         if not _all_positive(self.repetitions):
