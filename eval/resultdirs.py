@@ -58,12 +58,15 @@ def folder_kinds(folder: Path) -> set[str] | None:
     """The kinds of results in ``folder`` (see :data:`KINDS`); an empty set for a folder holding
     files but no memfree results; None for a missing or empty folder (a lock file aside).
 
-    A ``settings.json`` or ``audit.json`` that cannot be read still marks its kind (an eval run
-    then says what is wrong with it, naming the file); an ``audit.json`` whose step cannot be told
-    marks none.
+    A ``settings.json`` marks an eval folder even when it cannot be read (the eval run then says
+    what is wrong with it, naming the file). An ``audit.json`` is read to tell which audit steps
+    wrote the folder: one that cannot be read is refused here, naming it (memfree would otherwise
+    replace a damaged record of a run it cannot identify); one whose steps cannot be told marks
+    none.
 
     Raises:
-        ResultsDirError: ``folder`` is not a folder, or cannot be listed.
+        ResultsDirError: ``folder`` is not a folder or cannot be listed, or its ``audit.json``
+            cannot be read.
     """
     names = _entries(folder)
     if names is None:
@@ -96,8 +99,12 @@ def _entries(folder: Path) -> list[str] | None:
 def _audit_kinds(path: Path) -> set[str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return set()
+    except (OSError, ValueError) as error:
+        problem = os_problem(error) if isinstance(error, OSError) else f"not JSON ({error})"
+        raise ResultsDirError(
+            f"{path}: cannot be read ({problem}); memfree reads it to tell which audit steps "
+            "wrote this folder. Repair or move it, or choose another --out"
+        ) from None
     if not isinstance(data, dict):
         return set()
     return {

@@ -467,3 +467,16 @@ def test_every_bad_setting_is_named_by_its_option(
     assert cli_main(command) == 2
     assert error_of(capsys).startswith(f"memfree: error: {message}")
     assert not (tmp_path / "out").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_damaged_audit_json_is_named_never_replaced(tmp_path: Path, force: bool) -> None:
+    """A folder whose audit.json cannot be read cannot be told apart: refused, naming the file,
+    even with --force (a damaged record of an unknown run is never replaced)."""
+    folder = tmp_path / "audit"
+    folder.mkdir()
+    (folder / "audit.json").write_text('{"guarded": {"by_repetitions": [')
+    with pytest.raises(ValueError, match=r"audit\.json: cannot be read \(not JSON") as refused:
+        check_results_dir(folder, "exposure", force=force)
+    assert "another --out" in str(refused.value)
+    assert (folder / "audit.json").read_text() == '{"guarded": {"by_repetitions": ['
