@@ -58,6 +58,18 @@ def build_filters(directory: Path) -> dict[str, Path]:
     return paths
 
 
+def cpu_kv_share(budget_bytes: int = 3 << 30) -> float:
+    """vLLM's ``gpu_memory_utilization`` on the CPU backend: the share of NUMA node 0's memory it
+    reserves for the model and its KV cache. A fixed share (0.15 was used) is too small where the
+    node is small (8.3 GiB on one of these VMs: the model alone outgrew it); take ~3 GiB."""
+    try:
+        with open("/sys/devices/system/node/node0/meminfo", encoding="ascii") as meminfo:
+            total_kib = next(int(line.split()[3]) for line in meminfo if "MemTotal" in line)
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0.15
+    return round(min(0.6, max(0.15, budget_bytes / (total_kib * 1024))), 3)
+
+
 def _timed(function: Any, repeats: int = 3) -> tuple[Any, float]:
     best, result = float("inf"), None
     for _ in range(repeats):
@@ -81,7 +93,7 @@ def run_vllm(token_filter: str, word_filter: str) -> dict[str, Any]:
         dtype="float32",
         max_model_len=1024,
         seed=0,
-        gpu_memory_utilization=0.15,
+        gpu_memory_utilization=cpu_kv_share(),
         enforce_eager=True,
     )
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)

@@ -19,6 +19,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run `make test-engines`")
 
+from bench_engines import cpu_kv_share  # bench/ is on the path (conftest.py)
+
 
 @pytest.mark.timeout(900)
 def test_vllm_offline(cp437_filters: dict[str, Any], tmp_path: Path) -> None:
@@ -72,7 +74,7 @@ def test_vllm_openai_server(cp437_filters: dict[str, Any], tmp_path: Path) -> No
         "--max-model-len",
         "1024",
         "--gpu-memory-utilization",
-        "0.15",
+        str(cpu_kv_share()),
         "--enforce-eager",
         "--logits-processors",
         "memfree.integrations.vllm:MemFreeV1LogitsProcessor",
