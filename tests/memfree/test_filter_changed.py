@@ -21,6 +21,7 @@ import torch
 
 from memfree import NgramFilter
 from memfree.errors import DamagedFilterError, FilterChangedError
+from memfree.header import hashing_digest
 from memfree.processor import MemFreeLogitsProcessor
 from tests.memfree.test_header import read_header, rewrite
 
@@ -39,10 +40,13 @@ def write_filter(path: Path, ngrams: list[list[int]]) -> Path:
 
 
 def zeroed_bytes(path: Path, scratch: Path) -> bytes:
-    """``path``'s bytes with an all-zero bit array and its header checksums recomputed."""
+    """``path``'s bytes with an all-zero bit array and every header checksum recomputed (the
+    hashing binding too: the file opens unverified, and would block nothing)."""
     shutil.copyfile(path, scratch)
     metadata, _ = read_header(scratch)
     rewrite(scratch, metadata, np.zeros(metadata["num_bits"] // 64, dtype=np.uint64))
+    metadata["hashing_xxh3"] = hashing_digest(metadata)
+    rewrite(scratch, metadata)
     return scratch.read_bytes()
 
 
