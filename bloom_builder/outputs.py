@@ -8,22 +8,14 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import stat
-import sys
 import tempfile
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memfree.fileio import atomic_write
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: builds are not locked
-    fcntl = None  # type: ignore[assignment]
+from memfree.fileio import LockHeld, atomic_write, take_lock
 
 WORK_MARKER = ".memfree-work.json"
 # Entries a build creates inside its work directory; nothing else there is ever deleted.
@@ -217,37 +209,15 @@ class BuildLock:
         return self.target.with_name(f".{self.target.name}.lock")
 
     def acquire(self) -> BuildLock:
-        if fcntl is None:  # pragma: no cover
-            return self
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.seek(0)
-                holder = handle.read().strip() or "another memfree build"
-                handle.close()
-                raise OutputError(
-                    f"{self.target}: another build is writing it ({holder}); wait for it to "
-                    "finish, or choose another -o / --work-dir"
-                ) from None
-            # The previous holder may have removed the lock file between our open and our lock:
-            # then we locked a file nobody else sees, so start again.
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            handle.close()
-        handle.seek(0)
-        handle.truncate()
-        command = " ".join(["memfree", *sys.argv[1:]]) if sys.argv else "memfree"
-        started = time.strftime("%Y-%m-%d %H:%M:%S")
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {command}")
-        handle.flush()
-        self._handle = handle
+        try:
+            self._handle = take_lock(self.path)
+        except LockHeld as held:
+            raise OutputError(
+                f"{self.target}: another build is writing it "
+                f"({held.holder or 'another memfree build'}); wait for it to finish, or choose "
+                "another -o / --work-dir"
+            ) from None
         return self
 
     def release(self) -> None:

@@ -18,20 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import stat
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from memfree.errors import os_problem
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not POSIX: results folders are not locked
-    fcntl = None  # type: ignore[assignment]
+from memfree.fileio import LockHeld, take_lock
 
 LOCK_NAME = ".memfree.lock"
 #: Each kind of results folder, and the files its run writes there (for the messages).
@@ -229,42 +222,19 @@ class ResultsLock:
         return True
 
     def _lock(self) -> Any:
-        if fcntl is None:  # pragma: no cover
-            return None
-        while True:
-            try:
-                handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release
-            except OSError as error:
-                raise ResultsDirError(
-                    f"{self.path}: cannot create the lock file ({os_problem(error)}); choose "
-                    f"another {self.option}"
-                ) from None
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                handle.seek(0)
-                holder = handle.read().strip() or "another memfree run"
-                handle.close()
-                raise ResultsDirError(
-                    f"{self.folder}: another memfree run is writing there ({holder}); wait for "
-                    f"it to finish, or choose another {self.option}"
-                ) from None
-            # The previous holder may have removed the lock file between our open and our lock:
-            # then we locked a file nobody else sees, so start again.
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(handle.fileno()).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            handle.close()
-        handle.seek(0)
-        handle.truncate()
-        command = " ".join(["memfree", *sys.argv[1:]]) if sys.argv else "memfree"
-        started = time.strftime("%Y-%m-%d %H:%M:%S")
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {command}")
-        handle.flush()
-        return handle
+        try:
+            return take_lock(self.path)
+        except LockHeld as held:
+            raise ResultsDirError(
+                f"{self.folder}: another memfree run is writing there "
+                f"({held.holder or 'another memfree run'}); wait for it to finish, or choose "
+                f"another {self.option}"
+            ) from None
+        except OSError as error:
+            raise ResultsDirError(
+                f"{self.path}: cannot create the lock file ({os_problem(error)}); choose "
+                f"another {self.option}"
+            ) from None
 
     def release(self) -> None:
         """Give the lock back (the last release of this process removes the lock file)."""

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any, Literal, overload
@@ -145,11 +148,62 @@ def atomic_write(path: Path, chunks: Iterable[bytes | memoryview] | str | bytes)
             out.write(chunk)
 
 
+class LockHeld(Exception):
+    """:func:`take_lock` found the lock held; ``holder`` is what its holder wrote in it."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def take_lock(path: Path) -> IO[str] | None:
+    """Take an exclusive ``flock`` on ``path`` (created if missing) without waiting, and write
+    who holds it (process id, host, start time, command) for the next one to read. The kernel
+    drops the lock if the holder dies; the holder keeps the returned handle open until it
+    releases (unlink the file, then close the handle). None where there is no ``flock``.
+
+    Raises:
+        LockHeld: another process holds it (``holder`` says who).
+        OSError: the lock file cannot be opened.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: nothing is locked
+        return None
+    while True:
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held until release
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip()
+            handle.close()
+            raise LockHeld(holder) from None
+        # The previous holder may have removed the lock file between our open and our lock:
+        # then we locked a file nobody else sees, so start again.
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()
+    handle.seek(0)
+    handle.truncate()
+    command = " ".join(["memfree", *sys.argv[1:]]) if sys.argv else "memfree"
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {command}")
+    handle.flush()
+    return handle
+
+
 __all__ = [
+    "LockHeld",
     "PendingFile",
     "atomic_file",
     "atomic_write",
     "current_umask",
     "fsync_directory",
     "new_file_mode",
+    "take_lock",
 ]
