@@ -30,7 +30,7 @@ import numpy as np
 from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
 from memfree import NgramFilter
-from memfree.tokenizer import load_tokenizer
+from memfree.vocab.tokenizer import load_tokenizer
 
 PEAK = """
 import sys
@@ -74,7 +74,7 @@ BARE = """
 import os, sys, time
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as one build worker
 from bloom_builder.sources import ProblemLog, SourceOptions, discover, read_unit
-from memfree.tokenizer import load_tokenizer
+from memfree.vocab.tokenizer import load_tokenizer
 backend = load_tokenizer(None).backend_tokenizer
 options = SourceOptions()
 texts = [d.text for u in discover(["stdlib:"], options, ProblemLog())
@@ -134,7 +134,7 @@ def main() -> None:
         queries = rng.integers(0, len(tokenizer), size=(args.queries, settings.ngram_size))
         # The n-gram bit array alone (what the formula describes), then with the prefix section
         # (membership needs both; random prefixes almost never begin a stored n-gram).
-        from memfree.hashing import fingerprints_np
+        from memfree.filterfile.hashing import fingerprints_np
 
         measured = float(filt.contains_fingerprints(fingerprints_np(queries)).mean())
         measured_with_prefix = float(filt.contains(queries).mean())

@@ -29,7 +29,7 @@ def load(architecture: str | None, dtype: torch.dtype) -> tuple[Any, Any, str]:
         return model, tokenizer, "SmolLM2-135M-Instruct (GGUF weights)"
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from memfree.tokenizer import load_tokenizer
+    from memfree.vocab.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(architecture, local_files_only=True)

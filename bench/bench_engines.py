@@ -27,7 +27,7 @@ def prompts(count: int = 8, length: int = 50) -> list[list[int]]:
     """Prompts cut from encodings/cp437.py (which the filters hold and the model has memorized)."""
     import encodings.cp437 as module
 
-    from memfree.tokenizer import load_tokenizer
+    from memfree.vocab.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)
     text = Path(module.__file__).read_text(encoding="utf-8")
@@ -44,7 +44,7 @@ def build_filters(directory: Path) -> dict[str, Path]:
 
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
-    from memfree.tokenizer import load_tokenizer
+    from memfree.vocab.tokenizer import load_tokenizer
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
@@ -83,7 +83,7 @@ def run_vllm(token_filter: str, word_filter: str) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from memfree.integrations.vllm import MemFreeV1LogitsProcessor
+    from memfree.engines.vllm import MemFreeV1LogitsProcessor
     from memfree.models import default_model_dir
 
     batch = prompts()
@@ -145,7 +145,7 @@ def run_llama(token_filter: str, word_filter: str) -> dict[str, Any]:
     from llama_cpp import Llama, LogitsProcessorList
 
     from memfree.integrations.llama_cpp import MemFreeLlamaCppLogitsProcessor
-    from memfree.tokenizer import default_gguf_path
+    from memfree.vocab.tokenizer import default_gguf_path
 
     llm = Llama(model_path=str(default_gguf_path()), n_ctx=1024, n_threads=1, verbose=False)
     guards = {

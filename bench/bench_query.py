@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from memfree.filter_writer import bits_from_fingerprints
-from memfree.hashing import (
+from memfree.filterfile.hashing import (
     extend_fingerprints_torch,
     fingerprints_np,
     prefix_states_torch,
     query_bits_torch,
 )
-from memfree.sizing import choose_size
+from memfree.filterfile.sizing import choose_size
+from memfree.filterfile.writer import bits_from_fingerprints
 
 
 def best_of(function: Callable[[], object], repeats: int) -> float:
@@ -66,7 +66,7 @@ def main() -> None:
         ngrams = np.concatenate(
             [np.repeat(prefix_np, args.vocab, axis=0), np.arange(args.vocab)[:, None]], 1
         )
-        from memfree.hashing import query_bits_np
+        from memfree.filterfile.hashing import query_bits_np
 
         return query_bits_np(words_np, fingerprints_np(ngrams), size.num_probes)
 

@@ -15,7 +15,7 @@ import platform
 import time
 from collections.abc import Callable
 
-from memfree.tokenizer import load_tokenizer
+from memfree.vocab.tokenizer import load_tokenizer
 
 LAST_PRETOKEN = "self._val"
 TAIL = LAST_PRETOKEN + "ue"  # the pretoken with the sampler's choice

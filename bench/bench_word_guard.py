@@ -49,8 +49,8 @@ def main() -> None:
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
     from memfree.cli.demo import stdlib_prompts
+    from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.models import load_model
-    from memfree.processor import MemFreeLogitsProcessor
 
     for path, unit in ((args.token_filter, "token"), (args.word_filter, "word")):
         if not Path(path).exists():

@@ -36,7 +36,7 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.summary import BuildSummary
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
-from memfree.sizing import theoretical_minimum_bits
+from memfree.filterfile.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
 
 __all__ = ["BuildError", "BuildSummary", "build_filter"]

@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     from bloom_builder.build import BuildError, build_filter
     from bloom_builder.errors import RayUnavailable, TaskFailed
     from memfree.errors import MissingDependencyError
-    from memfree.tokenizer import TokenizerNotFoundError
+    from memfree.vocab.tokenizer import TokenizerNotFoundError
 
     try:
         settings = settings_from_args(args)

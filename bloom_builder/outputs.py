@@ -32,8 +32,8 @@ def sidecar_of(output: Path) -> Path:
 
 
 def _is_filter_file(path: Path) -> bool:
-    from memfree.header import MAGIC
-    from memfree.pybloom import MAGIC as PYBLOOM_MAGIC
+    from memfree.filterfile.header import MAGIC
+    from memfree.filterfile.pybloom import MAGIC as PYBLOOM_MAGIC
 
     try:
         with open(path, "rb") as handle:

@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memfree.hashing import DEFAULT_HASH_SEED
+from memfree.filterfile.hashing import DEFAULT_HASH_SEED
 from memfree.units import UNIT_NAMES, get_unit
 
 FORMATS = ("memfree", "pybloomfiltermmap3")
@@ -22,7 +22,7 @@ class BuildSettings:
     Attributes:
         ngram_size: units per n-gram (the paper's n; 10 by default).
         unit: "token" (n-grams of the tokenizer's ids) or "word" (n-grams of normalized words,
-            no tokenizer: one filter for every model; see :mod:`memfree.words`).
+            no tokenizer: one filter for every model; see :mod:`memfree.vocab.words`).
         min_count: keep n-grams seen at least this many times in the corpus.
         false_positive_rate: target false-positive rate the filter is sized for.
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
@@ -154,8 +154,8 @@ def lowest_reachable_rate() -> float:
     """The lowest false-positive rate any native filter can have: one stored n-gram in the most
     blocks (2**32 - 1) with the best probe count. A target below it cannot be met whatever the
     corpus holds, so it is refused before any work (about 3e-49)."""
-    from memfree.hashing import MAX_PROBES
-    from memfree.sizing import expected_false_positive_rate
+    from memfree.filterfile.hashing import MAX_PROBES
+    from memfree.filterfile.sizing import expected_false_positive_rate
 
     most_blocks = (1 << 32) - 1
     return min(

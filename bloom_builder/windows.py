@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memfree.sliding import sliding_fingerprint_pair_np, sliding_fingerprints_np
+from memfree.filterfile.sliding import sliding_fingerprint_pair_np, sliding_fingerprints_np
 
 
 @dataclass(frozen=True)

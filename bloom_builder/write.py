@@ -13,8 +13,8 @@ from bloom_builder.errors import BuildError
 from bloom_builder.plan import BUILDER_VERSION, BuildPlan
 from bloom_builder.reduce import Reduced, ReduceTask, read_kept
 from bloom_builder.settings import BuildSettings
-from memfree.filter_writer import FilterFileWriter, PrefixSection, set_fingerprint_bits
-from memfree.sizing import FilterSize, choose_size
+from memfree.filterfile.sizing import FilterSize, choose_size
+from memfree.filterfile.writer import FilterFileWriter, PrefixSection, set_fingerprint_bits
 from memfree.units import EncoderPayload
 
 
@@ -87,7 +87,7 @@ def write_native(
 ) -> FilterShape:
     """Write the native filter: the n-gram bits, and the prefix section if there are prefix tasks.
 
-    The filter is sized for the kept count (:func:`memfree.sizing.choose_size`); the file
+    The filter is sized for the kept count (:func:`memfree.filterfile.sizing.choose_size`); the file
     appears at the output path only when complete (the writer writes beside it and renames).
 
     Args:
@@ -150,7 +150,7 @@ def verify_written(output: Path, temporary: Path) -> None:
         BuildError: the check failed; the message names the output and what to do.
     """
     from memfree.errors import DamagedFilterError
-    from memfree.filter import NgramFilter
+    from memfree.filterfile.native import NgramFilter
 
     try:
         NgramFilter.open(temporary, verify=True).close()

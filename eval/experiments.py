@@ -120,8 +120,8 @@ def _run_in_folder(
     word_filter: Any,
 ) -> MemorizationResults:
     """:func:`run_memorization` in its claimed folder."""
+    from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.generation import DecodingSettings
-    from memfree.processor import MemFreeLogitsProcessor
 
     recorded = _recorded_settings(out, settings, model_name, ngram_filter, word_filter)
     fingerprint = recorded["fingerprint"]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from memfree.errors import require
 
 if TYPE_CHECKING:
-    from memfree.filter import NgramFilter
+    from memfree.filterfile.native import NgramFilter
 
 EDIT_UNITS = ("char", "whitespace")
 NORMALIZATIONS = ("none", "casefold", "words")
@@ -34,7 +34,7 @@ class MetricSettings:
         edit_unit: edit similarity over characters ("char") or whitespace tokens ("whitespace").
         normalize: what both texts go through before they are compared. "none" (the paper);
             "casefold" (case-folded, runs of whitespace collapsed); "words" (the word unit's
-            normalization, :func:`memfree.words.words`: NFKC, case-folded, only the runs of
+            normalization, :func:`memfree.vocab.words.words`: NFKC, case-folded, only the runs of
             letters and digits, joined by one space; so case, spacing, punctuation, comment
             markers and ``_`` vanish, as they do for the word guard). ``True``/``False`` are read
             as "casefold"/"none".
@@ -90,7 +90,7 @@ def _signature(edit_unit: str, normalize: str, bleu_threshold: float) -> str:
 
 
 def _norm_signatures() -> dict[str, str]:
-    from memfree.words import NORMALIZER
+    from memfree.vocab.words import NORMALIZER
 
     return {"none": "none", "casefold": "casefold+spaces", "words": f"words-{NORMALIZER}"}
 
@@ -102,7 +102,7 @@ def _prepare(text: str, normalize: str | bool) -> str:
     if normalize is True or normalize == "casefold":
         return " ".join(text.casefold().split())
     if normalize == "words":
-        from memfree.words import words
+        from memfree.vocab.words import words
 
         return " ".join(words(text))
     if normalize is False or normalize == "none":

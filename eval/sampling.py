@@ -167,7 +167,7 @@ def sample_bucketed_examples(
     without sampling millions of candidates.
     """
     from bloom_builder.sources import ProblemLog, SourceOptions, iter_documents
-    from memfree.sliding import sliding_fingerprints_np
+    from memfree.filterfile.sliding import sliding_fingerprints_np
 
     if per_bucket < 1:
         raise ValueError(f"per_bucket must be >= 1, got {per_bucket}")
@@ -223,8 +223,8 @@ def _count_occurrences(
 ) -> list[int]:
     """Occurrences of each example's full window in the corpus (by 64-bit fingerprint)."""
     from bloom_builder.sources import ProblemLog, documents_of
-    from memfree.hashing import fingerprints_np
-    from memfree.sliding import sliding_fingerprints_np
+    from memfree.filterfile.hashing import fingerprints_np
+    from memfree.filterfile.sliding import sliding_fingerprints_np
 
     width = len(examples[0].prompt_ids) + len(examples[0].truth_ids)
     windows = np.array([e.prompt_ids + e.truth_ids for e in examples], dtype=np.int64)

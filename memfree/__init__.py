@@ -14,12 +14,12 @@ from memfree.errors import (
     FilterError,
     FilterMismatchError,
 )
-from memfree.filter import NgramFilter
+from memfree.filterfile.native import NgramFilter
 
 if TYPE_CHECKING:
+    from memfree.engines.stats import GuardStats
+    from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.models import load_model
-    from memfree.processor import MemFreeLogitsProcessor
-    from memfree.stats import GuardStats
 
 __version__ = "0.1.0"
 __all__ = [
@@ -35,8 +35,8 @@ __all__ = [
 ]
 
 _LAZY = {
-    "MemFreeLogitsProcessor": "memfree.processor",
-    "GuardStats": "memfree.stats",
+    "MemFreeLogitsProcessor": "memfree.engines.transformers",
+    "GuardStats": "memfree.engines.stats",
     "load_model": "memfree.models",
 }
 

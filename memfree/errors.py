@@ -15,7 +15,7 @@ class DamagedFilterError(FilterError):
 
 class FilterChangedError(DamagedFilterError):
     """A filter file was rewritten in place while a guard had it mapped (see
-    :mod:`memfree.filewatch`): the guard stops rather than read bits it did not verify."""
+    :mod:`memfree.filterfile.filewatch`): the guard stops rather than read bits it did not verify."""
 
 
 class FilterMismatchError(FilterError):

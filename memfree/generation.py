@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.filter import NgramSet
-from memfree.processor import MemFreeLogitsProcessor
-from memfree.stats import GuardStats
+from memfree.engines.stats import GuardStats
+from memfree.engines.transformers import MemFreeLogitsProcessor
+from memfree.filterfile.protocol import NgramSet
 from memfree.units import unit_of
 
 MAX_SEED = 2**32 - 1

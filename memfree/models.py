@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from memfree.tokenizer import (
+from memfree.vocab.tokenizer import (
     DEFAULT_MODEL_NAME,
     INSTALL_DEFAULT_HINT,
     TokenizerNotFoundError,

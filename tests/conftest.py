@@ -51,7 +51,7 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_dir: Path) -> Any:
-    from memfree.tokenizer import load_tokenizer
+    from memfree.vocab.tokenizer import load_tokenizer
 
     return load_tokenizer(tokenizer_dir)
 
@@ -304,6 +304,6 @@ def word_tokenizers(tokenizer: Any) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def default_tokenizer() -> Any:
     """The embedded default model's tokenizer (SmolLM2, byte-level BPE, 49,152 tokens)."""
-    from memfree.tokenizer import load_tokenizer
+    from memfree.vocab.tokenizer import load_tokenizer
 
     return load_tokenizer(None)

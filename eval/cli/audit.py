@@ -54,7 +54,7 @@ def _model_and_guard(model_name: str | None, filter_path: str | None) -> tuple[A
     model, tokenizer = load_model(model_name)
     guard = None
     if filter_path:
-        from memfree.processor import MemFreeLogitsProcessor
+        from memfree.engines.transformers import MemFreeLogitsProcessor
 
         guard = MemFreeLogitsProcessor(filter_path, tokenizer=tokenizer)
     return model, tokenizer, guard

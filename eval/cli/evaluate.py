@@ -290,7 +290,7 @@ def _model_and_filters(args: argparse.Namespace, settings: Any) -> tuple[Any, An
         ValueError: a filter of the other unit given as --filter or --word-filter.
     """
     from eval.experiments import check_filters
-    from memfree.filter import NgramFilter
+    from memfree.filterfile.native import NgramFilter
     from memfree.models import load_model
 
     ngram_filter = NgramFilter.open(args.filter) if args.filter is not None else None
@@ -309,7 +309,7 @@ def _default_filter(unit: str, tokenizer: Any) -> Any:
     """The standard library's token or word filter, built the first time it is needed."""
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
-    from memfree.filter import NgramFilter
+    from memfree.filterfile.native import NgramFilter
     from memfree.units import get_unit
 
     path, settings = {

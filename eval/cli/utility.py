@@ -20,7 +20,7 @@ def run_utility_command(args: argparse.Namespace) -> int:
     if unreadable:
         return fail(unreadable)
     from memfree.errors import FilterError
-    from memfree.tokenizer import TokenizerNotFoundError
+    from memfree.vocab.tokenizer import TokenizerNotFoundError
 
     try:
         ngram_filter, tokenizer = _filter_and_tokenizer(args.filter, args.tokenizer)
@@ -56,11 +56,11 @@ def _filter_and_tokenizer(filter_path: str, tokenizer_name: str | None) -> tuple
         FileNotFoundError, memfree.errors.FilterError: the filter is missing or damaged.
         memfree.errors.FilterMismatchError: the tokenizer is not the one the filter was built
             with (the guard's own check).
-        memfree.tokenizer.TokenizerNotFoundError: no such tokenizer.
+        memfree.vocab.tokenizer.TokenizerNotFoundError: no such tokenizer.
     """
-    from memfree.filter import NgramFilter
-    from memfree.tokenizer import check_tokenizer, load_tokenizer
+    from memfree.filterfile.native import NgramFilter
     from memfree.units import unit_of
+    from memfree.vocab.tokenizer import check_tokenizer, load_tokenizer
 
     ngram_filter = NgramFilter.open(filter_path)
     if not unit_of(ngram_filter).reads_token_ids:

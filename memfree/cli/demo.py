@@ -119,7 +119,7 @@ def _model_and_filter(output: Path) -> tuple[Any, Any, Any]:
     from bloom_builder.settings import BuildSettings
     from memfree import NgramFilter
     from memfree.models import load_model
-    from memfree.tokenizer import cache_dir
+    from memfree.vocab.tokenizer import cache_dir
 
     started = time.perf_counter()
     print("loading SmolLM2-135M-Instruct (de-quantized once, then cached) ...", flush=True)

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(error))
 
     from memfree.errors import FilterError
-    from memfree.filter import NgramFilter
+    from memfree.filterfile.native import NgramFilter
 
     try:
         ngram_filter = NgramFilter.open(args.filter)
@@ -152,8 +152,8 @@ def run(args: argparse.Namespace) -> int:
     from memfree.cli.common import disable_download_bars
 
     disable_download_bars()
+    from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.models import ModelNotFoundError, load_model
-    from memfree.processor import MemFreeLogitsProcessor
 
     try:
         model, tokenizer = load_model(args.model, device=args.device)

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from memfree.cli.common import fail
-from memfree.header import MAX_NGRAM_SIZE
+from memfree.filterfile.header import MAX_NGRAM_SIZE
 
 # Shown on their own lines first; every other metadata key follows, sorted.
 _SHOWN_FIRST = frozenset(
@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``memfree info``; returns the exit status (2 for a missing or damaged filter)."""
     from memfree.errors import FilterError
-    from memfree.filter import NgramFilter
+    from memfree.filterfile.native import NgramFilter
 
     kwargs: dict[str, Any] = {}
     if args.ngram_size is not None:
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 def _is_pybloom(path: str) -> bool:
     """Whether ``path`` starts as a pybloomfiltermmap3 file (other paths are left to the reader,
     which names what is wrong with them)."""
-    from memfree import pybloom
+    from memfree.filterfile import pybloom
 
     try:
         with open(path, "rb") as handle:
@@ -95,7 +95,7 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         filt: an opened filter (:class:`~memfree.NgramFilter` or a pybloomfiltermmap3 reader).
         metadata: its metadata, with ``size_bytes`` added.
     """
-    from memfree.filter import describe_rate
+    from memfree.filterfile.native import describe_rate
 
     lines = [
         f"{filt.path}",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from memfree.filter import NgramSet
+    from memfree.filterfile.protocol import NgramSet
 
 
 @runtime_checkable

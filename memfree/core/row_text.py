@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from memfree.core.word_vocab import cached_word_hash
-from memfree.words import is_word_char, normalize, starts_clean, word_pattern, words
+from memfree.vocab.words import is_word_char, normalize, starts_clean, word_pattern, words
 
 
 def _run_text(run: bytes, tokens: int) -> str:

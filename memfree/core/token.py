@@ -3,7 +3,7 @@ the filter (MemFree decoding, Ippolito et al. 2023, Algorithm 1), on the rows' d
 
 A filter in memfree's blocked layout (``blocked_bits()``) is hashed on any device: the row's
 (n-1)-token prefix once, then every candidate with a multiply-add and the finalizer
-(:mod:`memfree.hashing`). On the CPU only rows whose prefix may begin a stored n-gram are looked
+(:mod:`memfree.filterfile.hashing`). On the CPU only rows whose prefix may begin a stored n-gram are looked
 up, sparsely; on an accelerator every row is computed densely (no data-dependent shapes, so no
 host synchronisation), replayed from a CUDA graph; a filter too large for the accelerator is
 queried on the CPU. A filter of another layout (pybloomfiltermmap3) answers through ``contains``.
@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.filter import NgramSet
-from memfree.hashing import (
+from memfree.filterfile.hashing import (
     extend_fingerprints_np,
     extend_fingerprints_torch,
     fmix64_torch,
@@ -30,6 +29,7 @@ from memfree.hashing import (
     query_bits_torch,
     sparse_members_np,
 )
+from memfree.filterfile.protocol import NgramSet
 
 
 @dataclass
@@ -47,7 +47,7 @@ class TokenMasker:
     """Bans every candidate token that completes a stored token n-gram.
 
     Args:
-        ngram_filter: the filter (any format of the :class:`~memfree.filter.NgramSet` protocol).
+        ngram_filter: the filter (any format of the :class:`~memfree.filterfile.native.NgramSet` protocol).
         special_token_ids: exempt ids: never banned, and a row whose last n-1 tokens hold one is
             never checked (the builder stores no window that holds one).
         skip_rows: on CPU, skip rows whose last n-1 tokens begin no stored n-gram (read from the
@@ -142,7 +142,7 @@ class TokenMasker:
         cache = self._graph_cache.__dict__.setdefault("steps", {})
         graphed = cache.get(key)
         if graphed is None:
-            from memfree.cuda_graphs import GraphedStep
+            from memfree.core.cuda_graphs import GraphedStep
 
             def step(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
                 return self._step(rows, tables, vocab_width, compute_device)

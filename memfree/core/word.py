@@ -28,8 +28,8 @@ from memfree.core.row_text import RowText, tail
 from memfree.core.word_fast import RowPlan, WordBits, fast_mask
 from memfree.core.word_vocab import NONE, WordVocab
 from memfree.errors import FilterError, FilterMismatchError
-from memfree.filter import NgramSet
-from memfree.words import (
+from memfree.filterfile.protocol import NgramSet
+from memfree.vocab.words import (
     NORMALIZER,
     UNICODE_VERSION,
     WORD_MULTIPLIER,
@@ -85,7 +85,7 @@ class WordMasker:
                 "the word guard needs the model's tokenizer (it reads each token's bytes): "
                 "MemFreeLogitsProcessor(word_filter, tokenizer=tok)"
             )
-        from memfree.vocab_bytes import byte_fallback_ids, token_bytes
+        from memfree.vocab.token_bytes import byte_fallback_ids, token_bytes
 
         self.tokenizer = tokenizer
         self._table = token_bytes(tokenizer)

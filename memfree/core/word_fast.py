@@ -2,7 +2,7 @@
 guard's arithmetic (a multiply-add from per-row Horner states), all rows' lookups in one pass.
 
 Unicode normalization never reaches back across a token that starts clean
-(:func:`~memfree.words.starts_clean`), so the word n-grams such a candidate creates are the row's
+(:func:`~memfree.vocab.words.starts_clean`), so the word n-grams such a candidate creates are the row's
 last words followed by the candidate's own: a separator-first token adds words after the row's
 history; a word-first token extends the row's partial last word ``P`` first. Tokens that add the
 same word share one lookup; the prefix section skips rows whose context begins no stored n-gram.
@@ -17,8 +17,7 @@ import numpy as np
 
 from memfree.core.row_text import RowText
 from memfree.core.word_vocab import LEAD, SEPARATOR, WordVocab
-from memfree.filter import BlockedBits
-from memfree.hashing import (
+from memfree.filterfile.hashing import (
     HORNER_MULTIPLIER,
     MASK64,
     fingerprint_reference,
@@ -26,7 +25,8 @@ from memfree.hashing import (
     horner_state_reference,
     sparse_members_np,
 )
-from memfree.words import WORD_OFFSET
+from memfree.filterfile.protocol import BlockedBits
+from memfree.vocab.words import WORD_OFFSET
 
 _U1 = np.uint64(1)
 _UM = np.uint64(HORNER_MULTIPLIER)

@@ -13,8 +13,15 @@ from functools import lru_cache
 
 import numpy as np
 
-from memfree.hashing import horner_state_reference
-from memfree.words import is_word_char, normalize, starts_clean, word_hash, word_pattern, word_poly
+from memfree.filterfile.hashing import horner_state_reference
+from memfree.vocab.words import (
+    is_word_char,
+    normalize,
+    starts_clean,
+    word_hash,
+    word_pattern,
+    word_poly,
+)
 
 NONE, LEAD, SEPARATOR = 0, 1, 2  # WordVocab.kind: adds no text, word character first, separator
 
@@ -130,7 +137,7 @@ class WordVocab:
 
 @lru_cache(maxsize=1 << 16)
 def cached_word_hash(word: str) -> int:
-    """:func:`~memfree.words.word_hash`, cached: vocabularies and rows repeat their words."""
+    """:func:`~memfree.vocab.words.word_hash`, cached: vocabularies and rows repeat their words."""
     return word_hash(word)
 
 

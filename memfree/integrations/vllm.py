@@ -1,30 +1,16 @@
-"""The guard inside vLLM: pass a class, vLLM builds it per engine.
+"""``memfree.integrations.vllm``: the path operators pass to ``--logits-processors``.
 
-Offline::
-
-    from vllm import LLM, SamplingParams
-    from memfree.integrations.vllm import MemFreeV1LogitsProcessor
-
-    llm = LLM(model=..., logits_processors=[MemFreeV1LogitsProcessor],
-              additional_config={"memfree": {"filter": "stdlib.memfree"}})
-
-Served (OpenAI-compatible)::
-
-    python -m vllm.entrypoints.openai.api_server --model ... \\
-        --logits-processors memfree.integrations.vllm:MemFreeV1LogitsProcessor \\
-        --additional-config '{"memfree": {"filter": "stdlib.memfree"}}'
-
-:class:`MemFreeV1LogitsProcessor` is for the V1 model runner (vLLM's default),
-:class:`MemFreeV2LogitsProcessor` for Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``). The
-policy (every request guarded; opt-out only where the operator allows it) is in
-:mod:`memfree.integrations.policy`.
+The adapters live in :mod:`memfree.engines.vllm`; this module keeps the public path stable.
 """
 
 from __future__ import annotations
 
-from memfree.integrations.policy import ServingConfig, ServingConfigError
-from memfree.integrations.vllm_v1 import MemFreeV1LogitsProcessor
-from memfree.integrations.vllm_v2 import MemFreeV2LogitsProcessor
+from memfree.engines.vllm import (
+    MemFreeV1LogitsProcessor,
+    MemFreeV2LogitsProcessor,
+    ServingConfig,
+    ServingConfigError,
+)
 
 __all__ = [
     "MemFreeV1LogitsProcessor",

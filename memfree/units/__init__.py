@@ -12,7 +12,7 @@ The guard (any engine):
     cuda_graphs=True)`` -> a :class:`memfree.core.Masker`, whose ``banned_mask(contexts,
     vocab_width)`` gives the banned candidates of each row. ``special_token_ids`` are the exempt
     ids (:func:`memfree.core.exempt_token_ids`); the token masker needs no tokenizer (check its
-    fingerprint first: :func:`memfree.tokenizer.check_tokenizer`), the word masker reads each
+    fingerprint first: :func:`memfree.vocab.tokenizer.check_tokenizer`), the word masker reads each
     token's bytes from it. Raises ``FilterMismatchError`` for a filter of another unit.
 
 The evaluation ("n-grams this output created"):
@@ -48,7 +48,7 @@ from memfree.units.token import BatchEncoder, TokenizerPayload, TokenUnit
 from memfree.units.word import WordEncoder, WordPayload, WordUnit
 
 if TYPE_CHECKING:
-    from memfree.filter import NgramSet
+    from memfree.filterfile.protocol import NgramSet
 
 TOKEN = TokenUnit()
 WORD = WordUnit()

@@ -16,7 +16,7 @@ from memfree.errors import FilterMismatchError
 
 if TYPE_CHECKING:
     from memfree.core import Masker
-    from memfree.filter import NgramSet
+    from memfree.filterfile.protocol import NgramSet
 
 
 class Encoder(Protocol):

@@ -20,7 +20,7 @@ from memfree.units.base import BuildParts, TextNgrams, check_filter_unit
 
 if TYPE_CHECKING:
     from memfree.core import Masker
-    from memfree.filter import NgramSet
+    from memfree.filterfile.protocol import NgramSet
 
 
 class BatchEncoder:
@@ -85,7 +85,7 @@ class TokenizerPayload:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> TokenizerPayload:
         """The payload of a loaded Hugging Face tokenizer (its backend JSON when it is fast)."""
-        from memfree.tokenizer import special_token_ids, tokenizer_vocab_size
+        from memfree.vocab.tokenizer import special_token_ids, tokenizer_vocab_size
 
         special = special_token_ids(tokenizer)
         vocab = tokenizer_vocab_size(tokenizer)
@@ -118,7 +118,7 @@ class TokenUnit:
         cuda_graphs: bool = True,
     ) -> Masker:
         """A :class:`~memfree.core.token.TokenMasker` (the tokenizer was checked by the caller:
-        its fingerprint must match the filter's, see :func:`memfree.tokenizer.check_tokenizer`).
+        its fingerprint must match the filter's, see :func:`memfree.vocab.tokenizer.check_tokenizer`).
 
         Raises:
             FilterMismatchError: ``ngram_filter`` is not a token filter.
@@ -235,7 +235,7 @@ class TokenUnit:
             requested: the tokenizer named by the user (None: the default model's).
             tokenizer: the tokenizer already loaded; None loads ``requested``.
         """
-        from memfree.tokenizer import (
+        from memfree.vocab.tokenizer import (
             load_tokenizer,
             special_token_ids,
             tokenizer_fingerprint,

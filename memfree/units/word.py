@@ -1,4 +1,4 @@
-"""The word unit: a filter of normalized-word n-grams (:mod:`memfree.words`), built with no
+"""The word unit: a filter of normalized-word n-grams (:mod:`memfree.vocab.words`), built with no
 tokenizer, that serves every model.
 
 Its builder encodes texts as the hashes of their words; its filter records the normalizer and the
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from memfree.units.base import BuildParts, TextNgrams, check_filter_unit
-from memfree.words import NORMALIZER, new_word_ngrams, ngram_hash_rows, text_word_hashes
-from memfree.words import word_metadata as _word_metadata
+from memfree.vocab.words import NORMALIZER, new_word_ngrams, ngram_hash_rows, text_word_hashes
+from memfree.vocab.words import word_metadata as _word_metadata
 
 if TYPE_CHECKING:
     from memfree.core import Masker
-    from memfree.filter import NgramSet
+    from memfree.filterfile.protocol import NgramSet
 
 _NO_TOKENIZER = "--unit word needs no tokenizer: drop --tokenizer (one filter serves every model)"
 
@@ -34,7 +34,7 @@ class WordEncoder:
     vocab_size: int | None = None  # words come from text: it takes no pre-tokenized ids
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        """uint64 word hashes of each text, in order (see :mod:`memfree.words`)."""
+        """uint64 word hashes of each text, in order (see :mod:`memfree.vocab.words`)."""
         return [text_word_hashes(text) for text in texts]
 
 
@@ -127,7 +127,7 @@ class WordUnit:
 
     def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
         """The normalized-word n-grams of ``text`` (no tokenizer needed)."""
-        from memfree.words import word_hashes_np, words
+        from memfree.vocab.words import word_hashes_np, words
 
         found = words(text)
         n = ngram_filter.n

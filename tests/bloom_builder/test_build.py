@@ -21,7 +21,7 @@ from bloom_builder.plan import plan_shards
 from bloom_builder.settings import BuildSettings, parse_size
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
-from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 
 WORDS = [
     "alpha",
@@ -462,7 +462,8 @@ def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: 
     and the same bits as the in-memory helper for the same texts."""
     import gzip
 
-    from memfree.words import word_filter_from_texts, word_ngrams
+    from memfree.testing import word_filter_from_texts
+    from memfree.vocab.words import word_ngrams
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

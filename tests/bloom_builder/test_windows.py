@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bloom_builder.windows import batch_windows, fingerprint_windows
-from memfree.hashing import fingerprint_reference
+from memfree.filterfile.hashing import fingerprint_reference
 
 SEED = 12345
 

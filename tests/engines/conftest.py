@@ -20,9 +20,9 @@ sys.path.insert(0, str(BENCH.parent))
 def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from bench_engines import build_filters
 
-    from memfree.filter import NgramFilter
-    from memfree.tokenizer import load_tokenizer
+    from memfree.filterfile.native import NgramFilter
     from memfree.units import get_unit
+    from memfree.vocab.tokenizer import load_tokenizer
 
     paths = build_filters(tmp_path_factory.mktemp("filters"))
     filters = {unit: NgramFilter.open(path) for unit, path in paths.items()}

@@ -14,9 +14,9 @@ from eval.experiments import run_memorization
 from eval.report import summarize, write_report
 from eval.sampling import Example
 from eval.settings import ExperimentSettings
-from memfree.filter import NgramFilter
-from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
-from memfree.words import word_filter_from_texts
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 from tests.conftest import train_on_rows
 from tests.memfree.test_token_text_gap import TEXT, _other_split
 
@@ -117,8 +117,8 @@ def test_records_of_older_runs_have_no_text_column() -> None:
 
 
 def test_a_guarded_completion_counts_both(spelled: dict[str, Any], tokenizer: Any) -> None:
+    from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.generation import DecodingSettings, complete
-    from memfree.processor import MemFreeLogitsProcessor
 
     guard = MemFreeLogitsProcessor(spelled["tokens"], tokenizer=tokenizer)
     prompt = list(spelled["other"][:PROMPT])

@@ -26,7 +26,7 @@ from eval.settings import ExperimentSettings
 from eval.styles import get_style
 from eval.utility import run_utility
 from memfree import NgramFilter
-from memfree.words import words
+from memfree.vocab.words import words
 from tests.conftest import train_on_windows
 
 DOCUMENTS = [
@@ -46,7 +46,7 @@ def styled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from memfree.tokenizer import load_tokenizer
+    from memfree.vocab.tokenizer import load_tokenizer
 
     root = tmp_path_factory.mktemp("styled")
     texts = [get_style(style)(document) for style in STYLES for document in DOCUMENTS]

@@ -16,10 +16,10 @@ import torch
 from memfree.core import Masker, exempt_token_ids
 from memfree.core.token import TokenMasker
 from memfree.core.word import WordMasker
+from memfree.engines.transformers import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
 from memfree.errors import FilterMismatchError
-from memfree.filter import NgramFilter
-from memfree.processor import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
-from memfree.words import word_filter_from_texts
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
 
 # Stored: (0 1 2), (0 1 3), (3 3 0), and (1 4 2), which holds the special token 4.
 STORED = [[0, 1, 2], [0, 1, 3], [3, 3, 0], [1, 4, 2]]
@@ -80,7 +80,7 @@ def test_exempt_ids_are_those_the_builder_cut_at(tmp_path: Path) -> None:
 def test_generic_path_of_a_pybloom_file_equals_the_native_mask(
     tmp_path: Path, trigrams: NgramFilter
 ) -> None:
-    from memfree.pybloom import PybloomWriter
+    from memfree.filterfile.pybloom import PybloomWriter
 
     writer = PybloomWriter(10, 1e-9, 0)
     writer.add_ngrams(np.asarray(STORED))

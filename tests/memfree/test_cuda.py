@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree import MemFreeLogitsProcessor, NgramFilter
-from memfree.filter_writer import FilterFileWriter, set_fingerprint_bits
-from memfree.hashing import fingerprints_np
+from memfree.filterfile.hashing import fingerprints_np
+from memfree.filterfile.writer import FilterFileWriter, set_fingerprint_bits
 from tests.memfree.test_processor import MODES, emitted_windows, left_pad
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -173,7 +173,7 @@ def test_a_filter_too_large_for_the_gpu_falls_back_to_the_cpu(tmp_path: Path) ->
 
 
 def test_word_guard_on_cuda_matches_cpu(tmp_path: Path, tokenizer: Any) -> None:
-    from memfree.words import word_filter_from_texts
+    from memfree.testing import word_filter_from_texts
     from tests.conftest import WORD_TEXTS
 
     filt = word_filter_from_texts(tmp_path / "w.memfree", WORD_TEXTS, 2)

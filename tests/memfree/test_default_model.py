@@ -14,7 +14,7 @@ from bloom_builder.settings import BuildSettings
 from memfree import MemFreeLogitsProcessor, NgramFilter
 from memfree.generation import DecodingSettings, complete
 from memfree.models import load_model
-from memfree.tokenizer import cache_dir, default_gguf_path
+from memfree.vocab.tokenizer import cache_dir, default_gguf_path
 
 
 @pytest.fixture(scope="module")

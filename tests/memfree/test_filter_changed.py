@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from memfree import NgramFilter
+from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.errors import DamagedFilterError, FilterChangedError
-from memfree.header import hashing_digest
-from memfree.processor import MemFreeLogitsProcessor
+from memfree.filterfile.header import hashing_digest
 from tests.memfree.test_header import read_header, rewrite
 
 VOCAB = 12
@@ -181,7 +181,7 @@ def test_chmod_and_touch_change_nothing_a_guard_reads(live: Path) -> None:
 def test_an_unchanged_file_costs_two_fstat_calls_per_step_and_no_checksum(
     live: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import memfree.filewatch
+    import memfree.filterfile.filewatch
 
     guard = MemFreeLogitsProcessor(NgramFilter.open(live), eos_token_id=EOS)
     calls = {"fstat": 0}
@@ -194,7 +194,7 @@ def test_an_unchanged_file_costs_two_fstat_calls_per_step_and_no_checksum(
     def no_checksum(*args: Any) -> Any:
         raise AssertionError("an unchanged file was verified again")
 
-    monkeypatch.setattr(memfree.filewatch.os, "fstat", counted)
+    monkeypatch.setattr(memfree.filterfile.filewatch.os, "fstat", counted)
     monkeypatch.setattr(guard.file_watch, "_intact", no_checksum)
     for _ in range(5):
         assert banned(guard) == {3}
@@ -211,7 +211,7 @@ def test_copies_hold_their_own_bits(live: Path, replacements: dict[str, bytes]) 
 
 
 def test_the_word_guard_stops_too(tmp_path: Path) -> None:
-    from memfree.words import word_filter_from_texts
+    from memfree.testing import word_filter_from_texts
     from tests.memfree.test_reliability3 import word_level
 
     tok = word_level()  # a WordLevel tokenizer: the, quick, brown, fox, jumps
@@ -229,7 +229,7 @@ def test_the_word_guard_stops_too(tmp_path: Path) -> None:
 
 
 def test_a_pybloom_filter_is_watched_too(tmp_path: Path) -> None:
-    from memfree import pybloom
+    from memfree.filterfile import pybloom
 
     paths = []
     for name, ngrams in (("live", STORED), ("other", OTHER)):
@@ -249,7 +249,7 @@ def test_a_pybloom_file_without_a_sidecar_survives_a_rename_and_stops_on_a_rewri
     """A file of the library itself has no sidecar, so no recorded checksum: the bits' own, taken
     at open, is the reference. A rename over the path or a touch changes the open file's identity
     but not its bytes: the guard goes on; an in-place rewrite stops it."""
-    from memfree import pybloom
+    from memfree.filterfile import pybloom
 
     paths = []
     for name, ngrams in (("live", STORED), ("other", OTHER)):
@@ -284,7 +284,7 @@ GUARDED_LOOP = textwrap.dedent(
     import time
     import torch
     from memfree import NgramFilter
-    from memfree.processor import MemFreeLogitsProcessor
+    from memfree.engines.transformers import MemFreeLogitsProcessor
 
     stored = [(1, 2, 3), (2, 3, 4), (3, 4, 5), (4, 5, 1), (5, 1, 2)]
     guard = MemFreeLogitsProcessor(NgramFilter.open(sys.argv[1]), eos_token_id=11)

@@ -26,7 +26,7 @@ from memfree.generation import (
     count_stored_ngrams,
     stored_ngram_counts,
 )
-from memfree.tokenizer import tokenizer_fingerprint
+from memfree.vocab.tokenizer import tokenizer_fingerprint
 
 PROMPTS = ["def add(a, b):", "class Stack:\n    def", "import os\nimport sys\n", "for i in"]
 N = 4

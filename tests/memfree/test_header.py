@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from memfree import NgramFilter
 from memfree.errors import DamagedFilterError, FilterError
-from memfree.header import PAGE_BYTES, hashing_digest
-from memfree.sizing import expected_false_positive_rate
+from memfree.filterfile.header import PAGE_BYTES, hashing_digest
+from memfree.filterfile.sizing import expected_false_positive_rate
 
 PREAMBLE = struct.Struct("<8sIIQ")
 STORED = np.random.default_rng(0).integers(0, 1000, size=(2000, 4))

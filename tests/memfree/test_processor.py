@@ -95,7 +95,7 @@ def test_unigram_and_short_rows(tmp_path: Path) -> None:
 def test_refuses_wrong_tokenizer_and_wrong_n(
     tmp_path: Path, tokenizer_dir: Path, tokenizer: Any
 ) -> None:
-    from memfree.tokenizer import tokenizer_fingerprint
+    from memfree.vocab.tokenizer import tokenizer_fingerprint
 
     filt = make_filter(
         tmp_path / "f.memfree",
@@ -154,7 +154,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_pybloom_interchange_filter_guards_the_same(tmp_path: Path) -> None:
-    from memfree.pybloom import PybloomWriter
+    from memfree.filterfile.pybloom import PybloomWriter
 
     stored = np.array([[0, 1, 2], [0, 1, 3], [3, 3, 0]])
     writer = PybloomWriter(10, 1e-9, 0)

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree import pybloom, pybloom_hash
+from memfree.filterfile import pybloom, pybloom_hash
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
-from memfree.filter import NgramFilter, NgramSet
+from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.protocol import NgramSet
 
 SEEDS = [0, 1, 0xDEADBEEF, 0xFFFFFFFF, 12345]
 

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
+from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.errors import DamagedFilterError
-from memfree.header import MAX_NGRAM_SIZE
-from memfree.processor import MemFreeLogitsProcessor
-from memfree.sizing import expected_false_positive_rate
-from memfree.vocab_bytes import UnsupportedTokenizerError, token_bytes
-from memfree.words import NORMALIZER, words
+from memfree.filterfile.header import MAX_NGRAM_SIZE
+from memfree.filterfile.sizing import expected_false_positive_rate
+from memfree.vocab.token_bytes import UnsupportedTokenizerError, token_bytes
+from memfree.vocab.words import NORMALIZER, words
 from tests.memfree.test_header import STORED, read_header, rewrite
 
 SLOW = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
@@ -344,7 +344,7 @@ def test_info_names_ngram_size_for_a_native_filter(
 def test_info_refuses_an_impossible_ngram_size_for_a_pybloom_file(
     tmp_path: Path, size: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from memfree import pybloom
+    from memfree.filterfile import pybloom
 
     writer = pybloom.PybloomWriter(100, 0.01, hash_seed=1)
     writer.add_ngrams(np.array([[1, 2, 3]]))
@@ -360,7 +360,7 @@ def test_info_refuses_an_impossible_ngram_size_for_a_pybloom_file(
 
 
 def test_a_pybloom_sidecar_with_an_impossible_n_is_damaged(tmp_path: Path) -> None:
-    from memfree import pybloom
+    from memfree.filterfile import pybloom
 
     writer = pybloom.PybloomWriter(100, 0.01, hash_seed=1)
     writer.add_ngrams(np.array([[1, 2, 3]]))

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from memfree import GuardStats, MemFreeLogitsProcessor, NgramFilter
-from memfree.words import word_filter_from_texts
+from memfree.testing import word_filter_from_texts
 
 N = 3
 MODES: dict[str, dict[str, Any]] = {

@@ -16,12 +16,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.filter import NgramFilter
+from memfree.engines.transformers import MemFreeLogitsProcessor
+from memfree.filterfile.native import NgramFilter
 from memfree.generation import stored_ngram_counts
-from memfree.processor import MemFreeLogitsProcessor
-from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
+from memfree.testing import word_filter_from_texts
 from memfree.units import TOKEN, WORD
-from memfree.words import word_filter_from_texts
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 
 TEXT = "the quick brown fox jumps over the lazy dog"
 N = 3

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memfree.tokenizer import (
+from memfree.vocab.tokenizer import (
     TokenizerNotFoundError,
     default_gguf_path,
     load_tokenizer,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from memfree.errors import FilterMismatchError
-from memfree.filter import NgramFilter
-from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
 from memfree.units import (
     TOKEN,
     UNIT_NAMES,
@@ -26,7 +26,8 @@ from memfree.units import (
     get_unit,
     unit_of,
 )
-from memfree.words import NORMALIZER, text_word_hashes, word_filter_from_texts, word_metadata
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+from memfree.vocab.words import NORMALIZER, text_word_hashes, word_metadata
 
 TEXTS = ["def add(a, b):\n    return a + b\n", "", "the quick brown fox ünïcode", "x" * 300]
 

@@ -1,7 +1,7 @@
 """The word guard: exact against a text-level reference, for every tokenizer family.
 
 The reference reads text the way a user does: ``tokenizer.decode`` (special tokens skipped),
-normalized by :func:`memfree.words.words`. A stored word n-gram is one of the exact set built from
+normalized by :func:`memfree.vocab.words.words`. A stored word n-gram is one of the exact set built from
 the corpus texts; the filter answers for it with no false negative.
 """
 
@@ -18,16 +18,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memfree.engines.transformers import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
 from memfree.errors import FilterMismatchError
-from memfree.filter import NgramFilter
-from memfree.processor import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
-from memfree.vocab_bytes import UnsupportedTokenizerError, token_bytes
-from memfree.words import (
-    new_word_ngrams,
-    ngram_hash_rows,
-    word_filter_from_texts,
-    word_ngrams,
-)
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
+from memfree.vocab.token_bytes import UnsupportedTokenizerError, token_bytes
+from memfree.vocab.words import new_word_ngrams, ngram_hash_rows, word_ngrams
 from tests.conftest import WORD_TEXTS
 
 STYLES = {
@@ -69,7 +65,7 @@ def word_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[int, NgramFil
 def test_token_bytes_read_as_the_tokenizer_decodes(
     family: str, data: Any, word_tokenizers: dict[str, Any], default_tokenizer: Any
 ) -> None:
-    from memfree.words import words
+    from memfree.vocab.words import words
 
     tok = default_tokenizer if family == "default" else word_tokenizers[family]
     table = _table(tok)

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfree.filter import NgramFilter
-from memfree.words import (
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
+from memfree.vocab.words import (
     NORMALIZER,
     _composition_seconds,
     new_word_ngrams,
     normalize,
     starts_clean,
     text_word_hashes,
-    word_filter_from_texts,
     word_hash,
     word_hashes_np,
     word_ngrams,
@@ -72,8 +72,8 @@ def test_vectorized_word_hashes_equal_the_reference(found: list[str]) -> None:
 def test_word_hashes_are_pinned() -> None:
     # Filters on disk depend on these values: a change here needs a new NORMALIZER version.
     assert word_hash("float") == 0x0EA947EE3067A2EC
-    from memfree.hashing import fmix64_reference
-    from memfree.words import WORD_MULTIPLIER, WORD_OFFSET
+    from memfree.filterfile.hashing import fmix64_reference
+    from memfree.vocab.words import WORD_MULTIPLIER, WORD_OFFSET
 
     poly = sum(byte * pow(WORD_MULTIPLIER, i, 1 << 64) for i, byte in enumerate(b"float"))
     assert word_hash("float") == fmix64_reference((poly + WORD_OFFSET) % (1 << 64))
@@ -150,7 +150,7 @@ def test_word_filter_from_texts(tmp_path: Path) -> None:
     filt = word_filter_from_texts(tmp_path / "w.memfree", texts, 3, min_count=1)
     assert filt.unit == "word" and filt.metadata["normalizer"] == NORMALIZER
     assert len(filt) == 4  # the quick brown (twice), quick brown fox, brown fox jumps, ...cat
-    from memfree.words import ngram_hash_rows
+    from memfree.vocab.words import ngram_hash_rows
 
     found = filt.contains(ngram_hash_rows([("THE", "quick", "brown"), ("fox", "jumps", "over")]))
     # ngram_hash_rows hashes words as given: callers pass normalized words.

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from memfree.filter import NgramFilter
-from memfree.processor import MemFreeLogitsProcessor
-from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
-from memfree.words import word_filter_from_texts
+from memfree.engines.transformers import MemFreeLogitsProcessor
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 
 N = 3
 WIDTH_PAD = 4  # logits wider than the vocabulary, as padded embeddings give

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
+from memfree.engines.llama_cpp import GuardStepError, MemFreeLlamaCppLogitsProcessor
+from memfree.engines.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
 from memfree.errors import FilterChangedError
-from memfree.filter import NgramFilter
-from memfree.integrations.llama_cpp import GuardStepError, MemFreeLlamaCppLogitsProcessor
-from memfree.integrations.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
-from memfree.tokenizer import special_token_ids, tokenizer_fingerprint
-from memfree.words import word_filter_from_texts
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 from tests.memfree.test_filter_changed import overwrite, zeroed_bytes
 
 TEXTS = [

@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memfree.engines.llama_cpp import GuardStepError, MemFreeLlamaCppLogitsProcessor
 from memfree.errors import FilterError, FilterMismatchError
-from memfree.integrations.llama_cpp import GuardStepError, MemFreeLlamaCppLogitsProcessor
 from memfree.units import get_unit
 
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import torch
 
+from memfree.engines.policy import ServingConfig, ServingConfigError, requested_guard
+from memfree.engines.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
+from memfree.engines.vllm_common import RequestPolicy
 from memfree.errors import FilterError, FilterMismatchError
-from memfree.filter import NgramFilter
-from memfree.integrations.policy import ServingConfig, ServingConfigError, requested_guard
-from memfree.integrations.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
-from memfree.integrations.vllm_common import RequestPolicy
+from memfree.filterfile.native import NgramFilter
 
 
 @pytest.mark.parametrize(

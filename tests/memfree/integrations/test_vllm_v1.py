@@ -19,7 +19,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.integrations.vllm import MemFreeV1LogitsProcessor
+from memfree.engines.vllm import MemFreeV1LogitsProcessor
 from memfree.units import get_unit
 
 

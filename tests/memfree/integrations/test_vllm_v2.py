@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.integrations.vllm import MemFreeV2LogitsProcessor
+from memfree.engines.vllm import MemFreeV2LogitsProcessor
 
 SLOTS, MAX_LEN = 6, 48
 

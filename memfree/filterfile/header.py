@@ -19,10 +19,10 @@ The same inputs give the same bytes: there is no wall-clock field.
 The metadata checksum only proves that the header is the one that was written last, not that it
 is sane: an edited header with its checksum recomputed must still never crash a reader, never
 make the guard miss a stored n-gram and never yield a filter that silently blocks nothing. So every
-field the readers rely on is checked (:mod:`memfree.header_fields`), the false-positive rate the
+field the readers rely on is checked (:mod:`memfree.filterfile.header_fields`), the false-positive rate the
 header states is recomputed from its sizes, and (when the bits are verified) the share of set bits
 is compared with what the header's n-gram count and probe count must produce
-(:mod:`memfree.header_bits`). An edited seed or n shows in no bit, so the header must also carry
+(:mod:`memfree.filterfile.header_bits`). An edited seed or n shows in no bit, so the header must also carry
 ``hashing_xxh3``, binding the bits' checksums to the parameters that placed them: a header without
 it is refused (rebuild the file), as is one it does not match.
 """
@@ -40,7 +40,7 @@ import numpy as np
 import xxhash
 
 from memfree.errors import DamagedFilterError, FilterError
-from memfree.header_bits import (
+from memfree.filterfile.header_bits import (
     binding_problem,
     bits_checksum,
     bits_problem,
@@ -48,7 +48,7 @@ from memfree.header_bits import (
     fill_problem,
     hashing_digest,
 )
-from memfree.header_fields import LAYOUT, MAX_BLOCKS, MAX_NGRAM_SIZE, check_metadata
+from memfree.filterfile.header_fields import LAYOUT, MAX_BLOCKS, MAX_NGRAM_SIZE, check_metadata
 
 MAGIC = b"MEMFREE\x00"
 FORMAT_VERSION = 1
@@ -159,7 +159,7 @@ def verify_bits(
     path: Path, metadata: dict[str, Any], words: np.ndarray, prefix_words: np.ndarray | None
 ) -> None:
     """Check the bit arrays against the header: their checksums, then their share of set bits,
-    then the hashing binding (see :func:`memfree.header_bits.bits_problem`).
+    then the hashing binding (see :func:`memfree.filterfile.header_bits.bits_problem`).
 
     Args:
         path: the file (named in errors).
@@ -188,8 +188,8 @@ def check_hashing_binding(path: Path, metadata: dict[str, Any]) -> None:
         raise damaged_error(path, problem)
 
 
-# The layout and the readers here; the names re-exported from memfree.header_fields and
-# memfree.header_bits keep their old import path.
+# The layout and the readers here; the names re-exported from memfree.filterfile.header_fields and
+# memfree.filterfile.header_bits keep their old import path.
 __all__ = [
     "FORMAT_VERSION",
     "LAYOUT",

@@ -1,14 +1,14 @@
 """A filter header's metadata checked field by field: types, ranges, agreement between fields, and
 the expected false-positive rate recomputed from the sizes it states (the layout is in
-:mod:`memfree.header`)."""
+:mod:`memfree.filterfile.header`)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, TypeGuard
 
-from memfree.hashing import BLOCK_BITS, HASH_SCHEME, MAX_PROBES
-from memfree.sizing import expected_false_positive_rate
+from memfree.filterfile.hashing import BLOCK_BITS, HASH_SCHEME, MAX_PROBES
+from memfree.filterfile.sizing import expected_false_positive_rate
 
 LAYOUT = "blocked-512"
 MAX_NGRAM_SIZE = 64

@@ -1,4 +1,4 @@
-"""Writing memfree's filter file (layout in :mod:`memfree.filter`): the blocked bit arrays, the
+"""Writing memfree's filter file (layout in :mod:`memfree.filterfile.native`): the blocked bit arrays, the
 header that records what produced them, and one atomic, deterministic write of both.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from memfree.fileio import PendingFile
-from memfree.hashing import (
+from memfree.filterfile.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
     HASH_SCHEME,
@@ -24,7 +24,7 @@ from memfree.hashing import (
     fingerprints_np,
     probe_positions_np,
 )
-from memfree.header import (
+from memfree.filterfile.header import (
     FORMAT_VERSION,
     LAYOUT,
     MAGIC,
@@ -33,7 +33,7 @@ from memfree.header import (
     hashing_digest,
     page_round,
 )
-from memfree.sizing import choose_size, expected_false_positive_rate
+from memfree.filterfile.sizing import choose_size, expected_false_positive_rate
 
 # The prefix section only decides when the guard may skip a row, so a looser rate than the
 # n-gram array's keeps it small (about 10 bits per prefix) while still skipping 99% of the
@@ -43,7 +43,7 @@ DEFAULT_PREFIX_FALSE_POSITIVE_RATE = 0.01
 
 @dataclass(frozen=True)
 class PrefixSection:
-    """Shape of a filter file's prefix section (see :mod:`memfree.filter`)."""
+    """Shape of a filter file's prefix section (see :mod:`memfree.filterfile.native`)."""
 
     num_blocks: int
     num_probes: int
@@ -223,7 +223,7 @@ def write_ngrams(
 ) -> Path:
     """Write a filter file holding exactly the given n-grams (deduplicated), atomically.
 
-    The body of :meth:`memfree.filter.NgramFilter.from_ngrams`, which documents the arguments.
+    The body of :meth:`memfree.filterfile.native.NgramFilter.from_ngrams`, which documents the arguments.
 
     Args:
         path: output path.

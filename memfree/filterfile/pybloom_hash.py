@@ -10,7 +10,7 @@ import math
 import numpy as np
 import xxhash
 
-from memfree.hashing import fmix64_np
+from memfree.filterfile.hashing import fmix64_np
 
 MAX_HASHES = 256  # hash_seeds[256] in the library's struct _BloomFilter
 _C1, _C2 = np.uint64(0x87C37B91114253D5), np.uint64(0x4CF5AD432745937F)

@@ -15,14 +15,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from memfree.guard import GuardSetup, ban_scores, fail_closed
+from memfree.engines.setup import GuardSetup, ban_scores, fail_closed
 
 
 class RowGuard:
     """The guard core over ragged rows of token ids.
 
     Args:
-        setup: the guard's checked settings and core (:class:`~memfree.guard.GuardSetup`).
+        setup: the guard's checked settings and core (:class:`~memfree.engines.setup.GuardSetup`).
     """
 
     def __init__(self, setup: GuardSetup) -> None:
@@ -101,7 +101,7 @@ class RowGuard:
 
         Raises:
             FilterChangedError: the filter file was rewritten in place (see
-                :mod:`memfree.filewatch`); the adapter fails the step closed.
+                :mod:`memfree.filterfile.filewatch`); the adapter fails the step closed.
         """
         device = torch.device(device)
         contexts, checked, closed = self.contexts(rows, guarded)

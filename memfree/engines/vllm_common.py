@@ -1,5 +1,5 @@
 """What both vLLM adapters share: the guard built from the engine's configuration and tokenizer,
-and the per-request decision (see :mod:`memfree.integrations.policy`).
+and the per-request decision (see :mod:`memfree.engines.policy`).
 
 vLLM calls a logits processor's ``apply()`` inside the engine's step, where an exception kills the
 engine. So everything that can fail (the configuration, the filter file, its tokenizer fingerprint
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memfree.engines.policy import ServingConfig, ServingConfigError, requested_guard
+from memfree.engines.rows import RowGuard
+from memfree.engines.setup import GuardSetup, fail_closed
 from memfree.errors import FilterChangedError, FilterError
-from memfree.guard import GuardSetup, fail_closed
-from memfree.integrations.policy import ServingConfig, ServingConfigError, requested_guard
-from memfree.integrations.rows import RowGuard
 
 if TYPE_CHECKING:
     import numpy as np
@@ -41,7 +41,7 @@ def engine_tokenizer(vllm_config: Any) -> Any:
     try:
         from vllm.tokenizers import cached_tokenizer_from_config
     except ImportError:
-        from memfree.tokenizer import load_tokenizer
+        from memfree.vocab.tokenizer import load_tokenizer
 
         return load_tokenizer(model_config.tokenizer)
     return cached_tokenizer_from_config(model_config)

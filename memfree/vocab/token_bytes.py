@@ -161,7 +161,7 @@ def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> list[bytes | N
     Raises:
         UnsupportedTokenizerError: a slow tokenizer, or a decoder memfree cannot read exactly.
     """
-    from memfree.tokenizer import special_token_ids
+    from memfree.vocab.tokenizer import special_token_ids
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__

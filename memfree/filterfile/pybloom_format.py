@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from memfree.header_fields import MAX_NGRAM_SIZE
-from memfree.pybloom_hash import MAX_HASHES
+from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
+from memfree.filterfile.pybloom_hash import MAX_HASHES
 
 MAGIC = b"MBITARRAY"
 LAYOUT = "pybloomfiltermmap3"

@@ -15,33 +15,31 @@ So ``"# float Q_sqrt( float NUMBER )"`` and ``"float q_sqrt(float number)"`` are
 A word's hash is the murmur3 finalizer of a little-endian polynomial over its UTF-8 bytes,
 ``sum(byte[i] * WORD_MULTIPLIER**i) mod 2**64``: the guard extends a partial word by a token's
 bytes with one multiply-add. A word n-gram's fingerprint is the token unit's Horner fingerprint
-(:mod:`memfree.hashing`) over word hashes in place of token ids, so the filter file, its probes
+(:mod:`memfree.filterfile.hashing`) over word hashes in place of token ids, so the filter file, its probes
 and its prefix section are the token unit's.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import unicodedata
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from memfree.hashing import (
+from memfree.filterfile.hashing import (
     DEFAULT_HASH_SEED,
     MASK64,
     fmix64_np,
     fmix64_reference,
 )
-from memfree.sliding import sliding_fingerprints_np
+from memfree.filterfile.sliding import sliding_fingerprints_np
 
 if TYPE_CHECKING:
-    from memfree.filter import NgramFilter
+    pass
 
 NORMALIZER = "nfkc-casefold-alnum-marks-v1"
 UNICODE_VERSION = unicodedata.unidata_version
@@ -197,39 +195,6 @@ def word_metadata() -> dict[str, str]:
     return {"unit": "word", "normalizer": NORMALIZER, "unicode_version": UNICODE_VERSION}
 
 
-def word_filter_from_texts(
-    path: str | os.PathLike[str],
-    texts: Iterable[str],
-    ngram_size: int,
-    *,
-    min_count: int = 1,
-    false_positive_rate: float = 1e-3,
-    hash_seed: int = DEFAULT_HASH_SEED,
-) -> NgramFilter:
-    """Write a word filter of the word n-grams seen at least ``min_count`` times in ``texts``.
-
-    For small, explicit sets (tests, block lists); corpora go through
-    ``memfree build --unit word``, which gives the same filter for the same texts.
-    """
-    from memfree.filter import NgramFilter
-
-    counts: Counter[tuple[int, ...]] = Counter()
-    for text in texts:
-        hashes = text_word_hashes(text).tolist()
-        counts.update(
-            tuple(hashes[i : i + ngram_size]) for i in range(len(hashes) - ngram_size + 1)
-        )
-    kept = [ngram for ngram, count in counts.items() if count >= min_count]
-    rows = np.array(kept, dtype=np.uint64).reshape(len(kept), ngram_size)
-    return NgramFilter.from_ngrams(
-        path,
-        rows,
-        false_positive_rate=false_positive_rate,
-        hash_seed=hash_seed,
-        metadata={**word_metadata(), "min_count": min_count},
-    )
-
-
 # ------------------------------------------------------------------------------------------------
 # Where normalization may be cut
 
@@ -278,7 +243,6 @@ __all__ = [
     "normalize",
     "starts_clean",
     "text_word_hashes",
-    "word_filter_from_texts",
     "word_hash",
     "word_hashes_np",
     "word_metadata",

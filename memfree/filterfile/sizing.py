@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memfree.hashing import BLOCK_BITS, MAX_PROBES
+from memfree.filterfile.hashing import BLOCK_BITS, MAX_PROBES
 
 
 def expected_false_positive_rate(num_keys: int, num_blocks: int, num_probes: int) -> float:

@@ -1,6 +1,6 @@
 """Opening a native filter file: header, bits and file watch taken from one open file and verified
 before any query, and the check that tells a guard, once the file's identity changed, whether its
-bytes did (:mod:`memfree.filewatch`)."""
+bytes did (:mod:`memfree.filterfile.filewatch`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from memfree.filewatch import FileIdentity, FileWatch
-from memfree.header import (
+from memfree.filterfile.filewatch import FileIdentity, FileWatch
+from memfree.filterfile.header import (
     PREAMBLE,
     bits_checksum,
     check_hashing_binding,
@@ -24,7 +24,7 @@ from memfree.header import (
 
 @dataclass(frozen=True)
 class OpenedFilter:
-    """A native filter file, opened and validated: what :class:`~memfree.filter.NgramFilter` holds
+    """A native filter file, opened and validated: what :class:`~memfree.filterfile.native.NgramFilter` holds
     (the arrays are mapped copy-on-write from the file ``file_watch`` keeps open)."""
 
     metadata: dict[str, Any]  # the validated header metadata

@@ -5,7 +5,7 @@ The transformers :class:`~memfree.MemFreeLogitsProcessor` and the engine adapter
 exempt from the guard, the end-of-sequence ids and the unit's :class:`~memfree.core.Masker`, with
 every argument checked once, at construction. At each step they ask :func:`checked_banned_mask`
 (the masker's answer, read from a filter file that was not rewritten in place meanwhile: see
-:mod:`memfree.filewatch`), then edit the scores with :func:`ban_scores` (blocked tokens at
+:mod:`memfree.filterfile.filewatch`), then edit the scores with :func:`ban_scores` (blocked tokens at
 ``-inf``, end of sequence rescued) or, when a row's context is not known, :func:`fail_closed`
 (nothing but end of sequence).
 """
@@ -22,11 +22,12 @@ import torch
 
 from memfree.core import Masker, exempt_token_ids
 from memfree.errors import FilterMismatchError
-from memfree.filewatch import FileWatch
-from memfree.filter import NgramFilter, NgramSet
-from memfree.tokenizer import check_tokenizer
-from memfree.tokenizer import special_token_ids as tokenizer_special_ids
+from memfree.filterfile import open_filter
+from memfree.filterfile.filewatch import FileWatch
+from memfree.filterfile.protocol import NgramSet
 from memfree.units import Unit, get_unit, unit_of
+from memfree.vocab.tokenizer import check_tokenizer
+from memfree.vocab.tokenizer import special_token_ids as tokenizer_special_ids
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ def checked_banned_mask(
     device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``masker.banned_mask(contexts, vocab_width, device)``, read from bits that were verified
-    before and unchanged after (:meth:`~memfree.filewatch.FileWatch.read`: two ``fstat`` calls).
+    before and unchanged after (:meth:`~memfree.filterfile.filewatch.FileWatch.read`: two ``fstat`` calls).
 
     A masker whose steps on ``device`` read only its own copy of the bits (a filter copied to an
     accelerator at its first step there) is not checked: a change of the file cannot reach it.
@@ -197,22 +198,6 @@ def fail_closed(
     return scores
 
 
-def open_filter(ngram_filter: Any) -> NgramSet:
-    """An open filter, or the one at a path.
-
-    Raises:
-        TypeError: neither a filter nor a path.
-    """
-    if isinstance(ngram_filter, NgramSet):
-        return ngram_filter
-    if not isinstance(ngram_filter, (str, os.PathLike)):
-        raise TypeError(
-            "ngram_filter must be an NgramFilter or the path of a filter file, got "
-            f"{type(ngram_filter).__name__}"
-        )
-    return NgramFilter.open(ngram_filter)
-
-
 def token_ids(name: str, value: Any) -> list[int]:
     """Token ids from None, an int, a numpy or 0-d/1-d torch integer, or an iterable of them.
 
@@ -243,6 +228,5 @@ __all__ = [
     "ban_scores",
     "checked_banned_mask",
     "fail_closed",
-    "open_filter",
     "token_ids",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from memfree.hashing import BLOCK_BITS
+from memfree.filterfile.hashing import BLOCK_BITS
 
 # Set bits may stray from their expectation by block-load variance; 10% and 8 standard
 # deviations never trip on a real filter (tests check filters from 1 to millions of n-grams) and

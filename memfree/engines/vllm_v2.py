@@ -21,14 +21,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.errors import FilterChangedError
-from memfree.guard import ban_scores
-from memfree.integrations.vllm_common import (
+from memfree.engines.setup import ban_scores
+from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
     engine_guard,
     validate_request,
 )
+from memfree.errors import FilterChangedError
 
 try:  # import-light in vLLM (no Triton): the frontend loads it to validate requests
     from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as _V2Base
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - vLLM is optional
 class MemFreeV2LogitsProcessor(_V2Base):
     """MemFree decoding in vLLM's Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``), including
     speculative decoding: each draft token's row is guarded over the committed ids and the drafts
-    before it. Configured like :class:`~memfree.integrations.vllm.MemFreeV1LogitsProcessor`.
+    before it. Configured like :class:`~memfree.engines.vllm.MemFreeV1LogitsProcessor`.
 
     Args:
         vllm_config: the engine's configuration.
@@ -79,7 +79,7 @@ class MemFreeV2LogitsProcessor(_V2Base):
         """The logits (edited in place) with every stored n-gram's last token at ``-inf``.
 
         If the filter file was rewritten in place, every guarded row is closed from then on and
-        the error is logged (see :class:`~memfree.integrations.vllm_common.ChangedFilterGuard`).
+        the error is logged (see :class:`~memfree.engines.vllm_common.ChangedFilterGuard`).
         """
         if not self._guarded[np.asarray(ctx.idx_mapping_np)].any():
             return logits

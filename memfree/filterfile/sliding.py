@@ -1,5 +1,5 @@
 """Fingerprints of every n-gram window of a sequence: the builder's and eval's hot path, with
-the same bits as :func:`memfree.hashing.fingerprints_np` on each window (tested against the
+the same bits as :func:`memfree.filterfile.hashing.fingerprints_np` on each window (tested against the
 Python-integer reference).
 """
 
@@ -9,7 +9,12 @@ import functools
 
 import numpy as np
 
-from memfree.hashing import DEFAULT_HASH_SEED, HORNER_MULTIPLIER, MASK64, fmix64_inplace_np
+from memfree.filterfile.hashing import (
+    DEFAULT_HASH_SEED,
+    HORNER_MULTIPLIER,
+    MASK64,
+    fmix64_inplace_np,
+)
 
 _ONE = np.uint64(1)
 

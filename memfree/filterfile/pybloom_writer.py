@@ -1,6 +1,6 @@
 """Writing a pybloomfiltermmap3 0.6 file of token n-grams and its ``.json`` sidecar, sized as the
 library sizes ``BloomFilter(capacity, error_rate)``, with seeds derived so that the same inputs
-give the same bytes (the reader is :mod:`memfree.pybloom`)."""
+give the same bytes (the reader is :mod:`memfree.filterfile.pybloom`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from memfree.fileio import atomic_write
-from memfree.pybloom_format import (
+from memfree.filterfile.pybloom_format import (
     BF_VERSION,
     BLOOM_STRUCT,
     FILE_PREFIX,
@@ -24,7 +24,7 @@ from memfree.pybloom_format import (
     sidecar_path,
     xxh3_hex,
 )
-from memfree.pybloom_hash import (
+from memfree.filterfile.pybloom_hash import (
     MAX_HASHES,
     derive_seeds,
     expected_false_positive_rate,

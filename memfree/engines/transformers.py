@@ -1,0 +1,243 @@
+"""The decoding guard for transformers: a ``LogitsProcessor`` that removes every token completing a
+stored n-gram (MemFree decoding, Ippolito et al. 2023, Algorithm 1), over the engine-neutral core
+(:mod:`memfree.core`); it adds argument checks, the end-of-sequence rescue and statistics.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+
+from memfree.core import Masker
+from memfree.engines.setup import GuardSetup, ban_scores, checked_banned_mask
+from memfree.engines.stats import GuardStats, StatsRecorder, calling_list
+from memfree.errors import FilterError
+from memfree.filterfile.filewatch import FileWatch
+from memfree.filterfile.protocol import NgramSet
+from memfree.units import Unit, get_unit
+
+try:  # a plain base class keeps the guard importable (and testable) without transformers
+    from transformers import LogitsProcessor as _Base
+except ImportError:  # pragma: no cover - transformers is a hard dependency
+    _Base = object  # type: ignore[assignment,misc]
+
+
+class MemFreeLogitsProcessor(_Base):
+    """Sets to ``-inf`` the score of every token that would complete an n-gram in the filter.
+
+    Pass it to ``generate(logits_processor=[...])``. transformers runs it before the sampling
+    warpers (temperature, top-k, top-p), so blocked tokens are removed before truncation. It works
+    with greedy search, sampling, beam search, left-padded batches and ``num_return_sequences``,
+    on the device of the scores. A word filter (``memfree build --unit word``) gives a guard over
+    normalized words (see :mod:`memfree.core.word`): the filter's ``unit`` picks the core.
+
+    Special tokens (end of sequence, padding, chat markers) never complete an n-gram: they are
+    never blocked, and a window holding one is never checked (the builder never stores such a
+    window). So end-of-sequence always stays allowed; if a row would still end with every score
+    at ``-inf`` (possible only when earlier processors removed everything else), its
+    end-of-sequence score is set to 0.
+
+    Statistics (:attr:`stats`) start anew with each ``generate()`` call, told apart by the
+    ``LogitsProcessorList`` that transformers builds for every call (so a call that continues a
+    previous output starts new statistics too). One guard may serve several threads at once: the
+    masks never depend on earlier steps' statistics, and each thread records its own. Called
+    directly (not from a ``LogitsProcessorList``: unit tests, other engines, continuous batching),
+    a step starts new statistics when the number of rows changes or the rows are not one token
+    longer than at the previous step; call :meth:`reset` between generations that this cannot
+    tell apart. Assisted (speculative) generation also runs the guard inside the assistant's own
+    ``generate()`` calls and on candidate tokens that are later rejected: its statistics describe
+    the latest of those calls, not the output.
+
+    Args:
+        ngram_filter: an :class:`~memfree.NgramFilter` (or another filter format's reader) or the
+            path of a filter file.
+        tokenizer: the model's tokenizer. Its fingerprint must match the filter's (a filter built
+            with another vocabulary would guard nothing); its special tokens are never blocked.
+            Without one, nothing is checked: pass ``special_token_ids`` and ``eos_token_id``. A
+            word filter needs it (the guard reads each token's bytes).
+        ngram_size: the n you expect; refused if the filter holds another n.
+        special_token_ids: more ids that are never blocked and never complete an n-gram.
+        eos_token_id: end-of-sequence id(s) (default: the tokenizer's).
+        pad_token_id: padding id (default: the tokenizer's); treated as special.
+        skip_rows: on CPU, skip rows whose last n-1 tokens begin no stored n-gram (read from the
+            filter's prefix section). Exact: it blocks the same tokens. On CUDA every row is
+            computed densely instead, so that a step never waits for the host.
+        record_stats: keep :class:`GuardStats` (small tensors, one per step).
+        cuda_graphs: on CUDA, capture the step once per (rows, vocabulary) shape as a CUDA graph
+            and replay it (one launch instead of ~80 small kernels; the same masks). Each thread
+            captures its own graphs.
+
+    Raises:
+        FilterMismatchError: tokenizer fingerprint or n differs from the filter's (or, for a word
+            filter, its normalizer).
+        ValueError: a bad argument.
+
+    Example:
+        >>> from memfree import NgramFilter, MemFreeLogitsProcessor  # doctest: +SKIP
+        >>> guard = MemFreeLogitsProcessor(NgramFilter.open("stdlib.memfree"), tokenizer=tok)
+        >>> out = model.generate(**inputs, logits_processor=[guard], max_new_tokens=64)
+        >>> guard.stats.interventions()
+        array([3])
+    """
+
+    unit_name: ClassVar[str | None] = None  # None: the filter's unit picks the core
+
+    def __init__(
+        self,
+        ngram_filter: NgramSet | str | os.PathLike[str],
+        tokenizer: Any = None,
+        *,
+        ngram_size: int | None = None,
+        special_token_ids: Iterable[int] | None = None,
+        eos_token_id: int | Iterable[int] | None = None,
+        pad_token_id: int | None = None,
+        skip_rows: bool = True,
+        record_stats: bool = True,
+        cuda_graphs: bool = True,
+    ) -> None:
+        setup = GuardSetup.create(
+            ngram_filter,
+            tokenizer,
+            unit_name=self.unit_name,
+            ngram_size=ngram_size,
+            special_token_ids=special_token_ids,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            skip_rows=skip_rows,
+            cuda_graphs=cuda_graphs,
+        )
+        self.filter = setup.filter
+        self.n = setup.n
+        self.special_token_ids: tuple[int, ...] = setup.special_token_ids
+        self.eos_token_ids: tuple[int, ...] = setup.eos_token_ids
+        self.skip_rows = bool(skip_rows)
+        self.record_stats = bool(record_stats)
+        self.cuda_graphs = bool(cuda_graphs)
+        self.unit: Unit = setup.unit
+        self.masker: Masker = setup.masker
+        self.file_watch: FileWatch | None = setup.file_watch
+        self._recorder = StatsRecorder()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with no statistics (even shallow copies)."""
+        state = self.__dict__.copy()
+        state["_recorder"] = StatsRecorder()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the core reads token bytes from (word filters), else None."""
+        return getattr(self.masker, "tokenizer", None)
+
+    # -- statistics -------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the calling thread's statistics; its next step starts a new record.
+
+        Each ``generate()`` call starts new statistics by itself; call this between generations
+        that run the guard directly (not from a ``LogitsProcessorList``) when one may continue
+        the other.
+        """
+        self._recorder.reset()
+
+    @property
+    def stats(self) -> GuardStats:
+        """Statistics of the calling thread's latest ``generate()`` call (copied to the host).
+
+        A thread that has not run the guard reads the latest call started by any thread.
+        """
+        return self._recorder.stats()
+
+    # -- the step -----------------------------------------------------------------------------------
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Scores with every token that completes a stored n-gram at ``-inf``.
+
+        Args:
+            input_ids: `(batch, seq_len)` token ids (prompt and generated tokens; beams flattened).
+            scores: `(batch, vocab)` scores of the next token.
+
+        Returns:
+            A new `(batch, vocab)` tensor; ``scores`` is not modified.
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place while the guard had it
+                open (see :mod:`memfree.filterfile.filewatch`). Raised, not swallowed: ``generate()`` stops
+                and nothing the guard did not check is emitted. Replace filters by renaming a new
+                file over the old one; a running guard then keeps the old one.
+        """
+        if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
+            raise ValueError(
+                "expected input_ids (batch, seq_len) and scores (batch, vocab) with the same "
+                f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
+            )
+        caller = calling_list() if self.record_stats else None  # must run in this very frame
+        mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
+        guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
+        if self.record_stats:
+            self._recorder.record(caller, input_ids, scores, mask, checked)
+        return guarded  # type: ignore[return-value]
+
+    def blocked_mask(
+        self, input_ids: torch.Tensor, vocab_size: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Which tokens complete a stored n-gram for each row (the core's ``banned_mask``).
+
+        Args:
+            input_ids: `(batch, seq_len)` token ids.
+            vocab_size: number of candidate tokens (the scores' last dimension).
+            device: where the mask goes (default: that of ``input_ids``).
+
+        Returns:
+            (bool `(batch, vocab_size)` mask of blocked tokens, bool `(batch,)` rows checked).
+
+        Raises:
+            FilterChangedError: the filter file was rewritten in place (see :meth:`__call__`).
+        """
+        return checked_banned_mask(self.masker, self.file_watch, input_ids, vocab_size, device)
+
+    def __repr__(self) -> str:
+        name = (
+            MemFreeWordLogitsProcessor.__name__
+            if isinstance(self, MemFreeWordLogitsProcessor)
+            else type(self).__name__
+        )
+        settings = "".join(f", {key}={value!r}" for key, value in self.masker.describe().items())
+        return (
+            f"{name}(filter={str(self.filter.path)!r}, n={self.n}, "
+            f"special_token_ids={list(self.special_token_ids)}{settings})"
+        )
+
+
+class _UnitGuardType(type):
+    """``isinstance(guard, MemFreeWordLogitsProcessor)`` holds for every guard over a word
+    filter, as it did when ``MemFreeLogitsProcessor(word_filter, ...)`` built that class."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        unit_name = getattr(cls, "unit_name", None)
+        return type.__instancecheck__(cls, instance) or (
+            type.__instancecheck__(MemFreeLogitsProcessor, instance)
+            and unit_name is not None
+            and instance.unit is get_unit(unit_name)
+        )
+
+
+class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor, metaclass=_UnitGuardType):
+    """The guard over a word filter, by name: ``MemFreeLogitsProcessor(word_filter, tokenizer)``
+    gives the same guard. Takes the same arguments; refuses a token filter.
+
+    Raises:
+        FilterMismatchError: the filter is not a word filter, or uses another normalizer.
+        ValueError: no tokenizer.
+    """
+
+    unit_name = "word"
+
+
+__all__ = ["FilterError", "GuardStats", "MemFreeLogitsProcessor", "MemFreeWordLogitsProcessor"]

@@ -1,0 +1,61 @@
+"""What every filter format answers when read (:class:`NgramSet`), and the bit arrays a format in
+memfree's blocked layout hands to the guard core (:class:`BlockedBits`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BlockedBits:
+    """A filter's bit arrays in memfree's blocked layout: what the guard core hashes into.
+
+    A format that stores its n-grams this way (the native one) hands these to the guard, which
+    then queries them on any device; one that does not (pybloomfiltermmap3) answers only
+    :meth:`NgramSet.contains`.
+    """
+
+    words: np.ndarray  # uint64 (num_blocks * 8,), memory-mapped: never write
+    num_probes: int
+    hash_seed: int
+    prefix_words: np.ndarray | None  # the (n-1)-prefix section, None when the file has none
+    prefix_num_probes: int
+
+
+@runtime_checkable
+class NgramSet(Protocol):
+    """What every filter format answers when read: the guard and the evaluation need no more.
+
+    :class:`NgramFilter` (memfree's own file) and
+    :class:`~memfree.filterfile.pybloom.PybloomNgramFilter` (pybloomfiltermmap3 interchange files) implement
+    it; neither subclasses the other.
+    """
+
+    path: Path
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def unit(self) -> str: ...
+    @property
+    def layout(self) -> str: ...
+    @property
+    def metadata(self) -> dict[str, Any]: ...
+    @property
+    def special_token_ids(self) -> tuple[int, ...] | None: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def expected_false_positive_rate(self) -> float: ...
+    def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray: ...
+    def blocked_bits(self) -> BlockedBits | None: ...
+    def __len__(self) -> int: ...
+    def close(self) -> None: ...
+
+
+__all__ = ["BlockedBits", "NgramSet"]

@@ -1,0 +1,51 @@
+"""Helpers for tests and small explicit sets: nothing in a decoding loop or a build uses them.
+
+- :func:`word_filter_from_texts`: a word filter written straight from a few texts (corpora go
+  through ``memfree build --unit word``, which gives the same filter for the same texts).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable
+
+import numpy as np
+
+from memfree.filterfile.hashing import DEFAULT_HASH_SEED
+from memfree.filterfile.native import NgramFilter
+from memfree.vocab.words import text_word_hashes, word_metadata
+
+
+def word_filter_from_texts(
+    path: str | os.PathLike[str],
+    texts: Iterable[str],
+    ngram_size: int,
+    *,
+    min_count: int = 1,
+    false_positive_rate: float = 1e-3,
+    hash_seed: int = DEFAULT_HASH_SEED,
+) -> NgramFilter:
+    """Write a word filter of the word n-grams seen at least ``min_count`` times in ``texts``.
+
+    For small, explicit sets (tests, block lists); corpora go through
+    ``memfree build --unit word``, which gives the same filter for the same texts.
+    """
+    counts: Counter[tuple[int, ...]] = Counter()
+    for text in texts:
+        hashes = text_word_hashes(text).tolist()
+        counts.update(
+            tuple(hashes[i : i + ngram_size]) for i in range(len(hashes) - ngram_size + 1)
+        )
+    kept = [ngram for ngram, count in counts.items() if count >= min_count]
+    rows = np.array(kept, dtype=np.uint64).reshape(len(kept), ngram_size)
+    return NgramFilter.from_ngrams(
+        path,
+        rows,
+        false_positive_rate=false_positive_rate,
+        hash_seed=hash_seed,
+        metadata={**word_metadata(), "min_count": min_count},
+    )
+
+
+__all__ = ["word_filter_from_texts"]
