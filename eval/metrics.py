@@ -197,7 +197,7 @@ def stored_ngrams(
     With ``text``, a token filter counts the n-grams of the decoded text tokenized again, those
     holding a token the output created or changed (needs ``tokenizer``).
     """
-    from memfree.generation import stored_ngram_counts
+    from memfree.units import stored_ngram_counts
 
     return StoredNgrams(
         *stored_ngram_counts(ngram_filter, prompt_ids, output_ids, tokenizer=tokenizer, text=text)

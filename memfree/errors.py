@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import re
+from collections.abc import Mapping
 
 
 class FilterError(ValueError):
@@ -49,3 +51,24 @@ def os_problem(error: OSError) -> str:
         return "no such file"
     reason = error.strerror or str(error)
     return reason[:1].lower() + reason[1:]
+
+
+class SettingError(ValueError):
+    """A setting's value is out of range: the message names the field and the value
+    (``ngram_size must be >= 1, got 0``), in the library's terms. Each command line translates
+    the field names to its flags with :func:`in_flag_terms`."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def in_flag_terms(message: str, flags: Mapping[str, str]) -> str:
+    """A library message in a command line's words: each field name that ``flags`` maps
+    (``{"max_new_tokens": "--max-new-tokens"}``) is replaced by its flag, wherever it stands
+    as a whole name (not inside another name, a path or a flag)."""
+    if not flags:
+        return message
+    names = sorted(flags, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w./-])(" + "|".join(map(re.escape, names)) + r")(?![\w/-])")
+    return pattern.sub(lambda match: flags[match.group(1)], message)

@@ -19,7 +19,7 @@ import torch
 from memfree.engines.stats import GuardStats
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.filterfile.protocol import NgramSet
-from memfree.units import unit_of
+from memfree.units import stored_ngram_counts
 
 MAX_SEED = 2**32 - 1
 
@@ -244,9 +244,9 @@ def complete(
                 interventions=interventions,
             )
             if ngram_filter is not None:
-                count = (ngram_filter, completion.prompt_ids, new_ids, guard, tokenizer)
-                completion.stored_ngrams = stored_ngram_counts(*count)[0]
-                completion.stored_text_ngrams = stored_ngram_counts(*count, text=True)[0]
+                completion.stored_ngrams, completion.stored_text_ngrams = _stored_counts(
+                    ngram_filter, completion.prompt_ids, new_ids, guard, tokenizer
+                )
             results.append(completion)
         if progress is not None:
             progress(len(batch))
@@ -333,44 +333,24 @@ def _strip_after_eos(ids: list[int], eos: int | None, pad: int | None) -> list[i
     return ids
 
 
-def count_stored_ngrams(
+def _stored_counts(
     ngram_filter: NgramSet,
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    guard: MemFreeLogitsProcessor | None = None,
-    tokenizer: Any = None,
-) -> int:
-    """Stored n-grams of ``prompt ‖ output`` that hold at least one output token."""
-    return stored_ngram_counts(ngram_filter, prompt_ids, output_ids, guard, tokenizer)[0]
-
-
-def stored_ngram_counts(
-    ngram_filter: NgramSet,
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    guard: MemFreeLogitsProcessor | None = None,
-    tokenizer: Any = None,
-    *,
-    text: bool = False,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    guard: MemFreeLogitsProcessor | None,
+    tokenizer: Any,
 ) -> tuple[int, int]:
-    """(stored, all) n-grams of ``prompt ‖ output`` that hold at least one output token.
-
-    Windows with a special token the builder cut at (recorded in the filter; else the guard's)
-    are not counted: no such window is stored. With a word filter, the n-grams are those of the
-    decoded text (special tokens skipped) that end at a word the output created or changed; that
-    needs the ``tokenizer`` (or a word guard, which holds it).
-
-    With ``text``, a token filter's n-grams are those of the decoded text tokenized again (what
-    anyone who stores the text sees; the guard's promise is over the generated ids); needs the
-    tokenizer. A word filter's count is the same either way.
-    """
-    special = ngram_filter.special_token_ids
-    if special is None and guard is not None:
-        special = guard.special_token_ids
-    if tokenizer is None and guard is not None:
-        tokenizer = guard.tokenizer
-    unit = unit_of(ngram_filter)
-    count = unit.created_text_ngram_counts if text else unit.created_ngram_counts
-    return count(
-        ngram_filter, prompt_ids, output_ids, special_token_ids=special, tokenizer=tokenizer
-    )
+    """Stored n-grams holding an output token: in its ids, and in its text tokenized again."""
+    special = guard.special_token_ids if guard is not None else None
+    counts = [
+        stored_ngram_counts(
+            ngram_filter,
+            prompt_ids,
+            output_ids,
+            special_token_ids=special,
+            tokenizer=tokenizer,
+            text=text,
+        )[0]
+        for text in (False, True)
+    ]
+    return counts[0], counts[1]

@@ -41,7 +41,8 @@ The builder:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from memfree.units.base import BuildParts, Encoder, EncoderPayload, TextNgrams, Unit
 from memfree.units.token import BatchEncoder, TokenizerPayload, TokenUnit
@@ -83,6 +84,37 @@ def unit_of(ngram_filter: NgramSet) -> Unit:
     return unit
 
 
+def stored_ngram_counts(
+    ngram_filter: NgramSet,
+    prompt_ids: Sequence[int],
+    output_ids: Sequence[int],
+    *,
+    special_token_ids: Sequence[int] | None = None,
+    tokenizer: Any = None,
+    text: bool = False,
+) -> tuple[int, int]:
+    """(stored, all) n-grams of ``prompt ‖ output`` that hold at least one output token, by the
+    filter's unit.
+
+    Windows with a special token the builder cut at (recorded in the filter; else
+    ``special_token_ids``) are not counted: no such window is stored. With a word filter, the
+    n-grams are those of the decoded text (special tokens skipped) that end at a word the output
+    created or changed; that needs the ``tokenizer``.
+
+    With ``text``, a token filter's n-grams are those of the decoded text tokenized again (what
+    anyone who stores the text sees; the guard's promise is over the generated ids); needs the
+    tokenizer. A word filter's count is the same either way.
+    """
+    special = ngram_filter.special_token_ids
+    if special is None and special_token_ids is not None:
+        special = tuple(special_token_ids)
+    unit = unit_of(ngram_filter)
+    count = unit.created_text_ngram_counts if text else unit.created_ngram_counts
+    return count(
+        ngram_filter, prompt_ids, output_ids, special_token_ids=special, tokenizer=tokenizer
+    )
+
+
 __all__ = [
     "TOKEN",
     "UNIT_NAMES",
@@ -99,5 +131,6 @@ __all__ = [
     "WordPayload",
     "WordUnit",
     "get_unit",
+    "stored_ngram_counts",
     "unit_of",
 ]

@@ -23,9 +23,8 @@ from memfree.generation import (
     DecodingSettings,
     Intervention,
     complete,
-    count_stored_ngrams,
-    stored_ngram_counts,
 )
+from memfree.units import stored_ngram_counts
 from memfree.vocab.tokenizer import tokenizer_fingerprint
 
 PROMPTS = ["def add(a, b):", "class Stack:\n    def", "import os\nimport sys\n", "for i in"]
@@ -49,9 +48,9 @@ def own_output_filter(
         metadata={"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)},
     )
     for completion in plain:
-        completion.stored_ngrams = count_stored_ngrams(
+        completion.stored_ngrams = stored_ngram_counts(
             filt, completion.prompt_ids, completion.output_ids
-        )
+        )[0]
     return filt, plain
 
 
@@ -113,7 +112,7 @@ def test_text_streamer_and_pipeline(
     streamed = capsys.readouterr().out
     new = out[0, ids["input_ids"].shape[1] :].tolist()
     assert tokenizer.decode(new).strip() in streamed
-    assert count_stored_ngrams(filt, ids["input_ids"][0].tolist(), new) == 0
+    assert stored_ngram_counts(filt, ids["input_ids"][0].tolist(), new)[0] == 0
 
     generator = pipeline("text-generation", model=tiny_llama, tokenizer=tokenizer, device="cpu")
     result = generator(

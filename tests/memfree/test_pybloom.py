@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.filterfile import pybloom, pybloom_hash
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
+from memfree.filterfile import pybloom, pybloom_hash
 from memfree.filterfile.native import NgramFilter
 from memfree.filterfile.protocol import NgramSet
 

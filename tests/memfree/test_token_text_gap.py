@@ -18,9 +18,8 @@ from hypothesis import strategies as st
 
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.filterfile.native import NgramFilter
-from memfree.generation import stored_ngram_counts
 from memfree.testing import word_filter_from_texts
-from memfree.units import TOKEN, WORD
+from memfree.units import TOKEN, WORD, stored_ngram_counts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 
 TEXT = "the quick brown fox jumps over the lazy dog"
