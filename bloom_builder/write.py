@@ -112,11 +112,11 @@ def write_native(
     writer = FilterFileWriter(output, size.num_blocks, metadata, prefix_section)
     try:
         for task in ngram_tasks:
-            set_fingerprint_bits(writer.words, read_kept(task), size.num_probes)
-        if writer.prefix_words is not None and prefix_section is not None:
+            set_fingerprint_bits(writer.bit_words, read_kept(task), size.num_probes)
+        if writer.prefix_bit_words is not None and prefix_section is not None:
             for task in prefix_tasks:
                 set_fingerprint_bits(
-                    writer.prefix_words, read_kept(task), prefix_section.num_probes
+                    writer.prefix_bit_words, read_kept(task), prefix_section.num_probes
                 )
     except BaseException:
         writer.abort()

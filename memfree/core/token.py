@@ -36,8 +36,8 @@ from memfree.filterfile.protocol import NgramSet
 class _Tables:
     """The filter's bit arrays (and per-vocabulary constants) on one device."""
 
-    words: torch.Tensor | None  # int64 (num_blocks * 8,), None: query on the CPU instead
-    prefix_words: torch.Tensor | None
+    bit_words: torch.Tensor | None  # int64 (num_blocks * 8,), None: query on the CPU instead
+    prefix_bit_words: torch.Tensor | None
     special: torch.Tensor  # int64 ids
     never_blocked: dict[int, torch.Tensor] = field(default_factory=dict)  # width -> bool (V,)
     vocab: dict[int, torch.Tensor] = field(default_factory=dict)  # width -> arange(V)
@@ -100,7 +100,7 @@ class TokenMasker:
         the first step on an accelerator the filter fits), never the mapped filter file."""
         device = torch.device(device)
         tables = self._tables.get(device)
-        return tables is not None and tables.words is not None and device.type != "cpu"
+        return tables is not None and tables.bit_words is not None and device.type != "cpu"
 
     def banned_mask(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
@@ -125,7 +125,7 @@ class TokenMasker:
             return self._generic_mask(contexts, vocab_width, device)
         tables = self._tables_for(device)
         compute_device = device
-        if tables.words is None:  # the filter did not fit on the accelerator
+        if tables.bit_words is None:  # the filter did not fit on the accelerator
             tables, compute_device = self._tables_for(torch.device("cpu")), torch.device("cpu")
         window = contexts[:, length - context :].to(compute_device).long()
         if compute_device.type == "cuda" and self.cuda_graphs:
@@ -155,8 +155,8 @@ class TokenMasker:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The mask and the rows checked, for ``window`` (rows, n-1) int64 on ``compute_device``."""
         batch, context = window.shape
-        words = tables.words
-        assert words is not None
+        bit_words = tables.bit_words
+        assert bit_words is not None
         if tables.special.numel():
             # A broadcast comparison, not torch.isin: isin switches to a sort-based path for
             # larger id sets, and on CUDA that waits for the host.
@@ -164,23 +164,23 @@ class TokenMasker:
         else:
             active = torch.ones(batch, dtype=torch.bool, device=compute_device)
         state = horner_states_torch(window, self._hash_seed)
-        if tables.prefix_words is not None and context > 0:
+        if tables.prefix_bit_words is not None and context > 0:
             found = query_bits_torch(
-                tables.prefix_words, fmix64_torch(state), self._prefix_num_probes
+                tables.prefix_bit_words, fmix64_torch(state), self._prefix_num_probes
             )
             active = active & found
         state = next_token_states_torch(state)
         vocab = self._vocab(tables, vocab_width, compute_device)
         if compute_device.type == "cpu" and self.skip_rows:
-            mask = self._sparse_mask(state, active, vocab_width, words)
+            mask = self._sparse_mask(state, active, vocab_width, bit_words)
         else:  # dense: no data-dependent shapes, so no host synchronisation on an accelerator
             fingerprints = extend_fingerprints_torch(state, vocab)
-            mask = query_bits_torch(words, fingerprints, self._num_probes) & active[:, None]
+            mask = query_bits_torch(bit_words, fingerprints, self._num_probes) & active[:, None]
         mask &= ~self._never_blocked(tables, vocab_width, compute_device)
         return mask, active
 
     def _sparse_mask(
-        self, state: torch.Tensor, active: torch.Tensor, vocab_width: int, words: torch.Tensor
+        self, state: torch.Tensor, active: torch.Tensor, vocab_width: int, bit_words: torch.Tensor
     ) -> torch.Tensor:
         """CPU path: only the active rows, and each candidate only while its probes all hit.
 
@@ -195,7 +195,7 @@ class TokenMasker:
             states = state.numpy().view(np.uint64)[rows]
             fingerprints = extend_fingerprints_np(states, self._candidates(vocab_width))
             index = sparse_members_np(
-                words.numpy().view(np.uint64), fingerprints.reshape(-1), self._num_probes
+                bit_words.numpy().view(np.uint64), fingerprints.reshape(-1), self._num_probes
             )
             rows_of, tokens = np.divmod(index, vocab_width)
             mask[rows[rows_of], tokens] = True
@@ -236,9 +236,9 @@ class TokenMasker:
         if device.type == "cpu":
             bits = self.filter.blocked_bits()
             assert bits is not None  # only blocked filters get tables
-            prefix = bits.prefix_words
+            prefix = bits.prefix_bit_words
             tables = _Tables(
-                torch.from_numpy(bits.words.view(np.int64)),
+                torch.from_numpy(bits.bit_words.view(np.int64)),
                 None if prefix is None else torch.from_numpy(prefix.view(np.int64)),
                 special,
             )
@@ -250,10 +250,10 @@ class TokenMasker:
     def _tables_on_accelerator(self, device: torch.device, special: torch.Tensor) -> _Tables:
         cpu = self._tables_for(torch.device("cpu"))
         try:
-            assert cpu.words is not None
-            words = cpu.words.to(device)
-            prefix = cpu.prefix_words.to(device) if cpu.prefix_words is not None else None
-            return _Tables(words, prefix, special.to(device))
+            assert cpu.bit_words is not None
+            bit_words = cpu.bit_words.to(device)
+            prefix = cpu.prefix_bit_words.to(device) if cpu.prefix_bit_words is not None else None
+            return _Tables(bit_words, prefix, special.to(device))
         except torch.OutOfMemoryError:
             if not self._cpu_fallback_warned:
                 warnings.warn(

@@ -69,11 +69,11 @@ class WordBits:
 
     def prefix_found(self, fingerprints: np.ndarray) -> np.ndarray:
         """Whether each (n-1)-word prefix fingerprint may begin a stored n-gram; bool `(N,)`."""
-        prefix_words = self.bits.prefix_words
-        if prefix_words is None or self.n == 1:
+        prefix_bit_words = self.bits.prefix_bit_words
+        if prefix_bit_words is None or self.n == 1:
             return np.ones(fingerprints.shape[0], dtype=bool)
         found = np.zeros(fingerprints.shape[0], dtype=bool)
-        found[sparse_members_np(prefix_words, fingerprints, self.bits.prefix_num_probes)] = True
+        found[sparse_members_np(prefix_bit_words, fingerprints, self.bits.prefix_num_probes)] = True
         return found
 
 
@@ -125,7 +125,7 @@ class _Lookups:
                 keep[start_at : start_at + size] = found[position : position + size]
                 position += size
         bits = word_bits.bits
-        hits = np.flatnonzero(keep)[sparse_members_np(bits.words, full[keep], bits.num_probes)]
+        hits = np.flatnonzero(keep)[sparse_members_np(bits.bit_words, full[keep], bits.num_probes)]
         own = hits[tokens[hits] >= 0]
         mask[row_of[own], tokens[own]] = True
         if self.shared:

@@ -132,26 +132,28 @@ def fmix64_inplace_np(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def sparse_members_np(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
+def sparse_members_np(
+    bit_words: np.ndarray, fingerprints: np.ndarray, num_probes: int
+) -> np.ndarray:
     """Indices of the fingerprints whose probes are all set in a blocked bit array.
 
     The same answer as :func:`query_bits_np`, faster for many candidates: a candidate drops at
     its first unset probe (about half drop per probe), so later probes look at fewer.
     """
     fingerprints = np.asarray(fingerprints, dtype=np.uint64)
-    words = words.view(np.ndarray)  # a memmap's __getitem__ costs more than the lookup
+    bit_words = bit_words.view(np.ndarray)  # a memmap's __getitem__ costs more than the lookup
     index = np.arange(fingerprints.shape[0])
     if not index.size:
         return index
     shift = np.uint64(_PROBE_SHIFT)
     with np.errstate(over="ignore"):
-        num_blocks = np.uint64(words.shape[0] // WORDS_PER_BLOCK)
+        num_blocks = np.uint64(bit_words.shape[0] // WORDS_PER_BLOCK)
         base = (((fingerprints >> _U32) * num_blocks) >> _U32) * np.uint64(WORDS_PER_BLOCK)
         for probe in range(num_probes):
             offset = (fingerprints * np.uint64(PROBE_MULTIPLIERS[probe])) >> shift
             # int64 indices: numpy casts uint64 ones element by element (about 3x slower).
             index_words = (base + (offset >> _U6)).view(np.int64)
-            keep = np.flatnonzero((words[index_words] >> (offset & _U63)) & _U1)
+            keep = np.flatnonzero((bit_words[index_words] >> (offset & _U63)) & _U1)
             fingerprints, base, index = fingerprints[keep], base[keep], index[keep]
             if not keep.size:
                 break
@@ -227,11 +229,11 @@ def probe_offsets_np(fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
     return offsets.T  # a view: one contiguous row per probe was cheaper to fill
 
 
-def query_bits_np(words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
+def query_bits_np(bit_words: np.ndarray, fingerprints: np.ndarray, num_probes: int) -> np.ndarray:
     """Membership of each fingerprint in a blocked bit array of little-endian uint64 words."""
-    num_blocks = words.shape[0] // WORDS_PER_BLOCK
+    num_blocks = bit_words.shape[0] // WORDS_PER_BLOCK
     positions = probe_positions_np(fingerprints, num_blocks, num_probes)
-    found = (words[positions >> 6] >> (positions & 63).astype(np.uint64)) & np.uint64(1)
+    found = (bit_words[positions >> 6] >> (positions & 63).astype(np.uint64)) & np.uint64(1)
     result: np.ndarray = found.astype(bool).all(axis=1)
     return result
 
@@ -314,16 +316,16 @@ def fingerprints_torch(ngrams: torch.Tensor, seed: int = DEFAULT_HASH_SEED) -> t
 
 
 def query_bits_torch(
-    words: torch.Tensor, fingerprints: torch.Tensor, num_probes: int
+    bit_words: torch.Tensor, fingerprints: torch.Tensor, num_probes: int
 ) -> torch.Tensor:
-    """Membership of fingerprints (any shape, int64) in blocked int64 words; bool, same shape."""
-    num_blocks = words.shape[0] // WORDS_PER_BLOCK
+    """Membership of fingerprints (any shape, int64) in blocked int64 bit_words; bool, same shape."""
+    num_blocks = bit_words.shape[0] // WORDS_PER_BLOCK
     block = _lshr(_lshr(fingerprints, 32) * num_blocks, 32)
     base_word = block * WORDS_PER_BLOCK
     found = None
     for probe in range(num_probes):
         offset = _lshr(fingerprints * _signed(PROBE_MULTIPLIERS[probe]), _PROBE_SHIFT)
-        bit = (words[base_word + (offset >> 6)] >> (offset & 63)) & 1
+        bit = (bit_words[base_word + (offset >> 6)] >> (offset & 63)) & 1
         found = bit if found is None else found & bit
     assert found is not None  # num_probes >= 1 is validated when the filter opens
     return found.bool()

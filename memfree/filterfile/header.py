@@ -156,7 +156,7 @@ def read_header(
 
 
 def verify_bits(
-    path: Path, metadata: dict[str, Any], words: np.ndarray, prefix_words: np.ndarray | None
+    path: Path, metadata: dict[str, Any], bit_words: np.ndarray, prefix_bit_words: np.ndarray | None
 ) -> None:
     """Check the bit arrays against the header: their checksums, then their share of set bits,
     then the hashing binding (see :func:`memfree.filterfile.header_bits.bits_problem`).
@@ -164,13 +164,13 @@ def verify_bits(
     Args:
         path: the file (named in errors).
         metadata: its validated header metadata.
-        words: uint64 `(num_bits / 64,)`, the n-gram bit array.
-        prefix_words: uint64 `(prefix num_bits / 64,)`, or None without a prefix section.
+        bit_words: uint64 `(num_bits / 64,)`, the n-gram bit array.
+        prefix_bit_words: uint64 `(prefix num_bits / 64,)`, or None without a prefix section.
 
     Raises:
         DamagedFilterError: the first mismatch, named.
     """
-    problem = bits_problem(metadata, words, prefix_words)
+    problem = bits_problem(metadata, bit_words, prefix_bit_words)
     if problem:
         raise damaged_error(path, problem)
 

@@ -42,7 +42,7 @@ def hashing_digest(metadata: dict[str, Any]) -> str:
 
 
 def bits_problem(
-    metadata: dict[str, Any], words: np.ndarray, prefix_words: np.ndarray | None
+    metadata: dict[str, Any], bit_words: np.ndarray, prefix_bit_words: np.ndarray | None
 ) -> str | None:
     """The first mismatch between a filter's bit arrays and its header, or None.
 
@@ -51,28 +51,28 @@ def bits_problem(
 
     Args:
         metadata: the file's validated header metadata.
-        words: uint64 `(num_bits / 64,)`, the n-gram bit array.
-        prefix_words: uint64 `(prefix num_bits / 64,)`, or None without a prefix section.
+        bit_words: uint64 `(num_bits / 64,)`, the n-gram bit array.
+        prefix_bit_words: uint64 `(prefix num_bits / 64,)`, or None without a prefix section.
 
     Returns:
         A sentence naming the problem, or None when the bits agree with the header.
     """
-    if bits_checksum(words) != metadata["bits_xxh3"]:
+    if bits_checksum(bit_words) != metadata["bits_xxh3"]:
         return "bit array checksum mismatch"
     prefix: dict[str, Any] = metadata.get("prefix") or {}
-    if prefix_words is not None and bits_checksum(prefix_words) != prefix["bits_xxh3"]:
+    if prefix_bit_words is not None and bits_checksum(prefix_bit_words) != prefix["bits_xxh3"]:
         return "prefix bit array checksum mismatch"
     problem = fill_problem(
         "the bit array",
-        count_set_bits(words),
+        count_set_bits(bit_words),
         metadata["num_ngrams"],
         metadata["num_bits"],
         metadata["num_probes"],
     )
-    if not problem and prefix_words is not None:
+    if not problem and prefix_bit_words is not None:
         problem = fill_problem(
             "the prefix section",
-            count_set_bits(prefix_words),
+            count_set_bits(prefix_bit_words),
             prefix["num_prefixes"],
             prefix["num_bits"],
             prefix["num_probes"],
@@ -94,16 +94,16 @@ def binding_problem(metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def bits_checksum(words: np.ndarray) -> str:
+def bits_checksum(bit_words: np.ndarray) -> str:
     """The xxh3-64 hex digest of a bit array's bytes, as the header records it."""
-    return xxhash.xxh3_64_hexdigest(words.data.cast("B"))
+    return xxhash.xxh3_64_hexdigest(bit_words.data.cast("B"))
 
 
-def count_set_bits(words: np.ndarray, chunk_words: int = 1 << 20) -> int:
+def count_set_bits(bit_words: np.ndarray, chunk_words: int = 1 << 20) -> int:
     """Number of set bits in a uint64 array (in bounded-memory chunks)."""
     total = 0
-    for begin in range(0, words.shape[0], chunk_words):
-        part = np.asarray(words[begin : begin + chunk_words]).view(np.uint64)
+    for begin in range(0, bit_words.shape[0], chunk_words):
+        part = np.asarray(bit_words[begin : begin + chunk_words]).view(np.uint64)
         if hasattr(np, "bitwise_count"):
             total += int(np.bitwise_count(part).sum(dtype=np.int64))
         else:  # numpy < 2.0

@@ -46,13 +46,13 @@ class NgramFilter:
     def __init__(
         self,
         path: Path,
-        words: np.ndarray,
+        bit_words: np.ndarray,
         metadata: dict[str, Any],
-        prefix_words: np.ndarray | None = None,
+        prefix_bit_words: np.ndarray | None = None,
     ) -> None:
         self.path = path
-        self._words = words
-        self._prefix_words = prefix_words
+        self._bit_words = bit_words
+        self._prefix_bit_words = prefix_bit_words
         self._metadata = metadata
         prefix = metadata.get("prefix") or {}
         self.prefix_num_probes: int = int(prefix.get("num_probes", 0))
@@ -90,7 +90,7 @@ class NgramFilter:
     @classmethod
     def _open_native(cls, path: Path, verify: bool) -> NgramFilter:
         opened = open_native(path, verify)
-        filt = cls(path, opened.words, opened.metadata, opened.prefix_words)
+        filt = cls(path, opened.bit_words, opened.metadata, opened.prefix_bit_words)
         filt.file_watch = opened.file_watch
         return filt
 
@@ -103,18 +103,18 @@ class NgramFilter:
     def create(
         cls,
         path: str | os.PathLike[str],
-        words: np.ndarray,
+        bit_words: np.ndarray,
         metadata: Mapping[str, Any],
     ) -> NgramFilter:
         """Write a filter file atomically (temporary name, then rename) and open it.
 
         Args:
             path: output path; never left half-written.
-            words: uint64 array `(num_blocks * 8,)` of bit words.
+            bit_words: uint64 array `(num_blocks * 8,)` of bit words.
             metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``; layout,
                 sizes, expected false-positive rate and checksum are filled in here.
         """
-        return cls._open_written(write_filter(path, words, metadata))
+        return cls._open_written(write_filter(path, bit_words, metadata))
 
     @classmethod
     def from_ngrams(
@@ -173,7 +173,7 @@ class NgramFilter:
         if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
             raise ValueError("ngrams must hold non-negative integer token ids")
         result = self.contains_fingerprints(fingerprints_np(array, self.hash_seed))
-        if self._prefix_words is not None and self.n > 1:
+        if self._prefix_bit_words is not None and self.n > 1:
             result &= self.contains_prefixes(array[:, :-1])
         return result[0] if single else result
 
@@ -196,10 +196,10 @@ class NgramFilter:
             )
         if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
             raise ValueError("prefixes must hold non-negative integer token ids")
-        if self._prefix_words is None or self.n == 1:
+        if self._prefix_bit_words is None or self.n == 1:
             return np.ones(array.shape[0], dtype=bool)
         return query_bits_np(
-            self._prefix_words, fingerprints_np(array, self.hash_seed), self.prefix_num_probes
+            self._prefix_bit_words, fingerprints_np(array, self.hash_seed), self.prefix_num_probes
         )
 
     def contains_fingerprints(self, fingerprints: np.ndarray) -> np.ndarray:
@@ -213,7 +213,7 @@ class NgramFilter:
             :meth:`contains` (still no false negatives).
         """
         return query_bits_np(
-            self._words, np.asarray(fingerprints, dtype=np.uint64), self.num_probes
+            self._bit_words, np.asarray(fingerprints, dtype=np.uint64), self.num_probes
         )
 
     # -- properties -----------------------------------------------------------------------------
@@ -224,14 +224,14 @@ class NgramFilter:
         return json.loads(json.dumps(self._metadata))
 
     @property
-    def words(self) -> np.ndarray:
+    def bit_words(self) -> np.ndarray:
         """The bit array as little-endian uint64 words (memory-mapped, do not write)."""
-        return self._words
+        return self._bit_words
 
     @property
-    def prefix_words(self) -> np.ndarray | None:
+    def prefix_bit_words(self) -> np.ndarray | None:
         """The prefix section's uint64 words, or None when the file has none."""
-        return self._prefix_words
+        return self._prefix_bit_words
 
     @property
     def special_token_ids(self) -> tuple[int, ...] | None:
@@ -247,12 +247,16 @@ class NgramFilter:
     def blocked_bits(self) -> BlockedBits:
         """The bit arrays and probe counts, for the guard core (see :class:`BlockedBits`)."""
         return BlockedBits(
-            self._words, self.num_probes, self.hash_seed, self._prefix_words, self.prefix_num_probes
+            self._bit_words,
+            self.num_probes,
+            self.hash_seed,
+            self._prefix_bit_words,
+            self.prefix_num_probes,
         )
 
     @property
     def has_prefix_section(self) -> bool:
-        return self._prefix_words is not None
+        return self._prefix_bit_words is not None
 
     @property
     def layout(self) -> str:
@@ -279,7 +283,7 @@ class NgramFilter:
     def close(self) -> None:
         """Drop the mapping (queries after this fail)."""
         still_mapped = False
-        for array in (self._words, self._prefix_words):
+        for array in (self._bit_words, self._prefix_bit_words):
             mapping = getattr(array, "_mmap", None)
             if mapping is not None:
                 # Another view (e.g. a torch tensor) may still use it; it then closes with it.
@@ -289,9 +293,9 @@ class NgramFilter:
                     still_mapped = True
         if self.file_watch is not None and not still_mapped:
             self.file_watch.close()  # a guard still reading the pages keeps checking them
-        self._words = np.empty(0, dtype=np.uint64)
-        if self._prefix_words is not None:
-            self._prefix_words = np.empty(0, dtype=np.uint64)
+        self._bit_words = np.empty(0, dtype=np.uint64)
+        if self._prefix_bit_words is not None:
+            self._prefix_bit_words = np.empty(0, dtype=np.uint64)
 
     def __enter__(self) -> NgramFilter:
         return self

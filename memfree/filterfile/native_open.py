@@ -28,8 +28,8 @@ class OpenedFilter:
     (the arrays are mapped copy-on-write from the file ``file_watch`` keeps open)."""
 
     metadata: dict[str, Any]  # the validated header metadata
-    words: np.ndarray  # uint64 (num_bits / 64,), memory-mapped: never write
-    prefix_words: np.ndarray | None  # uint64 (prefix num_bits / 64,), None without a prefix
+    bit_words: np.ndarray  # uint64 (num_bits / 64,), memory-mapped: never write
+    prefix_bit_words: np.ndarray | None  # uint64 (prefix num_bits / 64,), None without a prefix
     file_watch: FileWatch
 
 
@@ -57,11 +57,11 @@ def open_native(path: Path, verify: bool) -> OpenedFilter:
         num_words = int(metadata["num_bits"]) // 64
         # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy
         # while the file itself can never be changed through this mapping.
-        words = np.memmap(handle, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
+        bit_words = np.memmap(handle, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
         prefix = metadata.get("prefix")
-        prefix_words = None
+        prefix_bit_words = None
         if prefix:
-            prefix_words = np.memmap(
+            prefix_bit_words = np.memmap(
                 handle,
                 dtype="<u8",
                 mode="c",
@@ -69,22 +69,24 @@ def open_native(path: Path, verify: bool) -> OpenedFilter:
                 shape=(int(prefix["num_bits"]) // 64,),
             )
         if verify:
-            verify_bits(path, metadata, words, prefix_words)
+            verify_bits(path, metadata, bit_words, prefix_bit_words)
         else:  # the binding reads only the header: an edited seed or n never opens unverified
             check_hashing_binding(path, metadata)
     except BaseException:
         handle.close()
         raise
-    intact = intact_check(handle, header, metadata, words, prefix_words)
-    return OpenedFilter(metadata, words, prefix_words, FileWatch(path, handle, identity, intact))
+    intact = intact_check(handle, header, metadata, bit_words, prefix_bit_words)
+    return OpenedFilter(
+        metadata, bit_words, prefix_bit_words, FileWatch(path, handle, identity, intact)
+    )
 
 
 def intact_check(
     handle: BinaryIO,
     header: bytes,
     metadata: dict[str, Any],
-    words: np.ndarray,
-    prefix_words: np.ndarray | None,
+    bit_words: np.ndarray,
+    prefix_bit_words: np.ndarray | None,
 ) -> Callable[[], str | None]:
     """What tells a guard, once the file's identity changed, whether its bytes did: the header's
     bytes as opened, and the bit arrays against the checksums it records. (It holds the arrays,
@@ -95,9 +97,9 @@ def intact_check(
     def problem() -> str | None:
         if os.pread(handle.fileno(), len(header), 0) != header:
             return "its header changed"
-        if bits_checksum(words) != checksum:
+        if bits_checksum(bit_words) != checksum:
             return "its bit array changed"
-        if prefix_words is not None and bits_checksum(prefix_words) != prefix_checksum:
+        if prefix_bit_words is not None and bits_checksum(prefix_bit_words) != prefix_checksum:
             return "its prefix section changed"
         return None
 

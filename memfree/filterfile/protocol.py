@@ -20,10 +20,10 @@ class BlockedBits:
     :meth:`NgramSet.contains`.
     """
 
-    words: np.ndarray  # uint64 (num_blocks * 8,), memory-mapped: never write
+    bit_words: np.ndarray  # uint64 (num_blocks * 8,), memory-mapped: never write
     num_probes: int
     hash_seed: int
-    prefix_words: np.ndarray | None  # the (n-1)-prefix section, None when the file has none
+    prefix_bit_words: np.ndarray | None  # the (n-1)-prefix section, None when the file has none
     prefix_num_probes: int
 
 

@@ -59,7 +59,7 @@ class FilterFileWriter:
         path: final output path.
         num_blocks: 512-bit blocks of the bit array.
         metadata: must hold ``n``, ``num_probes``, ``hash_seed`` and ``num_ngrams``.
-        prefix: shape of the optional prefix section (then :attr:`prefix_words` is writable).
+        prefix: shape of the optional prefix section (then :attr:`prefix_bit_words` is writable).
     """
 
     def __init__(
@@ -100,25 +100,25 @@ class FilterFileWriter:
         self._data_offset = page_round(PREAMBLE.size + len(self._metadata_bytes()))
         self._pending = PendingFile(self.path)
         num_words = num_blocks * WORDS_PER_BLOCK
-        prefix_words = prefix.num_blocks * WORDS_PER_BLOCK if prefix else 0
+        prefix_bit_words = prefix.num_blocks * WORDS_PER_BLOCK if prefix else 0
         try:
             with open(self._pending.temporary, "r+b") as out:
-                out.truncate(self._data_offset + (num_words + prefix_words) * 8)
-            self.words = np.memmap(
+                out.truncate(self._data_offset + (num_words + prefix_bit_words) * 8)
+            self.bit_words = np.memmap(
                 self._pending.temporary,
                 dtype="<u8",
                 mode="r+",
                 offset=self._data_offset,
                 shape=(num_words,),
             )
-            self.prefix_words: np.memmap[Any, Any] | None = None
+            self.prefix_bit_words: np.memmap[Any, Any] | None = None
             if prefix is not None:
-                self.prefix_words = np.memmap(
+                self.prefix_bit_words = np.memmap(
                     self._pending.temporary,
                     dtype="<u8",
                     mode="r+",
                     offset=self._data_offset + num_words * 8,
-                    shape=(prefix_words,),
+                    shape=(prefix_bit_words,),
                 )
         except BaseException:  # e.g. no room for the file: leave no temporary behind
             self.abort()
@@ -136,12 +136,12 @@ class FilterFileWriter:
                 left as it was.
         """
         try:
-            self.words.flush()
-            self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(self.words.data.cast("B"))
-            if self.prefix_words is not None:
-                self.prefix_words.flush()
+            self.bit_words.flush()
+            self.metadata["bits_xxh3"] = xxhash.xxh3_64_hexdigest(self.bit_words.data.cast("B"))
+            if self.prefix_bit_words is not None:
+                self.prefix_bit_words.flush()
                 self.metadata["prefix"]["bits_xxh3"] = xxhash.xxh3_64_hexdigest(
-                    self.prefix_words.data.cast("B")
+                    self.prefix_bit_words.data.cast("B")
                 )
             self.metadata["hashing_xxh3"] = hashing_digest(self.metadata)
             raw = self._metadata_bytes()
@@ -150,8 +150,8 @@ class FilterFileWriter:
             if len(header) > self._data_offset:  # the checksums have fixed width
                 raise RuntimeError("filter header grew while writing")
             header += b"\x00" * (self._data_offset - len(header))
-            del self.words
-            self.prefix_words = None
+            del self.bit_words
+            self.prefix_bit_words = None
             with open(self._pending.temporary, "r+b") as out:
                 out.write(header)
             if check is not None:
@@ -164,8 +164,8 @@ class FilterFileWriter:
 
     def abort(self) -> None:
         """Discard the temporary file."""
-        self.__dict__.pop("words", None)
-        self.prefix_words = None
+        self.__dict__.pop("bit_words", None)
+        self.prefix_bit_words = None
         self._pending.discard()
 
     def __enter__(self) -> FilterFileWriter:
@@ -185,30 +185,30 @@ def json_bytes(metadata: Mapping[str, Any]) -> bytes:
 
 def write_filter(
     path: str | os.PathLike[str],
-    words: np.ndarray,
+    bit_words: np.ndarray,
     metadata: Mapping[str, Any],
-    prefix_words: np.ndarray | None = None,
+    prefix_bit_words: np.ndarray | None = None,
     prefix_num_probes: int = 0,
     num_prefixes: int = 0,
 ) -> Path:
-    """Write words (and an optional prefix section) as a filter file, atomically."""
-    arrays = [np.ascontiguousarray(words, dtype="<u8")]
-    if prefix_words is not None:
-        arrays.append(np.ascontiguousarray(prefix_words, dtype="<u8"))
+    """Write bit_words (and an optional prefix section) as a filter file, atomically."""
+    arrays = [np.ascontiguousarray(bit_words, dtype="<u8")]
+    if prefix_bit_words is not None:
+        arrays.append(np.ascontiguousarray(prefix_bit_words, dtype="<u8"))
     for array in arrays:
         if array.ndim != 1 or array.shape[0] == 0 or array.shape[0] % WORDS_PER_BLOCK:
             raise ValueError(
                 f"bit words must be a 1-D array of whole 512-bit blocks, got {array.shape}"
             )
     prefix = None
-    if prefix_words is not None:
+    if prefix_bit_words is not None:
         prefix = PrefixSection(
             arrays[1].shape[0] // WORDS_PER_BLOCK, prefix_num_probes, num_prefixes
         )
     with FilterFileWriter(path, arrays[0].shape[0] // WORDS_PER_BLOCK, metadata, prefix) as writer:
-        writer.words[:] = arrays[0]
-        if writer.prefix_words is not None:
-            writer.prefix_words[:] = arrays[1]
+        writer.bit_words[:] = arrays[0]
+        if writer.prefix_bit_words is not None:
+            writer.prefix_bit_words[:] = arrays[1]
     return writer.path
 
 
@@ -244,7 +244,7 @@ def write_ngrams(
     array = np.unique(array.astype(np.int64), axis=0)
     fingerprints = fingerprints_np(array, hash_seed)
     size = choose_size(array.shape[0], false_positive_rate)
-    words = bits_from_fingerprints(fingerprints, size.num_blocks, size.num_probes)
+    bit_words = bits_from_fingerprints(fingerprints, size.num_blocks, size.num_probes)
     header = {"unit": "token", "n": int(array.shape[1]), "min_count": 1, **(metadata or {})}
     header.update(
         n=int(array.shape[1]),
@@ -253,39 +253,39 @@ def write_ngrams(
         num_ngrams=int(array.shape[0]),
         target_false_positive_rate=false_positive_rate,
     )
-    prefix_words, prefix_probes, num_prefixes = None, 0, 0
+    prefix_bit_words, prefix_probes, num_prefixes = None, 0, 0
     if prefix_false_positive_rate is not None and array.shape[1] > 1:
         prefixes = np.unique(array[:, :-1], axis=0)
         num_prefixes = int(prefixes.shape[0])
         prefix_size = choose_size(num_prefixes, prefix_false_positive_rate)
         prefix_probes = prefix_size.num_probes
-        prefix_words = bits_from_fingerprints(
+        prefix_bit_words = bits_from_fingerprints(
             fingerprints_np(prefixes, hash_seed), prefix_size.num_blocks, prefix_probes
         )
-    return write_filter(path, words, header, prefix_words, prefix_probes, num_prefixes)
+    return write_filter(path, bit_words, header, prefix_bit_words, prefix_probes, num_prefixes)
 
 
 def bits_from_fingerprints(
     fingerprints: np.ndarray, num_blocks: int, num_probes: int
 ) -> np.ndarray:
     """A blocked bit array holding the given fingerprints (uint64 `(num_blocks * 8,)`)."""
-    words = np.zeros(num_blocks * WORDS_PER_BLOCK, dtype=np.uint64)
-    set_fingerprint_bits(words, fingerprints, num_probes)
-    return words
+    bit_words = np.zeros(num_blocks * WORDS_PER_BLOCK, dtype=np.uint64)
+    set_fingerprint_bits(bit_words, fingerprints, num_probes)
+    return bit_words
 
 
 def set_fingerprint_bits(
-    words: np.ndarray, fingerprints: np.ndarray, num_probes: int, chunk: int = 1 << 20
+    bit_words: np.ndarray, fingerprints: np.ndarray, num_probes: int, chunk: int = 1 << 20
 ) -> None:
-    """OR the probe bits of ``fingerprints`` into ``words`` in place, in bounded-memory chunks.
+    """OR the probe bits of ``fingerprints`` into ``bit_words`` in place, in bounded-memory chunks.
 
     Each chunk is sorted first: a fingerprint's block grows with its value, so a sorted chunk's
-    probes fall in a narrow run of blocks, set as one bool per bit and packed into words (about
+    probes fall in a narrow run of blocks, set as one bool per bit and packed into bit_words (about
     4x faster than ``np.bitwise_or.at``). A chunk whose blocks lie too far apart for that (an
     unsorted input much larger than a chunk) takes ``np.bitwise_or.at``. The builder passes
     sorted fingerprints.
     """
-    num_blocks = words.shape[0] // WORDS_PER_BLOCK
+    num_blocks = bit_words.shape[0] // WORDS_PER_BLOCK
     fingerprints = np.asarray(fingerprints, dtype=np.uint64)
     shift = np.uint64(64 - 9)  # a probe's offset: the top 9 bits of fingerprint * multiplier
     for begin in range(0, fingerprints.shape[0], chunk):
@@ -296,7 +296,7 @@ def set_fingerprint_bits(
         first, last = int(blocks[0]), int(blocks[-1])
         # One byte of scratch per bit of the blocks touched: at most what the positions take.
         if (last - first + 1) * BLOCK_BITS > max(16 << 20, 8 * part.shape[0] * num_probes):
-            _or_bits_scattered(words, part, num_blocks, num_probes)
+            _or_bits_scattered(bit_words, part, num_blocks, num_probes)
             continue
         base = (blocks - np.uint64(first)) * np.uint64(BLOCK_BITS)
         scratch = np.zeros((last - first + 1) * BLOCK_BITS, dtype=bool)
@@ -307,14 +307,14 @@ def set_fingerprint_bits(
             position += base
             scratch[position.view(np.int64)] = True  # < 2**55: the same value; intp indexes fastest
         packed = np.packbits(scratch, bitorder="little").view("<u8")
-        words[first * WORDS_PER_BLOCK : (last + 1) * WORDS_PER_BLOCK] |= packed
+        bit_words[first * WORDS_PER_BLOCK : (last + 1) * WORDS_PER_BLOCK] |= packed
 
 
 def _or_bits_scattered(
-    words: np.ndarray, fingerprints: np.ndarray, num_blocks: int, num_probes: int
+    bit_words: np.ndarray, fingerprints: np.ndarray, num_blocks: int, num_probes: int
 ) -> None:
-    """OR the probe bits of fingerprints spread over the whole array into ``words``."""
+    """OR the probe bits of fingerprints spread over the whole array into ``bit_words``."""
     positions = probe_positions_np(fingerprints, num_blocks, num_probes).ravel()
     np.bitwise_or.at(
-        words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64))
+        bit_words, positions >> 6, np.left_shift(np.uint64(1), (positions & 63).astype(np.uint64))
     )

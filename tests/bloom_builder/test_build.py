@@ -492,8 +492,8 @@ def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: 
         ]
     )
     helper = word_filter_from_texts(tmp_path / "h.memfree", texts, 3)
-    assert np.array_equal(built.words, helper.words)
-    assert np.array_equal(built.prefix_words, helper.prefix_words)
+    assert np.array_equal(built.bit_words, helper.bit_words)
+    assert np.array_equal(built.prefix_bit_words, helper.prefix_bit_words)
     twice = build_filter(
         [str(corpus)],
         tmp_path / "w2.memfree",

@@ -148,7 +148,7 @@ def test_a_filter_too_large_for_the_gpu_falls_back_to_the_cpu(tmp_path: Path) ->
     stored = np.array([[1, 2, 3], [4, 5, 6], [1, 2, 7]])
     meta = {"unit": "token", "n": 3, "num_probes": 6, "hash_seed": 0, "num_ngrams": 3}
     with FilterFileWriter(tmp_path / "big.memfree", num_blocks, meta) as writer:
-        set_fingerprint_bits(writer.words, fingerprints_np(stored, 0), 6)
+        set_fingerprint_bits(writer.bit_words, fingerprints_np(stored, 0), 6)
     filt = NgramFilter.open(tmp_path / "big.memfree")
     ids = torch.tensor([[9, 1, 2], [0, 4, 5], [3, 3, 3]], device="cuda")
     scores = torch.zeros(3, 10, device="cuda")

@@ -113,11 +113,11 @@ def test_filter_file_writer_failure_keeps_the_old_filter(tmp_path: Path) -> None
     before = target.read_bytes()
     metadata = {"n": 3, "num_probes": 2, "hash_seed": 1, "num_ngrams": 1}
     with pytest.raises(Interrupted), FilterFileWriter(target, 2, metadata) as writer:
-        writer.words[:3] = 7
+        writer.bit_words[:3] = 7
         raise Interrupted
     assert target.read_bytes() == before and sorted(tmp_path.iterdir()) == [target]
     with FilterFileWriter(target, 2, metadata) as writer:  # committed: a new, valid filter
-        writer.words[0] = 0b11
+        writer.bit_words[0] = 0b11
     assert NgramFilter.open(target).metadata["num_bits"] == 1024 and target.read_bytes() != before
     assert sorted(tmp_path.iterdir()) == [target]
 

@@ -115,8 +115,8 @@ def test_torch_view_without_copy_answers_like_numpy(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     stored = rng.integers(0, 1000, size=(500, 5))
     filt = make_filter(tmp_path / "f.memfree", stored, fpr=0.05)
-    words = torch.from_numpy(filt.words.view(np.int64))
-    assert words.data_ptr() == filt.words.ctypes.data  # mapped, not copied
+    words = torch.from_numpy(filt.bit_words.view(np.int64))
+    assert words.data_ptr() == filt.bit_words.ctypes.data  # mapped, not copied
     queries = rng.integers(0, 1000, size=(2000, 5))
     fps = torch.from_numpy(fingerprints_np(queries, filt.hash_seed).view(np.int64))
     assert query_bits_torch(words, fps, filt.num_probes).tolist() == filt.contains(queries).tolist()
@@ -148,10 +148,12 @@ def test_the_read_protocol_and_blocked_bits(tmp_path: Path) -> None:
         as_set: NgramSet = filt  # mypy checks that the native filter implements the Protocol
         assert isinstance(as_set, NgramSet) and len(as_set) == 10 and as_set.layout == "blocked-512"
         bits = filt.blocked_bits()
-        assert bits.words is filt.words and bits.prefix_words is filt.prefix_words
-        assert bits.prefix_words is not None and bits.prefix_num_probes == filt.prefix_num_probes
+        assert bits.bit_words is filt.bit_words and bits.prefix_bit_words is filt.prefix_bit_words
+        assert (
+            bits.prefix_bit_words is not None and bits.prefix_num_probes == filt.prefix_num_probes
+        )
         assert (bits.num_probes, bits.hash_seed) == (filt.num_probes, 5)
-        assert query_bits_np(bits.words, fingerprints_np(stored, 5), bits.num_probes).all()
+        assert query_bits_np(bits.bit_words, fingerprints_np(stored, 5), bits.num_probes).all()
 
 
 def test_write_is_atomic_and_leaves_no_temporary(tmp_path: Path) -> None:

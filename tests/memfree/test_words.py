@@ -160,4 +160,4 @@ def test_word_filter_from_texts(tmp_path: Path) -> None:
     assert len(twice) == 1
     reopened = NgramFilter.open(tmp_path / "w2.memfree")
     assert reopened.unit == "word" and reopened.metadata["min_count"] == 2
-    assert np.array_equal(reopened.words, twice.words)
+    assert np.array_equal(reopened.bit_words, twice.bit_words)
