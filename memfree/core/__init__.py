@@ -17,12 +17,31 @@ llama.cpp adapters) is a thin layer over one :class:`Masker`, which the filter's
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
     from memfree.filterfile.protocol import NgramSet
+
+
+@dataclass(frozen=True)
+class MaskerOptions:
+    """How a masker computes its answer; never what it answers (every setting gives the same
+    masks).
+
+    Attributes:
+        skip_rows: on CPU, skip rows whose last n-1 tokens begin no stored n-gram, read from the
+            filter's prefix section (exact: such a row completes no stored n-gram). The token
+            masker reads it; the word masker keeps each row's text and checks only the
+            candidates that change its last words, so it has nothing to skip.
+        cuda_graphs: on CUDA, capture the token step once per shape as a CUDA graph and replay
+            it. The word masker computes on the CPU.
+    """
+
+    skip_rows: bool = True
+    cuda_graphs: bool = True
 
 
 @runtime_checkable
@@ -32,10 +51,14 @@ class Masker(Protocol):
     Attributes:
         n: the filter's n.
         special_token_ids: the exempt ids (sorted): never banned, never part of a checked window.
+        context_width: how many of each row's last ids the masker reads (the token masker: n-1),
+            or None when it reads the whole row (the word masker reads its text). Adapters that
+            keep rows of their own pass no more than this.
     """
 
     n: int
     special_token_ids: tuple[int, ...]
+    context_width: int | None
 
     def banned_mask(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
@@ -77,4 +100,4 @@ def exempt_token_ids(ngram_filter: NgramSet, requested: Iterable[int]) -> tuple[
     return tuple(sorted(special))
 
 
-__all__ = ["Masker", "exempt_token_ids"]
+__all__ = ["Masker", "MaskerOptions", "exempt_token_ids"]

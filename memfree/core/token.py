@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfree.core import MaskerOptions
 from memfree.filterfile.hashing import (
     extend_fingerprints_np,
     extend_fingerprints_torch,
@@ -50,26 +51,29 @@ class TokenMasker:
         ngram_filter: the filter (any format of the :class:`~memfree.filterfile.native.NgramSet` protocol).
         special_token_ids: exempt ids: never banned, and a row whose last n-1 tokens hold one is
             never checked (the builder stores no window that holds one).
-        skip_rows: on CPU, skip rows whose last n-1 tokens begin no stored n-gram (read from the
-            filter's prefix section). Exact: it bans the same tokens.
-        cuda_graphs: on CUDA, capture the step once per (rows, vocabulary) shape as a CUDA graph
-            and replay it (one launch instead of ~80 small kernels; the same masks). Each thread
-            captures its own graphs.
+        options: how it computes (:class:`~memfree.core.MaskerOptions`): ``skip_rows`` on CPU
+            skips rows whose last n-1 tokens begin no stored n-gram (exact: the same bans);
+            ``cuda_graphs`` on CUDA captures the step once per (rows, vocabulary) shape as a
+            CUDA graph and replays it (one launch instead of ~80 small kernels; the same masks;
+            each thread captures its own graphs).
+
+    Attributes:
+        context_width: n-1, the ids of each row it reads.
     """
 
     def __init__(
         self,
         ngram_filter: NgramSet,
         special_token_ids: Iterable[int] = (),
-        *,
-        skip_rows: bool = True,
-        cuda_graphs: bool = True,
+        options: MaskerOptions | None = None,
     ) -> None:
         self.filter = ngram_filter
         self.n = ngram_filter.n
+        self.context_width: int | None = self.n - 1
         self.special_token_ids = tuple(sorted({int(token) for token in special_token_ids}))
-        self.skip_rows = bool(skip_rows)
-        self.cuda_graphs = bool(cuda_graphs)
+        self.options = options or MaskerOptions()
+        self.skip_rows = self.options.skip_rows
+        self.cuda_graphs = self.options.cuda_graphs
         bits = ngram_filter.blocked_bits()
         # A capability, not a format: any layout that hands over blocked bits is hashed here.
         self._blocked = bits is not None

@@ -29,6 +29,7 @@ from memfree.core.word_fast import RowPlan, WordBits, fast_mask
 from memfree.core.word_vocab import NONE, WordVocab
 from memfree.errors import FilterError, FilterMismatchError
 from memfree.filterfile.protocol import NgramSet
+from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.words import (
     NORMALIZER,
     UNICODE_VERSION,
@@ -49,8 +50,12 @@ class WordMasker:
 
     Args:
         ngram_filter: a word filter in memfree's blocked layout.
-        tokenizer: the model's tokenizer (each token's bytes are read from it).
+        tokenizer: the model's tokenizer's :class:`~memfree.vocab.info.TokenizerInfo` (each
+            token's bytes are read from it).
         special_token_ids: ids that add no text and are never banned.
+
+    Attributes:
+        context_width: None: it reads each row's whole text.
 
     Raises:
         FilterMismatchError: the filter's words were normalized another way.
@@ -60,10 +65,14 @@ class WordMasker:
     """
 
     def __init__(
-        self, ngram_filter: NgramSet, tokenizer: Any, special_token_ids: Iterable[int] = ()
+        self,
+        ngram_filter: NgramSet,
+        tokenizer: TokenizerInfo | None,
+        special_token_ids: Iterable[int] = (),
     ) -> None:
         self.filter = ngram_filter
         self.n = ngram_filter.n
+        self.context_width: int | None = None
         self.special_token_ids = tuple(sorted({int(token) for token in special_token_ids}))
         metadata = ngram_filter.metadata
         if metadata.get("normalizer") != NORMALIZER:
@@ -85,11 +94,9 @@ class WordMasker:
                 "the word guard needs the model's tokenizer (it reads each token's bytes): "
                 "MemFreeLogitsProcessor(word_filter, tokenizer=tok)"
             )
-        from memfree.vocab.token_bytes import byte_fallback_ids, token_bytes
-
         self.tokenizer = tokenizer
-        self._table = token_bytes(tokenizer)
-        self._byte_ids = byte_fallback_ids(tokenizer)
+        self._table = tokenizer.token_bytes
+        self._byte_ids = tokenizer.byte_fallback_ids
         self._word_bits = self._bits_of(ngram_filter)
         self._vocabs: dict[int, WordVocab] = {}
         self._static: dict[int, np.ndarray] = {}

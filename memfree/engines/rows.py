@@ -29,8 +29,8 @@ class RowGuard:
         self.setup = setup
         self.n = setup.n
         self.eos_token_ids = setup.eos_token_ids
-        # The token unit's masker reads a row's last n-1 ids; the word unit's, its whole text.
-        self.window: int | None = setup.n - 1 if setup.unit.reads_token_ids else None
+        # The ids of a row the masker reads: the token masker's last n-1; the word masker's, all.
+        self.window: int | None = setup.masker.context_width
 
     def contexts(
         self, rows: Sequence[Sequence[int] | np.ndarray | None], guarded: np.ndarray | None = None

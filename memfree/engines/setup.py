@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from memfree.core import Masker, exempt_token_ids
+from memfree.core import Masker, MaskerOptions, exempt_token_ids
 from memfree.errors import FilterMismatchError
 from memfree.filterfile import open_filter
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.protocol import NgramSet
 from memfree.units import Unit, get_unit, unit_of
+from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.tokenizer import check_tokenizer
-from memfree.vocab.tokenizer import special_token_ids as tokenizer_special_ids
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,12 @@ class GuardSetup:
         special_token_ids: Iterable[int] | None = None,
         eos_token_id: int | Iterable[int] | None = None,
         pad_token_id: int | None = None,
-        skip_rows: bool = True,
-        cuda_graphs: bool = True,
+        options: MaskerOptions | None = None,
     ) -> GuardSetup:
         """Open and check everything a guard needs (see :class:`~memfree.MemFreeLogitsProcessor`
-        for the arguments).
+        for the arguments). The tokenizer (a Hugging Face one, or its
+        :class:`~memfree.vocab.info.TokenizerInfo`) is read once, here: everything below takes
+        its info.
 
         Raises:
             FilterMismatchError: tokenizer fingerprint, n or unit differs from the filter's.
@@ -94,13 +95,14 @@ class GuardSetup:
             )
         special: set[int] = set()
         eos_ids: list[int] = []
-        if tokenizer is not None:
-            check_tokenizer(ngram_filter, tokenizer)
-            special.update(tokenizer_special_ids(tokenizer))
-            if getattr(tokenizer, "eos_token_id", None) is not None:
-                eos_ids.append(int(tokenizer.eos_token_id))
-            if pad_token_id is None and getattr(tokenizer, "pad_token_id", None) is not None:
-                pad_token_id = int(tokenizer.pad_token_id)
+        info = None if tokenizer is None else TokenizerInfo.of(tokenizer)
+        if info is not None:
+            check_tokenizer(ngram_filter, info)
+            special.update(info.special_token_ids)
+            if info.eos_token_id is not None:
+                eos_ids.append(info.eos_token_id)
+            if pad_token_id is None:
+                pad_token_id = info.pad_token_id
         if eos_token_id is not None:
             eos_ids = token_ids("eos_token_id", eos_token_id)
         special.update(token_ids("special_token_ids", special_token_ids))
@@ -108,9 +110,7 @@ class GuardSetup:
         special.update(token_ids("pad_token_id", pad_token_id))
         exempt = exempt_token_ids(ngram_filter, special)
         unit = get_unit(unit_name) if unit_name else unit_of(ngram_filter)
-        masker = unit.masker(
-            ngram_filter, tokenizer, exempt, skip_rows=skip_rows, cuda_graphs=cuda_graphs
-        )
+        masker = unit.masker(ngram_filter, info, exempt, options)
         eos = tuple(i for i in dict.fromkeys(eos_ids) if i in exempt)
         watch = getattr(ngram_filter, "file_watch", None)
         return cls(ngram_filter, n, unit, exempt, eos, masker, watch)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from memfree.core import Masker
+from memfree.core import Masker, MaskerOptions
 from memfree.engines.setup import GuardSetup, ban_scores, checked_banned_mask
 from memfree.engines.stats import GuardStats, StatsRecorder, calling_list
 from memfree.errors import FilterError
@@ -106,8 +106,7 @@ class MemFreeLogitsProcessor(_Base):
             special_token_ids=special_token_ids,
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
-            skip_rows=skip_rows,
-            cuda_graphs=cuda_graphs,
+            options=MaskerOptions(skip_rows=bool(skip_rows), cuda_graphs=bool(cuda_graphs)),
         )
         self.filter = setup.filter
         self.n = setup.n
@@ -133,7 +132,8 @@ class MemFreeLogitsProcessor(_Base):
     @property
     def tokenizer(self) -> Any:
         """The tokenizer the core reads token bytes from (word filters), else None."""
-        return getattr(self.masker, "tokenizer", None)
+        info = getattr(self.masker, "tokenizer", None)
+        return None if info is None else info.tokenizer
 
     # -- statistics -------------------------------------------------------------------------------
 

@@ -8,16 +8,18 @@ asks the unit instead of branching on its name::
     unit.name                           # "token" | "word"
 
 The guard (any engine):
-    ``unit.masker(ngram_filter, tokenizer, special_token_ids, *, skip_rows=True,
-    cuda_graphs=True)`` -> a :class:`memfree.core.Masker`, whose ``banned_mask(contexts,
-    vocab_width)`` gives the banned candidates of each row. ``special_token_ids`` are the exempt
-    ids (:func:`memfree.core.exempt_token_ids`); the token masker needs no tokenizer (check its
-    fingerprint first: :func:`memfree.vocab.tokenizer.check_tokenizer`), the word masker reads each
-    token's bytes from it. Raises ``FilterMismatchError`` for a filter of another unit.
+    ``unit.masker(ngram_filter, tokenizer_info, special_token_ids, options=None)`` -> a
+    :class:`memfree.core.Masker`, whose ``banned_mask(contexts, vocab_width)`` gives the banned
+    candidates of each row and whose ``context_width`` says how much of a row it reads.
+    ``tokenizer_info`` is a :class:`~memfree.vocab.info.TokenizerInfo` (or None);
+    ``special_token_ids`` are the exempt ids (:func:`memfree.core.exempt_token_ids`); ``options``
+    a :class:`~memfree.core.MaskerOptions`. The token masker needs no tokenizer (check its
+    fingerprint first: :func:`memfree.vocab.tokenizer.check_tokenizer`), the word masker reads
+    each token's bytes from it. Raises ``FilterMismatchError`` for a filter of another unit.
 
 The evaluation ("n-grams this output created"):
     ``unit.created_ngram_counts(ngram_filter, prompt_ids, output_ids, *,
-    special_token_ids=None, tokenizer=None)`` -> ``(stored, all)``: token windows of
+    special_token_ids=None, tokenizer=None)`` (a ``TokenizerInfo``) -> ``(stored, all)``: token windows of
     ``prompt ‖ output`` holding an output token (windows with a special id skipped), or word
     n-grams of the decoded text ending at a word the output created or changed (needs the
     tokenizer).
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from memfree.units.base import BuildParts, Encoder, EncoderPayload, TextNgrams, Unit
 from memfree.units.token import BatchEncoder, TokenizerPayload, TokenUnit
 from memfree.units.word import WordEncoder, WordPayload, WordUnit
+from memfree.vocab.info import TokenizerInfo
 
 if TYPE_CHECKING:
     from memfree.filterfile.protocol import NgramSet
@@ -90,7 +93,7 @@ def stored_ngram_counts(
     output_ids: Sequence[int],
     *,
     special_token_ids: Sequence[int] | None = None,
-    tokenizer: Any = None,
+    tokenizer: TokenizerInfo | Any = None,
     text: bool = False,
 ) -> tuple[int, int]:
     """(stored, all) n-grams of ``prompt ‖ output`` that hold at least one output token, by the
@@ -108,11 +111,10 @@ def stored_ngram_counts(
     special = ngram_filter.special_token_ids
     if special is None and special_token_ids is not None:
         special = tuple(special_token_ids)
+    info = None if tokenizer is None else TokenizerInfo.of(tokenizer)
     unit = unit_of(ngram_filter)
     count = unit.created_text_ngram_counts if text else unit.created_ngram_counts
-    return count(
-        ngram_filter, prompt_ids, output_ids, special_token_ids=special, tokenizer=tokenizer
-    )
+    return count(ngram_filter, prompt_ids, output_ids, special_token_ids=special, tokenizer=info)
 
 
 __all__ = [

@@ -15,8 +15,9 @@ import numpy as np
 from memfree.errors import FilterMismatchError
 
 if TYPE_CHECKING:
-    from memfree.core import Masker
+    from memfree.core import Masker, MaskerOptions
     from memfree.filterfile.protocol import NgramSet
+    from memfree.vocab.info import TokenizerInfo
 
 
 class Encoder(Protocol):
@@ -84,13 +85,12 @@ class Unit(Protocol):
     def masker(
         self,
         ngram_filter: NgramSet,
-        tokenizer: Any,
+        tokenizer: TokenizerInfo | None,
         special_token_ids: Iterable[int],
-        *,
-        skip_rows: bool = True,
-        cuda_graphs: bool = True,
+        options: MaskerOptions | None = None,
     ) -> Masker:
-        """The guard core for ``ngram_filter`` (a filter of this unit) and the model's tokenizer."""
+        """The guard core for ``ngram_filter`` (a filter of this unit) and the model's tokenizer
+        (``options``: how the core computes; see :class:`~memfree.core.MaskerOptions`)."""
         ...
 
     def created_ngram_counts(
@@ -100,7 +100,7 @@ class Unit(Protocol):
         output_ids: Sequence[int],
         *,
         special_token_ids: Sequence[int] | None = None,
-        tokenizer: Any = None,
+        tokenizer: TokenizerInfo | None = None,
     ) -> tuple[int, int]:
         """(stored, all) n-grams that ``output_ids`` created after ``prompt_ids``."""
         ...
@@ -112,13 +112,15 @@ class Unit(Protocol):
         output_ids: Sequence[int],
         *,
         special_token_ids: Sequence[int] | None = None,
-        tokenizer: Any = None,
+        tokenizer: TokenizerInfo | None = None,
     ) -> tuple[int, int]:
         """(stored, all) n-grams that ``output_ids`` created, read from the decoded text (token
         n-grams: the text tokenized again; needs the tokenizer)."""
         ...
 
-    def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
+    def text_ngrams(
+        self, ngram_filter: NgramSet, text: str, tokenizer: TokenizerInfo | None = None
+    ) -> TextNgrams:
         """The n-grams of ``text`` in this unit and which the filter stores (the token unit
         needs the filter's tokenizer)."""
         ...

@@ -19,8 +19,9 @@ import numpy as np
 from memfree.units.base import BuildParts, TextNgrams, check_filter_unit
 
 if TYPE_CHECKING:
-    from memfree.core import Masker
+    from memfree.core import Masker, MaskerOptions
     from memfree.filterfile.protocol import NgramSet
+    from memfree.vocab.info import TokenizerInfo
 
 
 class BatchEncoder:
@@ -111,11 +112,9 @@ class TokenUnit:
     def masker(
         self,
         ngram_filter: NgramSet,
-        tokenizer: Any,
+        tokenizer: TokenizerInfo | None,
         special_token_ids: Iterable[int],
-        *,
-        skip_rows: bool = True,
-        cuda_graphs: bool = True,
+        options: MaskerOptions | None = None,
     ) -> Masker:
         """A :class:`~memfree.core.token.TokenMasker` (the tokenizer was checked by the caller:
         its fingerprint must match the filter's, see :func:`memfree.vocab.tokenizer.check_tokenizer`).
@@ -126,9 +125,7 @@ class TokenUnit:
         from memfree.core.token import TokenMasker
 
         check_filter_unit(ngram_filter, self.name, "`memfree build` (--unit token)")
-        return TokenMasker(
-            ngram_filter, special_token_ids, skip_rows=skip_rows, cuda_graphs=cuda_graphs
-        )
+        return TokenMasker(ngram_filter, special_token_ids, options)
 
     def created_ngram_counts(
         self,
@@ -137,7 +134,7 @@ class TokenUnit:
         output_ids: Sequence[int],
         *,
         special_token_ids: Sequence[int] | None = None,
-        tokenizer: Any = None,
+        tokenizer: TokenizerInfo | None = None,
     ) -> tuple[int, int]:
         """(stored, all) token n-grams of ``prompt ‖ output`` that hold an output token.
 
@@ -163,7 +160,7 @@ class TokenUnit:
         output_ids: Sequence[int],
         *,
         special_token_ids: Sequence[int] | None = None,
-        tokenizer: Any = None,
+        tokenizer: TokenizerInfo | None = None,
     ) -> tuple[int, int]:
         """(stored, all) token n-grams that the output created *in its text*: the text of
         ``prompt ‖ output`` tokenized again, as anyone who stores or forwards the text does, and
@@ -199,7 +196,9 @@ class TokenUnit:
             special_token_ids=special_token_ids,
         )
 
-    def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
+    def text_ngrams(
+        self, ngram_filter: NgramSet, text: str, tokenizer: TokenizerInfo | None = None
+    ) -> TextNgrams:
         """The token n-grams of ``text`` (no special tokens added; windows holding a special id
         the builder cut at left out), decoded lazily for quoting.
 
@@ -208,8 +207,11 @@ class TokenUnit:
         """
         if tokenizer is None:
             raise ValueError("the token n-grams of a text need the filter's tokenizer")
+        from memfree.vocab.info import TokenizerInfo
+
+        tokenizer = TokenizerInfo.of(tokenizer)  # callers above the units may pass their own
         n = ngram_filter.n
-        ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
         if ids.shape[0] < n:
             return TextNgrams(np.zeros(0, dtype=bool), [])
         windows = np.lib.stride_tricks.sliding_window_view(ids, n)
@@ -264,18 +266,17 @@ class TokenUnit:
         )
 
 
-def _retokenized(tokenizer: Any, ids: list[int]) -> list[int]:
+def _retokenized(tokenizer: TokenizerInfo, ids: list[int]) -> list[int]:
     """``ids`` decoded as the completion's text is (special tokens written out, so tokenizing
     the text again reads them back as special ids, where windows are cut) and tokenized again
     (none added)."""
-    text = tokenizer.decode(ids)
-    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+    return tokenizer.encode(tokenizer.decode(ids))
 
 
 class _Decoded(Sequence[str]):
     """Token windows as text, decoded only when asked for."""
 
-    def __init__(self, tokenizer: Any, windows: np.ndarray) -> None:
+    def __init__(self, tokenizer: TokenizerInfo, windows: np.ndarray) -> None:
         self._tokenizer = tokenizer
         self._windows = windows
 

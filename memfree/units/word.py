@@ -21,8 +21,9 @@ from memfree.vocab.words import NORMALIZER, new_word_ngrams, ngram_hash_rows, te
 from memfree.vocab.words import word_metadata as _word_metadata
 
 if TYPE_CHECKING:
-    from memfree.core import Masker
+    from memfree.core import Masker, MaskerOptions
     from memfree.filterfile.protocol import NgramSet
+    from memfree.vocab.info import TokenizerInfo
 
 _NO_TOKENIZER = "--unit word needs no tokenizer: drop --tokenizer (one filter serves every model)"
 
@@ -62,14 +63,12 @@ class WordUnit:
     def masker(
         self,
         ngram_filter: NgramSet,
-        tokenizer: Any,
+        tokenizer: TokenizerInfo | None,
         special_token_ids: Iterable[int],
-        *,
-        skip_rows: bool = True,
-        cuda_graphs: bool = True,
+        options: MaskerOptions | None = None,
     ) -> Masker:
-        """A :class:`~memfree.core.word.WordMasker` (computed on the CPU: ``skip_rows`` and
-        ``cuda_graphs`` do not apply).
+        """A :class:`~memfree.core.word.WordMasker` (computed on the CPU, over each row's text:
+        ``options`` do not apply, see :class:`~memfree.core.MaskerOptions`).
 
         Raises:
             FilterMismatchError: ``ngram_filter`` is not a word filter, or uses another normalizer.
@@ -87,7 +86,7 @@ class WordUnit:
         output_ids: Sequence[int],
         *,
         special_token_ids: Sequence[int] | None = None,
-        tokenizer: Any = None,
+        tokenizer: TokenizerInfo | None = None,
     ) -> tuple[int, int]:
         """(stored, all) word n-grams of the decoded text (special tokens skipped) that end at a
         word the output created or changed.
@@ -99,7 +98,7 @@ class WordUnit:
             raise ValueError("counting stored word n-grams needs the tokenizer to decode the text")
         if len(output_ids) == 0:
             return 0, 0
-        before = tokenizer.decode(list(prompt_ids), skip_special_tokens=True)
+        before = tokenizer.decode(prompt_ids, skip_special_tokens=True)
         after = tokenizer.decode(list(prompt_ids) + list(output_ids), skip_special_tokens=True)
         created = new_word_ngrams(before, after, ngram_filter.n)
         if not created:
@@ -113,7 +112,7 @@ class WordUnit:
         output_ids: Sequence[int],
         *,
         special_token_ids: Sequence[int] | None = None,
-        tokenizer: Any = None,
+        tokenizer: TokenizerInfo | None = None,
     ) -> tuple[int, int]:
         """The same as :meth:`created_ngram_counts`: word n-grams are read from the text, so no
         token split of it hides one."""
@@ -125,7 +124,9 @@ class WordUnit:
             tokenizer=tokenizer,
         )
 
-    def text_ngrams(self, ngram_filter: NgramSet, text: str, tokenizer: Any = None) -> TextNgrams:
+    def text_ngrams(
+        self, ngram_filter: NgramSet, text: str, tokenizer: TokenizerInfo | None = None
+    ) -> TextNgrams:
         """The normalized-word n-grams of ``text`` (no tokenizer needed)."""
         from memfree.vocab.words import word_hashes_np, words
 

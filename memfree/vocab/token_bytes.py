@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 from memfree.errors import FilterError
+from memfree.vocab.specials import special_token_ids
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -161,8 +162,6 @@ def token_bytes(tokenizer: Any, vocab_size: int | None = None) -> list[bytes | N
     Raises:
         UnsupportedTokenizerError: a slow tokenizer, or a decoder memfree cannot read exactly.
     """
-    from memfree.vocab.tokenizer import special_token_ids
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
     if backend is None:

@@ -8,7 +8,6 @@ cache, and is loaded with ``local_files_only=True``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from memfree.errors import FilterMismatchError
+from memfree.vocab.info import TokenizerInfo
+from memfree.vocab.specials import special_token_ids, tokenizer_fingerprint
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -130,29 +131,7 @@ def _save_atomically(tokenizer: Any, target: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)  # the cache is an optimisation only
 
 
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """xxh3-64 of the vocabulary (token -> id, added tokens included) and the special tokens.
-
-    The same tokenizer loaded another way (from the GGUF file, or from a saved copy) gives the
-    same fingerprint; a tokenizer that maps any token to another id does not.
-    """
-    vocab = tokenizer.get_vocab()
-    special = sorted(
-        (str(token), int(tokenizer.convert_tokens_to_ids(token)))
-        for token in tokenizer.all_special_tokens
-    )
-    payload = json.dumps(
-        {
-            "vocab": sorted((str(token), int(index)) for token, index in vocab.items()),
-            "special": special,
-        },
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-    return xxhash.xxh3_64_hexdigest(payload.encode("utf-8"))
-
-
-def check_tokenizer(ngram_filter: NgramSet, tokenizer: Any) -> None:
+def check_tokenizer(ngram_filter: NgramSet, tokenizer: TokenizerInfo | Any) -> None:
     """Refuse a tokenizer whose fingerprint differs from the one the filter was built with.
 
     A filter that records no fingerprint (a word filter, or a hand-made one) accepts any.
@@ -164,10 +143,11 @@ def check_tokenizer(ngram_filter: NgramSet, tokenizer: Any) -> None:
     expected = ngram_filter.metadata.get("tokenizer_fingerprint")
     if expected is None:
         return
-    actual = tokenizer_fingerprint(tokenizer)
+    info = TokenizerInfo.of(tokenizer)
+    actual = info.fingerprint
     if actual != expected:
         built_with = ngram_filter.metadata.get("tokenizer", "another tokenizer")
-        given = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        given = info.name
         raise FilterMismatchError(
             f"{ngram_filter.path}: built with tokenizer {built_with!r} (fingerprint "
             f"{expected}), but the model's tokenizer {given!r} has fingerprint {actual}: "
@@ -189,13 +169,15 @@ def tokenizer_vocab_size(tokenizer: Any) -> int:
     return len(tokenizer)
 
 
-def special_token_ids(tokenizer: Any) -> tuple[int, ...]:
-    """Ids of the special tokens (end of sequence, padding, chat markers, added special tokens).
-
-    No stored n-gram contains one: the builder cuts token sequences at them, and the guard never
-    blocks one nor checks a window that holds one. Sorted, distinct.
-    """
-    ids = {int(index) for index in getattr(tokenizer, "all_special_ids", []) or []}
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    ids.update(int(index) for index, token in added.items() if getattr(token, "special", False))
-    return tuple(sorted(index for index in ids if index >= 0))
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "TokenizerNotFoundError",
+    "cache_dir",
+    "check_tokenizer",
+    "default_gguf_path",
+    "load_tokenizer",
+    "special_token_ids",
+    "tokenizer_fingerprint",
+    "tokenizer_name",
+    "tokenizer_vocab_size",
+]

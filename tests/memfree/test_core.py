@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from memfree.core import Masker, exempt_token_ids
+from memfree.core import Masker, MaskerOptions, exempt_token_ids
 from memfree.core.token import TokenMasker
 from memfree.core.word import WordMasker
 from memfree.engines.transformers import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
 from memfree.errors import FilterMismatchError
 from memfree.filterfile.native import NgramFilter
 from memfree.testing import word_filter_from_texts
+from memfree.vocab.info import TokenizerInfo
 
 # Stored: (0 1 2), (0 1 3), (3 3 0), and (1 4 2), which holds the special token 4.
 STORED = [[0, 1, 2], [0, 1, 3], [3, 3, 0], [1, 4, 2]]
@@ -39,7 +40,7 @@ def trigrams(tmp_path: Path) -> NgramFilter:
 
 @pytest.mark.parametrize("skip_rows", [True, False])
 def test_token_masker_exact_mask(trigrams: NgramFilter, skip_rows: bool) -> None:
-    masker = TokenMasker(trigrams, [4], skip_rows=skip_rows)
+    masker = TokenMasker(trigrams, [4], MaskerOptions(skip_rows=skip_rows))
     assert isinstance(masker, Masker)
     mask, checked = masker.banned_mask(ROWS, 5)
     assert mask.dtype == torch.bool and mask.device.type == "cpu"
@@ -120,7 +121,7 @@ def five_tokens() -> Any:
 
 def test_word_masker_exact_mask(tmp_path: Path, five_tokens: Any) -> None:
     filt = word_filter_from_texts(tmp_path / "w.memfree", ["Foo, bar!"], 2)  # stores (foo bar)
-    masker = WordMasker(filt, five_tokens, [0])
+    masker = WordMasker(filt, TokenizerInfo.of(five_tokens), [0])
     assert isinstance(masker, Masker)
     rows = torch.tensor([[0, 1], [1, 3], [0, 2]])  # " foo", " foo ba", " bar"
     mask, checked = masker.banned_mask(rows, 7)  # ids 5 and 6: padded rows that add no text
