@@ -1,33 +1,22 @@
-"""What the guard did, per row and step (:class:`GuardStats`), and the per-thread, per-call
-bookkeeping that gives one record per ``generate()`` call (the paper's interventions, Figures 9-10).
+"""What the guard did, per row and step (:class:`GuardStats`), and the per-thread bookkeeping
+that gives one record per generation (the paper's interventions, Figures 9-10).
+
+A step starts a new record when its rows are not the previous step's rows one token longer, or
+after :meth:`StatsRecorder.reset`. That is read from the step's own data, through no private
+interface of any engine. A ``generate()`` call whose prompt is exactly the previous call's
+output, with as many rows, looks like that call's next step: call ``reset()`` between such
+calls (as transformers' stateful processors and xgrammar ask), or use one guard per call;
+:func:`memfree.generation.complete` resets before each call.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
-import weakref
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 import numpy as np
 import torch
-
-try:  # the guard stays importable (and testable) without transformers
-    from transformers import LogitsProcessorList
-except ImportError:  # pragma: no cover - transformers is a hard dependency
-    LogitsProcessorList = None  # type: ignore[assignment,misc]
-
-# generate() builds a new LogitsProcessorList in every call and runs each processor from that
-# list's __call__: the list found in that frame names one call exactly, where the data cannot (the
-# first step of a continuation looks just like the previous call's next step).
-_LIST_CALL_CODE = (
-    getattr(LogitsProcessorList.__call__, "__code__", None)
-    if LogitsProcessorList is not None
-    else None
-)
-_CALLER_FRAMES = 4  # frames searched above the guard's __call__ (subclasses, timing wrappers)
 
 
 @dataclass
@@ -35,7 +24,7 @@ class GuardStats:
     """What the guard did during one ``generate()`` call, per row and step.
 
     A guard keeps its statistics per thread: ``guard.stats`` are those of the latest
-    ``generate()`` call made by the calling thread, so threads that share one guard each read
+    generation run by the calling thread (see this module's docstring for where one starts), so threads that share one guard each read
     their own. A thread that made no call reads the latest call started by any thread (e.g.
     ``generate()`` running in a worker thread behind a ``TextIteratorStreamer``).
 
@@ -103,58 +92,27 @@ _Record = tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class _Call:
-    """The steps one thread recorded for one ``generate()`` call (or run of direct calls)."""
+    """The steps one thread recorded for one generation."""
 
-    __slots__ = ("caller", "next_length", "records", "rows")
+    __slots__ = ("next_length", "records", "rows")
 
-    def __init__(self, caller: Any = None, rows: int | None = None) -> None:
-        # The calling LogitsProcessorList, weakly: a strong one would keep the previous call's
-        # processors alive, and a dead one can never match a new list at the same address.
-        self.caller: weakref.ref[Any] | None = None if caller is None else weakref.ref(caller)
+    def __init__(self, rows: int | None = None) -> None:
         self.rows = rows
         self.next_length: int | None = None
         # (position, tokens blocked, first choice, first choice blocked, checked): one append per
         # step, so another thread reading the statistics meanwhile sees whole steps only.
         self.records: list[_Record] = []
 
-    def continues(self, caller: Any, rows: int, length: int) -> bool:
-        """Whether a step with this caller and shape belongs to this call."""
-        if rows != self.rows or length != self.next_length:
-            return False
-        if caller is None:
-            return self.caller is None
-        return self.caller is not None and self.caller() is caller
-
-
-def calling_list() -> Any:
-    """The LogitsProcessorList whose ``__call__`` runs the guard's step, or None (a direct call).
-
-    Call it from the guard's own ``__call__`` (it looks from that frame's caller up); looks a few
-    frames up, by code object (no frame's locals are read unless it is that method's).
-    """
-    if _LIST_CALL_CODE is None:  # pragma: no cover - without transformers
-        return None
-    try:
-        frame: FrameType | None = sys._getframe(2)
-    except (AttributeError, ValueError):  # pragma: no cover - no frames, or a short stack
-        return None
-    for _ in range(_CALLER_FRAMES):
-        if frame is None:
-            return None
-        if frame.f_code is _LIST_CALL_CODE:
-            owner = frame.f_locals.get("self")
-            return owner if isinstance(owner, LogitsProcessorList) else None
-        frame = frame.f_back
-    return None
+    def continues(self, rows: int, length: int) -> bool:
+        """Whether a step with this shape is this generation's next step."""
+        return rows == self.rows and length == self.next_length
 
 
 class StatsRecorder:
-    """One guard's statistics: a record per ``generate()`` call and thread.
+    """One guard's statistics: a record per generation and thread.
 
-    A step starts a new record when its caller (the ``LogitsProcessorList`` of a ``generate()``
-    call, or None for a direct call) differs from the previous step's, or when its rows are not
-    the previous step's rows one token longer. Copies and pickles start empty (thread-local state
-    cannot be copied).
+    A step starts a new record when its rows are not the previous step's rows one token longer,
+    or after :meth:`reset`. Copies and pickles start empty (thread-local state cannot be copied).
     """
 
     def __init__(self) -> None:
@@ -170,7 +128,6 @@ class StatsRecorder:
 
     def record(
         self,
-        caller: Any,
         input_ids: torch.Tensor,
         scores: torch.Tensor,
         mask: torch.Tensor,
@@ -179,7 +136,6 @@ class StatsRecorder:
         """Append one step (tensors stay on their device: no host synchronisation).
 
         Args:
-            caller: what :func:`calling_list` found for this step.
             input_ids: `(rows, seq_len)` the step's rows.
             scores: `(rows, vocab)` the scores before the guard.
             mask: bool `(rows, vocab)` tokens the guard blocked.
@@ -187,8 +143,8 @@ class StatsRecorder:
         """
         rows, length = int(input_ids.shape[0]), int(input_ids.shape[1])
         call = getattr(self._local, "call", None)
-        if call is None or not call.continues(caller, rows, length):
-            call = self._local.call = self._latest = _Call(caller, rows)
+        if call is None or not call.continues(rows, length):
+            call = self._local.call = self._latest = _Call(rows)
         call.next_length = length + 1
         first = scores.argmax(dim=1)
         first_blocked = mask.gather(1, first[:, None])[:, 0]
@@ -228,4 +184,4 @@ class StatsRecorder:
         )
 
 
-__all__ = ["GuardStats", "StatsRecorder", "calling_list"]
+__all__ = ["GuardStats", "StatsRecorder"]

@@ -13,11 +13,11 @@ import torch
 
 from memfree.core import Masker, MaskerOptions
 from memfree.engines.setup import GuardSetup, ban_scores, checked_banned_mask
-from memfree.engines.stats import GuardStats, StatsRecorder, calling_list
+from memfree.engines.stats import GuardStats, StatsRecorder
 from memfree.errors import FilterError
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.protocol import NgramSet
-from memfree.units import Unit, get_unit
+from memfree.units import Unit
 
 try:  # a plain base class keeps the guard importable (and testable) without transformers
     from transformers import LogitsProcessor as _Base
@@ -40,14 +40,17 @@ class MemFreeLogitsProcessor(_Base):
     at ``-inf`` (possible only when earlier processors removed everything else), its
     end-of-sequence score is set to 0.
 
-    Statistics (:attr:`stats`) start anew with each ``generate()`` call, told apart by the
-    ``LogitsProcessorList`` that transformers builds for every call (so a call that continues a
-    previous output starts new statistics too). One guard may serve several threads at once: the
-    masks never depend on earlier steps' statistics, and each thread records its own. Called
-    directly (not from a ``LogitsProcessorList``: unit tests, other engines, continuous batching),
-    a step starts new statistics when the number of rows changes or the rows are not one token
-    longer than at the previous step; call :meth:`reset` between generations that this cannot
-    tell apart. Assisted (speculative) generation also runs the guard inside the assistant's own
+    Statistics (:attr:`stats`) start anew when a step's rows are not the previous step's rows one
+    token longer (a new ``generate()`` call with another prompt or batch), or after
+    :meth:`reset`. A call whose prompt is exactly the previous call's output looks like that
+    call's next step: call :meth:`reset` between such calls, or use one guard per call (as
+    transformers' stateful processors and xgrammar's ask). The masks never depend on the
+    statistics. One guard may serve several threads at once: each thread records its own.
+
+    transformers' continuous batching (``generate_batch``) passes a processor only each request's
+    last token, not its history, so the guard cannot run there: it declares
+    ``supports_continuous_batching = False``. Serve batches with vLLM (:mod:`memfree.integrations`).
+    Assisted (speculative) generation also runs the guard inside the assistant's own
     ``generate()`` calls and on candidate tokens that are later rejected: its statistics describe
     the latest of those calls, not the output.
 
@@ -84,6 +87,8 @@ class MemFreeLogitsProcessor(_Base):
     """
 
     unit_name: ClassVar[str | None] = None  # None: the filter's unit picks the core
+    # Continuous batching passes each request's last token only: a guard needs the history.
+    supports_continuous_batching: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -177,11 +182,10 @@ class MemFreeLogitsProcessor(_Base):
                 "expected input_ids (batch, seq_len) and scores (batch, vocab) with the same "
                 f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
-        caller = calling_list() if self.record_stats else None  # must run in this very frame
         mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
         guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
         if self.record_stats:
-            self._recorder.record(caller, input_ids, scores, mask, checked)
+            self._recorder.record(input_ids, scores, mask, checked)
         return guarded  # type: ignore[return-value]
 
     def blocked_mask(
@@ -203,11 +207,8 @@ class MemFreeLogitsProcessor(_Base):
         return checked_banned_mask(self.masker, self.file_watch, input_ids, vocab_size, device)
 
     def __repr__(self) -> str:
-        name = (
-            MemFreeWordLogitsProcessor.__name__
-            if isinstance(self, MemFreeWordLogitsProcessor)
-            else type(self).__name__
-        )
+        word = self.unit.name == "word" and type(self) is MemFreeLogitsProcessor
+        name = MemFreeWordLogitsProcessor.__name__ if word else type(self).__name__
         settings = "".join(f", {key}={value!r}" for key, value in self.masker.describe().items())
         return (
             f"{name}(filter={str(self.filter.path)!r}, n={self.n}, "
@@ -215,22 +216,10 @@ class MemFreeLogitsProcessor(_Base):
         )
 
 
-class _UnitGuardType(type):
-    """``isinstance(guard, MemFreeWordLogitsProcessor)`` holds for every guard over a word
-    filter, as it did when ``MemFreeLogitsProcessor(word_filter, ...)`` built that class."""
-
-    def __instancecheck__(cls, instance: Any) -> bool:
-        unit_name = getattr(cls, "unit_name", None)
-        return type.__instancecheck__(cls, instance) or (
-            type.__instancecheck__(MemFreeLogitsProcessor, instance)
-            and unit_name is not None
-            and instance.unit is get_unit(unit_name)
-        )
-
-
-class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor, metaclass=_UnitGuardType):
+class MemFreeWordLogitsProcessor(MemFreeLogitsProcessor):
     """The guard over a word filter, by name: ``MemFreeLogitsProcessor(word_filter, tokenizer)``
-    gives the same guard. Takes the same arguments; refuses a token filter.
+    gives the same guard (an instance of the base class: ask ``guard.unit.name`` which unit a
+    guard is over). Takes the same arguments; refuses a token filter.
 
     Raises:
         FilterMismatchError: the filter is not a word filter, or uses another normalizer.

@@ -1,6 +1,6 @@
-"""Statistics: one :class:`~memfree.GuardStats` per ``generate()`` call, even when the call's
-data looks like the previous call's next step (a continuation), and one per thread when threads
-share a guard. Tiny Llama, real tokenizer, greedy, sampling and beam search, token and word guards.
+"""Statistics: one :class:`~memfree.GuardStats` per ``generate()`` call (a call that continues
+the previous call's output starts anew after ``reset()``, read from no private interface of
+transformers), and one per thread when threads share a guard. Tiny Llama, real tokenizer, greedy, sampling and beam search, token and word guards.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def same_stats(actual: GuardStats, expected: GuardStats) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# Continuations: the data of a continuation's first step is that of the previous call's next step
+# Continuations: a continuation's first step looks like the previous call's next step: reset()
 
 
 @pytest.mark.parametrize("unit", ["token", "word"])
@@ -119,6 +119,7 @@ def test_a_continuation_starts_new_statistics(
     out = generate(tiny_llama, tokenizer, [guard], prompt, 5, **MODES[mode])
     rows = 2 * MODES[mode].get("num_beams", 1)
     assert guard.stats.num_steps == 5 and guard.stats.num_rows == rows
+    guard.reset()  # the continuation's first step looks like the previous call's next step
     torch.manual_seed(1)
     generate(tiny_llama, tokenizer, [guard], out, 5, **MODES[mode])
     stats = guard.stats
@@ -263,6 +264,7 @@ def test_threads_sharing_a_guard_each_get_their_own_statistics(
                 input_ids = prompt if prompt is not None else previous
                 assert input_ids is not None
                 processors = [lockstep.acquire(me), guard, lockstep.release(me)]
+                guard.reset()  # this thread's next call starts anew (continuations too)
                 barrier.wait()  # both threads start a call together
                 lockstep.enter(me)
                 try:
@@ -324,12 +326,15 @@ def test_direct_calls_fall_back_on_the_data_and_reset_starts_over(tmp_path: Path
     assert guard.stats.positions.tolist() == [4]
 
 
-def test_a_direct_call_after_generate_starts_new_statistics(
+def test_a_direct_call_after_generate_continues_it_until_reset(
     make_guard: Any, tiny_llama: Any, tokenizer: Any
 ) -> None:
     guard = make_guard("token")
     out = generate(tiny_llama, tokenizer, [guard], prompt_ids(tokenizer, 1, 4, seed=3), 4)
-    step(guard, 1, out.shape[1], len(tokenizer))  # would have been the call's next step
+    step(guard, 1, out.shape[1], len(tokenizer))  # the call's next step, by its data
+    assert guard.stats.num_steps == 5
+    guard.reset()
+    step(guard, 1, out.shape[1], len(tokenizer))
     assert guard.stats.num_steps == 1 and guard.stats.positions.tolist() == [out.shape[1]]
 
 
@@ -344,12 +349,11 @@ class Timed:
         return self.inner(input_ids, scores)
 
 
-def test_a_wrapped_guard_still_tells_calls_apart(
-    make_guard: Any, tiny_llama: Any, tokenizer: Any
-) -> None:
+def test_a_wrapped_guard_records_the_same(make_guard: Any, tiny_llama: Any, tokenizer: Any) -> None:
     guard = make_guard("token")
     timed = Timed(guard)
     out = generate(tiny_llama, tokenizer, [timed], prompt_ids(tokenizer, 1, 4, seed=6), 5)
+    guard.reset()
     generate(tiny_llama, tokenizer, [timed], out, 5)
     assert timed.calls == 10
     assert guard.stats.positions.tolist() == list(range(out.shape[1], out.shape[1] + 5))
@@ -376,6 +380,7 @@ def test_cuda_generate_records_per_call_without_host_synchronisation(
     guard = make_guard("token")
     prompt = prompt_ids(tokenizer, 2, 4, seed=7).cuda()
     out = cast(torch.LongTensor, generate(model, tokenizer, [guard], prompt, 5))
+    guard.reset()
     generate(model, tokenizer, [guard], out, 5)
     assert guard.stats.positions.tolist() == list(range(out.shape[1], out.shape[1] + 5))
     # Steps run from a LogitsProcessorList, as generate() runs them: no host synchronisation.
