@@ -6,6 +6,8 @@ Privacy" (2023). Heavy modules load on first use; importing memfree itself is ch
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 from memfree.errors import (
@@ -21,7 +23,10 @@ if TYPE_CHECKING:
     from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.models import load_model
 
-__version__ = "0.1.0"
+try:  # the one version: pyproject.toml's, as installed
+    __version__ = _version("memfree")
+except PackageNotFoundError:  # pragma: no cover - running from a tree that was never installed
+    __version__ = "0+unknown"
 __all__ = [
     "DamagedFilterError",
     "FilterChangedError",

@@ -18,6 +18,7 @@ import torch
 
 from memfree.engines.stats import GuardStats
 from memfree.engines.transformers import MemFreeLogitsProcessor
+from memfree.errors import SettingError
 from memfree.filterfile.protocol import NgramSet
 from memfree.units import stored_ngram_counts
 
@@ -51,37 +52,49 @@ class DecodingSettings:
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        problem = self.problem()
-        if problem:
-            raise ValueError(problem)
+        found = self._problem()
+        if found:
+            raise SettingError(found[1], field=found[0])
 
     def problem(self) -> str | None:
-        """The first invalid setting, phrased for the command line, or None."""
+        """The first invalid setting, named by its field (``top_k must be >= 1, got 0``), or
+        None."""
+        found = self._problem()
+        return found[1] if found else None
+
+    def _problem(self) -> tuple[str, str] | None:
         checks = [
-            (self.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {self.max_new_tokens}"),
-            (self.temperature > 0, f"--temperature must be > 0, got {self.temperature}"),
-            (self.top_k is None or self.top_k >= 1, f"--top-k must be >= 1, got {self.top_k}"),
+            (
+                self.max_new_tokens >= 1,
+                "max_new_tokens",
+                f"must be >= 1, got {self.max_new_tokens}",
+            ),
+            (self.temperature > 0, "temperature", f"must be > 0, got {self.temperature}"),
+            (self.top_k is None or self.top_k >= 1, "top_k", f"must be >= 1, got {self.top_k}"),
             (
                 self.top_p is None or 0 < self.top_p <= 1,
-                f"--top-p must be in (0, 1], got {self.top_p}",
+                "top_p",
+                f"must be in (0, 1], got {self.top_p}",
             ),
-            (self.num_beams >= 1, f"--num-beams must be >= 1, got {self.num_beams}"),
+            (self.num_beams >= 1, "num_beams", f"must be >= 1, got {self.num_beams}"),
             (
                 self.num_return_sequences >= 1,
-                f"--num-return-sequences must be >= 1, got {self.num_return_sequences}",
+                "num_return_sequences",
+                f"must be >= 1, got {self.num_return_sequences}",
             ),
             (
                 self.num_return_sequences <= max(self.num_beams, 1) or self.do_sample,
-                f"--num-return-sequences ({self.num_return_sequences}) must not exceed "
-                f"--num-beams ({self.num_beams}) without --sample",
+                "num_return_sequences",
+                f"({self.num_return_sequences}) must not exceed num_beams ({self.num_beams}) "
+                "without do_sample",
             ),
-            (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
+            (self.batch_size >= 1, "batch_size", f"must be >= 1, got {self.batch_size}"),
             # transformers' set_seed seeds numpy too, which takes only 32-bit seeds.
-            (0 <= self.seed <= MAX_SEED, f"--seed must be in [0, 2**32 - 1], got {self.seed}"),
+            (0 <= self.seed <= MAX_SEED, "seed", f"must be in [0, 2**32 - 1], got {self.seed}"),
         ]
-        for ok, message in checks:
+        for ok, name, message in checks:
             if not ok:
-                return message
+                return name, f"{name} {message}"
         return None
 
     def generate_kwargs(self) -> dict[str, Any]:
@@ -112,15 +125,6 @@ class PromptCutWarning(UserWarning):
     """A prompt was cut from the left to fit the model's context (see :func:`complete`)."""
 
 
-# The policy in the words of the command line (its --help and the README's "bad input").
-CONTEXT_POLICY = (
-    "the model sees at most its context (config.max_position_embeddings) minus --max-new-tokens "
-    "tokens of each prompt: a longer prompt is cut from the left, with a warning naming its "
-    "length, the context and the tokens cut; a --max-new-tokens that leaves no room for a prompt "
-    "is refused"
-)
-
-
 def model_context(model: Any) -> int | None:
     """Positions the model attends to (``config.max_position_embeddings``), or None if unknown."""
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -143,7 +147,7 @@ def fit_prompt(ids: list[int], context: int | None, max_new_tokens: int) -> list
     room = context - max_new_tokens
     if room < 1:
         raise ValueError(
-            f"--max-new-tokens {max_new_tokens:,} leaves no room for a prompt in the model's "
+            f"max_new_tokens {max_new_tokens:,} leaves no room for a prompt in the model's "
             f"context of {context:,} tokens; give at most {context - 1:,}"
         )
     if len(ids) <= room:

@@ -25,6 +25,21 @@ INTERRUPTED = "memfree: interrupted; rerun the same command to resume"
 INTERRUPTED_STATUS = 130
 
 
+#: ``DecodingSettings`` fields and the ``memfree generate`` / ``memfree eval`` flags that set them:
+#: library errors name fields, the command line names flags (:func:`memfree.errors.in_flag_terms`).
+DECODING_FLAGS = {
+    "max_new_tokens": "--max-new-tokens",
+    "do_sample": "--sample",
+    "temperature": "--temperature",
+    "top_k": "--top-k",
+    "top_p": "--top-p",
+    "num_beams": "--num-beams",
+    "num_return_sequences": "--num-return-sequences",
+    "seed": "--seed",
+    "batch_size": "--batch-size",
+}
+
+
 def fail(message: str) -> int:
     """Print ``memfree: error: MESSAGE`` on stderr and return the usage-error status, 2.
 

@@ -9,12 +9,21 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from memfree.cli.common import fail, indent, side_by_side, warnings_to_stderr
+from memfree.cli.common import DECODING_FLAGS, fail, indent, side_by_side, warnings_to_stderr
+from memfree.errors import in_flag_terms
+
+# The context policy in the words of the command line (its --help and docs/bad-input.md).
+CONTEXT_POLICY = (
+    "the model sees at most its context (config.max_position_embeddings) minus --max-new-tokens "
+    "tokens of each prompt: a longer prompt is cut from the left, with a warning naming its "
+    "length, the context and the tokens cut; a --max-new-tokens that leaves no room for a prompt "
+    "is refused"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Give ``memfree generate``'s parser its description and options (defaults: DecodingSettings)."""
-    from memfree.generation import CONTEXT_POLICY, DecodingSettings
+    from memfree.generation import DecodingSettings
 
     defaults = DecodingSettings()
     parser.description = (
@@ -139,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         settings, prompts = _settings_and_prompts(args)
         check_device(args.device)
     except ValueError as error:
-        return fail(str(error))
+        return fail(in_flag_terms(str(error), DECODING_FLAGS))
 
     from memfree.errors import FilterError
     from memfree.filterfile.native import NgramFilter
@@ -175,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         guarded, plain = _complete(args, model, tokenizer, prompts, settings, guard, ngram_filter)
     except ValueError as error:
-        return fail(str(error))
+        return fail(in_flag_terms(str(error), DECODING_FLAGS))
     if args.json:
         _print_records(tokenizer, guarded, plain)
     else:

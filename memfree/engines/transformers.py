@@ -88,7 +88,7 @@ class MemFreeLogitsProcessor(_Base):
 
     unit_name: ClassVar[str | None] = None  # None: the filter's unit picks the core
     # Continuous batching passes each request's last token only: a guard needs the history.
-    supports_continuous_batching: ClassVar[bool] = False
+    supports_continuous_batching = False
 
     def __init__(
         self,

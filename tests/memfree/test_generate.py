@@ -142,9 +142,9 @@ def test_explain_notation(tokenizer: Any) -> None:
 
 
 def test_decoding_settings_are_checked() -> None:
-    with pytest.raises(ValueError, match="--top-p must be in"):
+    with pytest.raises(ValueError, match="top_p must be in"):
         DecodingSettings(top_p=1.5)
-    with pytest.raises(ValueError, match="must not exceed --num-beams"):
+    with pytest.raises(ValueError, match="must not exceed num_beams"):
         DecodingSettings(num_return_sequences=2)
     assert DecodingSettings(do_sample=True, top_k=3).generate_kwargs()["top_k"] == 3
 
@@ -314,7 +314,7 @@ def test_a_prompt_longer_than_the_context_is_cut_from_the_left(tokenizer: Any) -
         warnings.simplefilter("error")  # a prompt that fits, to the last position: no warning
         (direct,) = complete(model, tokenizer, [ids[-24:]], settings)
     assert cut.output_ids == direct.output_ids
-    with pytest.raises(ValueError, match="--max-new-tokens 32 leaves no room for a prompt"):
+    with pytest.raises(ValueError, match="max_new_tokens 32 leaves no room for a prompt"):
         complete(model, tokenizer, ["x"], replace(settings, max_new_tokens=32))
 
 

@@ -1,0 +1,155 @@
+"""The layout's promises: the public import paths operators and users rely on stay where they
+were, one ``open_filter`` reads every format by its magic bytes, a tokenizer is read once into a
+:class:`TokenizerInfo`, and the adapters ask the masker how much of a row it reads."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import memfree
+from memfree.core import MaskerOptions
+from memfree.core.token import TokenMasker
+from memfree.engines.rows import RowGuard
+from memfree.engines.setup import GuardSetup
+from memfree.filterfile import open_filter, pybloom
+from memfree.filterfile.native import NgramFilter
+from memfree.testing import word_filter_from_texts
+from memfree.vocab.info import TokenizerInfo
+from memfree.vocab.token_bytes import token_bytes
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_public_paths_name_the_same_objects() -> None:
+    from memfree.engines import llama_cpp, transformers, vllm
+    from memfree.filter import NgramFilter as PublicFilter
+    from memfree.integrations.llama_cpp import MemFreeLlamaCppLogitsProcessor
+    from memfree.integrations.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
+    from memfree.processor import MemFreeLogitsProcessor
+
+    assert MemFreeLogitsProcessor is transformers.MemFreeLogitsProcessor
+    assert memfree.MemFreeLogitsProcessor is MemFreeLogitsProcessor
+    assert PublicFilter is NgramFilter is memfree.NgramFilter
+    assert MemFreeV1LogitsProcessor is vllm.MemFreeV1LogitsProcessor
+    assert MemFreeV2LogitsProcessor is vllm.MemFreeV2LogitsProcessor
+    assert MemFreeLlamaCppLogitsProcessor is llama_cpp.MemFreeLlamaCppLogitsProcessor
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    assert memfree.__version__ == importlib.metadata.version("memfree")
+
+
+def test_no_module_exceeds_400_lines() -> None:
+    long = {
+        str(path.relative_to(ROOT)): count
+        for package in ("memfree", "bloom_builder", "eval")
+        for path in (ROOT / package).rglob("*.py")
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > 400
+    }
+    assert not long, f"cut these along their seams: {long}"
+
+
+def test_no_library_message_names_a_decoding_flag() -> None:
+    """DecodingSettings' errors name fields; the command lines translate them to flags."""
+    source = (ROOT / "memfree" / "generation.py").read_text(encoding="utf-8")
+    strings = [
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+    assert not [text for text in strings if "--" in text]
+
+
+# -- one open_filter for every format --------------------------------------------------------------
+
+
+def test_open_filter_dispatches_on_magic_bytes(tmp_path: Path) -> None:
+    ngrams = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
+    native = NgramFilter.from_ngrams(tmp_path / "n.memfree", ngrams)
+    writer = pybloom.PybloomWriter(capacity=2, error_rate=0.01, hash_seed=1)
+    writer.add_ngrams(ngrams)
+    bloom = writer.write(tmp_path / "p.bloom", {"tokenizer": "toy", "unit": "token"}, 2)
+    opened = open_filter(tmp_path / "n.memfree")
+    assert isinstance(opened, NgramFilter) and opened.layout == native.layout
+    other = open_filter(bloom)
+    assert isinstance(other, pybloom.PybloomNgramFilter)
+    for filt in (opened, other):
+        assert filt.contains(ngrams).all()
+    assert open_filter(native) is native  # an open filter is returned as it is
+    assert isinstance(NgramFilter.open(bloom), pybloom.PybloomNgramFilter)
+    with pytest.raises(TypeError, match="ngram_filter must be"):
+        open_filter(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        open_filter(tmp_path / "n.memfree", ngram_size=3)
+
+
+# -- TokenizerInfo ---------------------------------------------------------------------------------
+
+
+def test_tokenizer_info_reads_the_tokenizer_once(tokenizer: Any) -> None:
+    info = TokenizerInfo.of(tokenizer)
+    assert TokenizerInfo.of(info) is info
+    assert info.vocab_size == len(tokenizer)
+    assert info.eos_token_id == tokenizer.eos_token_id
+    assert info.pad_token_id == tokenizer.pad_token_id
+    assert info.special_token_ids == special_token_ids(tokenizer)
+    assert info.fingerprint == tokenizer_fingerprint(tokenizer)
+    assert info.token_bytes == tuple(token_bytes(tokenizer))
+    assert info.token_bytes is info.token_bytes  # computed once
+    text = "def add(a, b):\n    return a + b\n"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert info.encode(text) == ids and info.decode(ids) == tokenizer.decode(ids)
+    with pytest.raises(TypeError, match="Hugging Face tokenizer"):
+        TokenizerInfo.of(None)
+
+
+def test_guard_setup_reads_ids_from_the_info(tmp_path: Path, tokenizer: Any) -> None:
+    filt = NgramFilter.from_ngrams(
+        tmp_path / "f.memfree",
+        np.array([[5, 6, 7]]),
+        metadata={
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "special_token_ids": list(special_token_ids(tokenizer)),
+        },
+    )
+    from_info = GuardSetup.create(filt, TokenizerInfo.of(tokenizer))
+    from_tokenizer = GuardSetup.create(filt, tokenizer)
+    assert from_info.special_token_ids == from_tokenizer.special_token_ids
+    assert from_info.eos_token_ids == (tokenizer.eos_token_id,)
+    assert tokenizer.pad_token_id in from_info.special_token_ids
+
+
+# -- the masker says what it reads -----------------------------------------------------------------
+
+
+def test_adapters_read_as_much_of_a_row_as_the_masker_does(tmp_path: Path, tokenizer: Any) -> None:
+    token_filter = NgramFilter.from_ngrams(tmp_path / "t.memfree", np.array([[5, 6, 7]]))
+    word_filter = word_filter_from_texts(tmp_path / "w.memfree", ["the quick brown fox"], 2)
+    token = GuardSetup.create(token_filter, eos_token_id=0)
+    word = GuardSetup.create(word_filter, tokenizer)
+    assert token.masker.context_width == 2 and RowGuard(token).window == 2
+    assert word.masker.context_width is None and RowGuard(word).window is None
+    banned, _ = RowGuard(token).banned([[9, 9, 5, 6], [5, 6, 9]], 10)
+    assert banned[0, 7] and not banned[1].any()
+
+
+def test_masker_options_change_how_not_what(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    stored = rng.integers(0, 20, (40, 3))
+    filt = NgramFilter.from_ngrams(tmp_path / "f.memfree", stored)
+    rows = rng.integers(0, 20, (16, 5))
+    rows[::2, -2:] = stored[:8, :2]  # half the rows end with a stored prefix
+    tensor = torch.from_numpy(rows)
+    masks = [
+        TokenMasker(filt, [], MaskerOptions(skip_rows=skip)).banned_mask(tensor, 24)[0]
+        for skip in (True, False)
+    ]
+    assert torch.equal(masks[0], masks[1]) and masks[0].any()
