@@ -1,13 +1,17 @@
-"""The guard inside serving engines: thin adapters over the engine-neutral core.
+"""The guard inside every engine: one shared setup and thin adapters over the engine-neutral core.
 
-- :mod:`memfree.integrations.vllm`: ``MemFreeV1LogitsProcessor`` (vLLM's V1 model runner) and
-  ``MemFreeV2LogitsProcessor`` (Model Runner V2), configured by
-  ``additional_config={"memfree": {...}}`` (:mod:`memfree.integrations.policy`).
-- :mod:`memfree.integrations.llama_cpp`: ``MemFreeLlamaCppLogitsProcessor`` for
-  llama-cpp-python's ``logits_processor=``; it fails closed.
+- :mod:`~memfree.engines.setup`: :class:`GuardSetup` (the filter, its unit, the exempt and
+  end-of-sequence ids, the unit's masker, the file watch; every argument checked once) and how a
+  step's scores are edited (:func:`ban_scores`, :func:`fail_closed`).
+- :mod:`~memfree.engines.transformers`: ``MemFreeLogitsProcessor`` for ``generate()``, with its
+  statistics (:mod:`~memfree.engines.stats`).
+- :mod:`~memfree.engines.rows`: ragged rows, as serving engines keep them, for the core.
+- :mod:`~memfree.engines.vllm` (``vllm_v1``, ``vllm_v2``, ``vllm_common``, ``policy``): vLLM's two
+  model runners, configured by ``additional_config={"memfree": {...}}``.
+- :mod:`~memfree.engines.llama_cpp`: llama-cpp-python's ``logits_processor=``; it fails closed.
 
-Each adapter turns its engine's rows into the core's input (:mod:`memfree.integrations.rows`)
-and edits the scores as the transformers guard does (:mod:`memfree.guard`). None of them imports
-its engine at module level beyond the base class vLLM requires, so each is tested here against
-replicas of the engine's objects.
+Operators name the public paths, which stay stable: ``memfree.processor``,
+``memfree.integrations.vllm`` and ``memfree.integrations.llama_cpp``. No adapter imports its
+engine at module level beyond the base class vLLM requires, so each is tested against replicas
+of the engine's objects.
 """
