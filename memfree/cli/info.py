@@ -7,7 +7,11 @@ import json
 from typing import Any
 
 from memfree.cli.common import fail
+from memfree.errors import in_flag_terms
 from memfree.filterfile.header import MAX_NGRAM_SIZE
+
+#: The readers' argument names and ``memfree info``'s flags (library errors name arguments).
+INFO_FLAGS = {"ngram_size": "--ngram-size"}
 
 # Shown on their own lines first; every other metadata key follows, sorted.
 _SHOWN_FIRST = frozenset(
@@ -66,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             filt = NgramFilter.open(args.filter, verify=not args.no_verify, **kwargs)
     except (FileNotFoundError, FilterError, ValueError) as error:
-        return fail(str(error))
+        return fail(in_flag_terms(str(error), INFO_FLAGS))
     metadata = filt.metadata
     metadata["size_bytes"] = filt.size_bytes
     if args.json:

@@ -215,8 +215,7 @@ def _open_handle(
         if ngram_size is None:
             raise FilterError(
                 f"{path}: a pybloomfiltermmap3 file without its sidecar {sidecar_path(path).name}; "
-                "pass ngram_size= (--ngram-size on the command line; keys must be uint32le "
-                "token ids) or keep the .json beside it"
+                "pass ngram_size (keys must be uint32le token ids) or keep the .json beside it"
             )
         if (
             not isinstance(ngram_size, int)
@@ -224,7 +223,7 @@ def _open_handle(
             or not 1 <= ngram_size <= MAX_NGRAM_SIZE
         ):
             raise ValueError(
-                f"{path}: ngram_size (--ngram-size) must be a positive integer at most "
+                f"{path}: ngram_size must be a positive integer at most "
                 f"{MAX_NGRAM_SIZE}, got {ngram_size!r}"
             )
         # pybloomfiltermmap3 never writes its count back to the file, so 0 there means unknown
@@ -236,8 +235,8 @@ def _open_handle(
         sidecar["num_ngrams_estimated"] = not counted
     elif ngram_size is not None and ngram_size != sidecar["n"]:
         raise FilterMismatchError(
-            f"{path}: its sidecar says n={sidecar['n']}, but ngram_size={ngram_size} "
-            "(--ngram-size) was given; drop it or give the sidecar's n"
+            f"{path}: its sidecar says n={sidecar['n']}, but ngram_size {ngram_size} "
+            "was given; drop it or give the sidecar's n"
         )
     for key in ("num_bits", "num_hashes", "seeds"):
         if sidecar.get(key, header[key]) != header[key]:
