@@ -17,7 +17,7 @@ from bloom_builder.counting import RUN_ENTRY_BYTES
 from bloom_builder.encode import init_worker
 from bloom_builder.errors import BuildError
 from bloom_builder.executors import Executor, any_done, make_executor
-from bloom_builder.map import MapStats, MapTask, map_shard
+from bloom_builder.map import MapResult, MapStats, MapTask, map_shard
 from bloom_builder.outputs import (
     OutputError,
     check_output,
@@ -30,7 +30,7 @@ from bloom_builder.outputs import (
     sidecar_of,
 )
 from bloom_builder.plan import BuildPlan, nothing_usable, plan_build, unit_parts
-from bloom_builder.reduce import Reduced, reduce_partition, reduce_tasks
+from bloom_builder.reduce import Reduced, RunKind, reduce_partition, reduce_tasks
 from bloom_builder.segments import batch_bytes_for
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
@@ -184,12 +184,12 @@ def _run(
         "documents": stats.documents,
         "tokens": stats.tokens,
         "ngrams": stats.ngrams,
-        "distinct_ngrams": reduced.total("ngrams", "distinct"),
+        "distinct_ngrams": reduced.distinct("ngrams"),
         "sources": [str(path) for path in paths],
         "input_units": len(plan.units),
         "skipped": plan.problems.to_dict()["counts"],
     }
-    kept = reduced.total("ngrams", "kept")
+    kept = reduced.kept("ngrams")
     metadata = filter_metadata(parts.header_fields, settings, kept, corpus)
     shape = write_filter(
         output, metadata, settings, plan, reduced, parts.payload, budget.batch_bytes
@@ -205,24 +205,24 @@ def _map_step(
     budget: _Budget,
     stage_name: str,
     progress: bool,
-) -> dict[int, dict[str, Any]]:
+) -> dict[int, MapResult]:
     """Run one map task per shard; returns each task's result by shard index."""
     tasks = [
         MapTask(
-            index,
-            shard,
-            str(work),
-            settings.ngram_size,
-            settings.hash_seed,
-            settings.batch_documents,
-            budget.buffer_entries,
-            plan.options,
-            plan.use_prefixes,
-            budget.batch_bytes,
+            index=index,
+            units=shard,
+            work_dir=str(work),
+            ngram_size=settings.ngram_size,
+            hash_seed=settings.hash_seed,
+            batch_documents=settings.batch_documents,
+            buffer_entries=budget.buffer_entries,
+            options=plan.options,
+            prefixes=plan.use_prefixes,
+            batch_bytes=budget.batch_bytes,
         )
         for index, shard in enumerate(plan.shards)
     ]
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, MapResult] = {}
     total_bytes = sum(max(unit.size_bytes, 1) for unit in plan.units)
     with _progress(total_bytes, stage_name, "B", progress) as bar:
         for task, result in executor.run(map_shard, tasks):
@@ -231,19 +231,16 @@ def _map_step(
     return results
 
 
-def _merge_stats(results: dict[int, dict[str, Any]], problems: ProblemLog) -> MapStats:
+def _merge_stats(results: dict[int, MapResult], problems: ProblemLog) -> MapStats:
     """The map tasks' statistics summed in shard order; their problems go into ``problems``."""
-    stats = MapStats()
-    for index in sorted(results):
-        task_stats = dict(results[index]["stats"])
-        problems.merge(ProblemLog.from_dict(task_stats.pop("problems")))
-        stats.add(MapStats(**task_stats))
+    stats = sum((results[index].stats for index in sorted(results)), MapStats())
+    problems.merge(stats.problems)
     return stats
 
 
 def _reduce_step(
     executor: Executor,
-    map_results: dict[int, dict[str, Any]],
+    map_results: dict[int, MapResult],
     settings: BuildSettings,
     work: Path,
     plan: BuildPlan,
@@ -251,13 +248,10 @@ def _reduce_step(
     progress: bool,
 ) -> Reduced:
     """Count every partition of the n-gram runs (and of the prefix runs, for a prefix section)."""
-    kinds = {"ngrams": "runs", "prefixes": "prefix_runs"}
-    if not plan.use_prefixes:
-        del kinds["prefixes"]
-    runs = {
-        kind: [stem for index in sorted(map_results) for stem in map_results[index][key]]
-        for kind, key in kinds.items()
-    }
+    in_order = [map_results[index] for index in sorted(map_results)]
+    runs: dict[RunKind, list[str]] = {"ngrams": [stem for done in in_order for stem in done.runs]}
+    if plan.use_prefixes:
+        runs["prefixes"] = [stem for done in in_order for stem in done.prefix_runs]
     reduce_dir = work / f"reduce-min{settings.min_count}"
     tasks = reduce_tasks(
         runs, settings.num_partitions, settings.min_count, budget.max_entries, reduce_dir
@@ -275,12 +269,13 @@ def _summary(
     settings: BuildSettings,
     plan: BuildPlan,
     stats: MapStats,
-    map_results: dict[int, dict[str, Any]],
+    map_results: dict[int, MapResult],
     reduced: Reduced,
     shape: FilterShape,
     started: float,
 ) -> BuildSummary:
-    kept = reduced.total("ngrams", "kept")
+    """What the build did, for the user (printed, or as JSON)."""
+    kept = reduced.kept("ngrams")
     seconds = time.perf_counter() - started
     return BuildSummary(
         output=str(output),
@@ -289,9 +284,9 @@ def _summary(
         documents=stats.documents,
         tokens=stats.tokens,
         ngrams=stats.ngrams,
-        distinct_ngrams=reduced.total("ngrams", "distinct"),
+        distinct_ngrams=reduced.distinct("ngrams"),
         kept_ngrams=kept,
-        kept_prefixes=reduced.total("prefixes", "kept"),
+        kept_prefixes=reduced.kept("prefixes"),
         num_bits=shape.num_bits,
         num_probes=shape.num_probes,
         expected_false_positive_rate=shape.expected_false_positive_rate,
@@ -301,9 +296,9 @@ def _summary(
         tokens_per_second=stats.tokens / seconds if seconds > 0 else 0.0,
         seconds_tokenizing=stats.seconds_tokenizing,
         seconds_hashing_counting=stats.seconds_hashing + reduced.seconds(),
-        cpu_seconds_hashing_counting=stats.cpu_seconds_hashing + reduced.seconds("cpu_seconds"),
+        cpu_seconds_hashing_counting=stats.cpu_seconds_hashing + reduced.cpu_seconds(),
         map_tasks=len(plan.shards),
-        reused_tasks=sum(bool(result.get("reused")) for result in map_results.values()),
+        reused_tasks=sum(result.reused for result in map_results.values()),
         workers=settings.workers,
         skipped=plan.problems.to_dict(),
     )

@@ -1,15 +1,66 @@
 """``memfree build``: stream a corpus into one filter file; options and defaults from
-:class:`~bloom_builder.settings.BuildSettings`, checks left to it and to the build."""
+:class:`~bloom_builder.settings.BuildSettings`, checks left to it and to the build, whose setting
+errors name fields: :data:`FLAGS` says them in the options' names."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import re
+from typing import TYPE_CHECKING
 
+from bloom_builder.choices import EXECUTORS, FORMATS, UNITS
 from memfree.cli.common import fail, interrupted
+from memfree.errors import SettingError, in_flag_terms
+
+if TYPE_CHECKING:
+    from bloom_builder.settings import BuildSettings
+
+#: BuildSettings fields and the ``memfree build`` options that set them: library errors name
+#: fields, the command line names flags (:func:`memfree.errors.in_flag_terms`). Not here:
+#: ``tokenizer``, a plain word too in the messages about it ("--unit word needs no tokenizer"),
+#: and ``follow_symlinks``, whose option (--no-follow-symlinks) says the opposite.
+FLAGS = {
+    "ngram_size": "--n",
+    "unit": "--unit",
+    "min_count": "--min-count",
+    "false_positive_rate": "--fpr",
+    "prefix_false_positive_rate": "--prefix-fpr",
+    "workers": "--workers",
+    "executor": "--executor",
+    "ray_address": "--ray-address",
+    "memory_limit_bytes": "--memory-limit",
+    "num_partitions": "--partitions",
+    "shard_bytes": "--shard-size",
+    "text_field": "--text-field",
+    "ids_field": "--ids-field",
+    "include": "--include",
+    "exclude": "--exclude",
+    "output_format": "--format",
+}
+#: Fields whose None the command line spells otherwise: ``--prefix-fpr 0`` is no prefix section.
+NONE_SPELLED = {"prefix_false_positive_rate": "0"}
 
 _SIZE_UNITS = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+# A quoted value in a message (``got 'x'``): the user's words, never translated.
+_QUOTED = re.compile(r"""((?<!\w)'[^'\n]*'(?!\w)|(?<!\w)"[^"\n]*"(?!\w))""")
+
+
+def setting_message(error: SettingError) -> str:
+    """A library setting error in ``memfree build``'s words: each field as its option
+    (:data:`FLAGS`), None as the option spells it (:data:`NONE_SPELLED`); quoted values stay.
+
+    Example:
+        >>> setting_message(SettingError("ngram_size must be at most 64, got 65", "ngram_size"))
+        '--n must be at most 64, got 65'
+    """
+    terms = dict(FLAGS)
+    if error.field in NONE_SPELLED:
+        terms["None"] = NONE_SPELLED[error.field]
+    parts = _QUOTED.split(str(error))
+    return "".join(
+        part if index % 2 else in_flag_terms(part, terms) for index, part in enumerate(parts)
+    )
 
 
 def format_size(size_bytes: int) -> str:
@@ -27,7 +78,7 @@ def format_size(size_bytes: int) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Give ``memfree build``'s parser its description and options, defaults from BuildSettings."""
-    from bloom_builder.settings import UNITS, BuildSettings
+    from bloom_builder.settings import BuildSettings
 
     defaults = BuildSettings()
     parser.description = (
@@ -87,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--executor",
-        choices=("local", "ray"),
+        choices=EXECUTORS,
         default=defaults.executor,
         help="where map and reduce tasks run: a local process pool, or Ray Core tasks with "
         "retries (pip install 'memfree[ray]'; --work-dir on storage every node sees) "
@@ -119,10 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_reading_and_output_options(parser, defaults)
 
 
-def _add_reading_and_output_options(parser: argparse.ArgumentParser, defaults: Any) -> None:
+def _add_reading_and_output_options(
+    parser: argparse.ArgumentParser, defaults: BuildSettings
+) -> None:
     """What to read of the inputs, and how the output is written and reported."""
-    from bloom_builder.settings import FORMATS
-
     parser.add_argument(
         "--text-field",
         default=defaults.text_field,
@@ -179,12 +230,13 @@ def _add_reading_and_output_options(parser: argparse.ArgumentParser, defaults: A
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
-def settings_from_args(args: argparse.Namespace) -> Any:
+def settings_from_args(args: argparse.Namespace) -> BuildSettings:
     """The :class:`~bloom_builder.settings.BuildSettings` of parsed ``memfree build`` options.
 
     Raises:
-        ValueError: a size that does not parse, or a setting out of range (BuildSettings names
-            the option).
+        SettingError: a setting out of range, named by its field (:func:`setting_message` says
+            it in the options' names).
+        ValueError: a size that does not parse.
     """
     from bloom_builder.settings import BuildSettings, parse_size
 
@@ -222,7 +274,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         settings = settings_from_args(args)
-    except ValueError as error:
+    except SettingError as error:
+        return fail(setting_message(error))
+    except ValueError as error:  # a size that does not parse
         return fail(str(error))
     try:
         summary = build_filter(
@@ -234,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             force=args.force,
         )
+    except SettingError as error:  # a rate no filter reaches for the n-grams counted
+        return fail(setting_message(error))
     except (BuildError, RayUnavailable, TokenizerNotFoundError, MissingDependencyError) as error:
         return fail(str(error))  # a missing extra: the message names the pip command
     except TaskFailed as error:  # finished tasks are kept: the build said where

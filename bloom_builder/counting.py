@@ -1,11 +1,12 @@
 """Exact n-gram counting in bounded memory: sorted runs spilled to disk by the map step, merged
-per key range by the reduce step (a range too large for the memory limit is cut into parts).
+per key range by the reduce step (a range too large for the memory limit is cut into parts); and
+the records (size, xxh3, times) by which a resumed build trusts the files a task wrote.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ KEY_BYTES = 8
 RUN_ENTRY_BYTES = 12  # a key, and room for repeats: what the memory budget plans per entry
 
 
-def _write_array(path: Path, array: np.ndarray) -> list[Any]:
+def _write_array(path: Path, array: np.ndarray) -> FileRecord:
     """Write an array's bytes to a temporary beside ``path`` and rename it into place (a run
     file is complete or absent); :class:`RunWriter` makes it durable later, off the hot path.
 
@@ -36,14 +37,40 @@ def _write_array(path: Path, array: np.ndarray) -> list[Any]:
     return file_record(path, xxhash.xxh3_64_hexdigest(data))
 
 
-def file_record(path: Path, digest: str) -> list[Any]:
-    """``[size, xxh3, mtime_ns, ctime_ns]`` of a file just written whose bytes hash to ``digest``.
+@dataclass(frozen=True)
+class FileRecord:
+    """What a task's marker records of a file the task wrote, so that a resumed build can tell
+    the file is intact (:func:`files_intact`); in the marker, ``[size, xxh3, mtime_ns, ctime_ns]``.
+
+    Attributes:
+        size_bytes: the file's size when written.
+        xxh3: the xxh3 (hex) of its bytes.
+        times_ns: its modification and status-change times when written (``()``: unknown, so
+            the file is always read and hashed).
+    """
+
+    size_bytes: int
+    xxh3: str
+    times_ns: tuple[int, ...] = ()
+
+    def to_json(self) -> list[Any]:
+        """The marker's list: ``[size, xxh3, mtime_ns, ctime_ns]``."""
+        return [self.size_bytes, self.xxh3, *self.times_ns]
+
+    @classmethod
+    def from_json(cls, entry: Sequence[Any]) -> FileRecord:
+        """Read a marker's list back (a list of size and xxh3 alone has no times)."""
+        return cls(int(entry[0]), str(entry[1]), tuple(entry[2:]))
+
+
+def file_record(path: Path, digest: str) -> FileRecord:
+    """The record of a file just written whose bytes hash to ``digest``: its size and times.
 
     The times let a resumed build trust an untouched file without reading it: any write changes
     the status-change time (ctime), which no user command can set back. A file whose times moved
     (``touch``, a copied work directory) is read and hashed instead."""
     info = path.stat()
-    return [info.st_size, digest, info.st_mtime_ns, info.st_ctime_ns]
+    return FileRecord(info.st_size, digest, (info.st_mtime_ns, info.st_ctime_ns))
 
 
 def file_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[int, str]:
@@ -57,23 +84,22 @@ def file_digest(path: Path, chunk_bytes: int = 16 << 20) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
-def files_intact(recorded: dict[str, list[Any]]) -> bool:
-    """Whether every file recorded by :func:`file_record` (``path -> [size, xxh3, mtime_ns,
-    ctime_ns]``) still has that size and those bytes.
+def files_intact(recorded: Mapping[str, FileRecord]) -> bool:
+    """Whether every file recorded by :func:`file_record` (path -> record) still has its recorded
+    size and bytes.
 
     A file with its recorded size and times is trusted unread (a resume must not read every
     intermediate file again: runs take about 8 bytes per n-gram); a changed size fails at once;
     any other file is hashed and compared."""
-    for name, entry in recorded.items():
+    for name, record in recorded.items():
         path = Path(name)
-        size, digest = int(entry[0]), str(entry[1])
         try:
             info = path.stat()
-            if info.st_size != size:
+            if info.st_size != record.size_bytes:
                 return False
-            if list(entry[2:]) == [info.st_mtime_ns, info.st_ctime_ns]:
+            if list(record.times_ns) == [info.st_mtime_ns, info.st_ctime_ns]:
                 continue
-            if file_digest(path) != (size, digest):
+            if file_digest(path) != (record.size_bytes, record.xxh3):
                 return False
         except OSError:
             return False
@@ -174,7 +200,7 @@ class RunWriter:
         self._pending: list[np.ndarray] = []
         self._pending_entries = 0
         self.runs: list[Run] = []
-        self.files: dict[str, list[Any]] = {}  # every run file -> its file_record
+        self.files: dict[str, FileRecord] = {}  # every run file -> its record
         self._flusher: ThreadPoolExecutor | None = None
         self._flushes: list[Future[None]] = []
         directory.mkdir(parents=True, exist_ok=True)

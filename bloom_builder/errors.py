@@ -1,5 +1,6 @@
 """The builder's user-facing errors: why a build cannot produce a filter (and what to do), a task
-that failed on every attempt, and a Ray cluster that cannot be joined."""
+that failed on every attempt, and a Ray cluster that cannot be joined; and how a task is named in
+them. (A setting out of range is a :class:`memfree.errors.SettingError`.)"""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
-"""The map step: a shard of work units -> n-gram fingerprints -> sorted, counted runs on disk."""
+"""The map step: a shard of work units -> n-gram fingerprints -> sorted, counted runs on disk;
+what each task saw and wrote comes back as a typed :class:`MapResult`."""
 
 from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from bloom_builder.counting import RunWriter, files_intact
+from bloom_builder.counting import FileRecord, RunWriter, files_intact
 from bloom_builder.encode import Encoder, EncodeSeconds, encoded_batches, worker_encoder
 from bloom_builder.segments import SEGMENT_BYTES
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit
@@ -16,8 +18,123 @@ from bloom_builder.windows import batch_windows
 
 
 @dataclass(frozen=True)
+class MapStats:
+    """What map tasks saw (datatrove-style typed stats): one task's, or several summed with
+    ``+`` in a fixed order for the summary (problems merged, first examples kept).
+
+    Attributes:
+        documents: documents read (a document cut into pieces counts once).
+        tokens: ids encoded (token ids, or words for the word unit).
+        ngrams: fingerprint windows spilled into runs.
+        input_bytes: the units' estimated uncompressed bytes.
+        seconds_reading: wall time reading documents.
+        seconds_tokenizing: wall time encoding them.
+        seconds_hashing: wall time hashing windows and writing runs.
+        cpu_seconds_hashing: CPU time of that, in the task's thread (waits for the disk excluded).
+        problems: the inputs skipped while reading.
+    """
+
+    documents: int = 0
+    tokens: int = 0
+    ngrams: int = 0
+    input_bytes: int = 0
+    seconds_reading: float = 0.0
+    seconds_tokenizing: float = 0.0
+    seconds_hashing: float = 0.0
+    cpu_seconds_hashing: float = 0.0
+    problems: ProblemLog = field(default_factory=ProblemLog)
+
+    def __add__(self, other: MapStats) -> MapStats:
+        """Both tasks' numbers summed; this one's problems first, then ``other``'s."""
+        problems = ProblemLog()
+        problems.merge(self.problems)
+        problems.merge(other.problems)
+        return MapStats(
+            **{name: getattr(self, name) + getattr(other, name) for name in _COUNTS + _SECONDS},
+            problems=problems,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker's ``stats``: every number, and the problems as :meth:`ProblemLog.to_dict`."""
+        numbers = {name: getattr(self, name) for name in _COUNTS + _SECONDS}
+        return {**numbers, "problems": self.problems.to_dict()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MapStats:
+        """Read a marker's ``stats`` back (a number it lacks is 0)."""
+        counts: dict[str, Any] = {name: int(data.get(name, 0)) for name in _COUNTS}
+        seconds: dict[str, Any] = {name: float(data.get(name, 0.0)) for name in _SECONDS}
+        return cls(**counts, **seconds, problems=ProblemLog.from_dict(data["problems"]))
+
+
+_COUNTS = ("documents", "tokens", "ngrams", "input_bytes")
+_SECONDS = ("seconds_reading", "seconds_tokenizing", "seconds_hashing", "cpu_seconds_hashing")
+
+
+@dataclass(frozen=True)
+class MapResult:
+    """What a map task wrote and saw; its marker holds :meth:`to_json`.
+
+    Attributes:
+        stats: what the task saw.
+        runs: the stems of the n-gram runs it wrote, in order.
+        prefix_runs: the stems of its prefix runs (empty without a prefix section).
+        files: every run file it wrote -> its record (size, xxh3, times).
+        reused: the result comes from the marker of an earlier build, not from running.
+    """
+
+    stats: MapStats
+    runs: tuple[str, ...]
+    prefix_runs: tuple[str, ...]
+    files: Mapping[str, FileRecord]
+    reused: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker's payload: ``stats``, ``runs``, ``prefix_runs``, ``files`` and ``reused``."""
+        return {
+            "stats": self.stats.to_json(),
+            "runs": list(self.runs),
+            "prefix_runs": list(self.prefix_runs),
+            "files": {name: record.to_json() for name, record in self.files.items()},
+            "reused": self.reused,
+        }
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> MapResult:
+        """Read a marker's payload back.
+
+        Raises:
+            KeyError, TypeError, ValueError: the payload is not a map task's (the task reruns).
+        """
+        return cls(
+            stats=MapStats.from_json(payload["stats"]),
+            runs=tuple(str(stem) for stem in payload["runs"]),
+            prefix_runs=tuple(str(stem) for stem in payload["prefix_runs"]),
+            files={
+                str(name): FileRecord.from_json(entry) for name, entry in payload["files"].items()
+            },
+            reused=bool(payload.get("reused", False)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class MapTask:
-    """One shard: a few work units whose n-gram fingerprints end up in sorted runs."""
+    """One shard: a few work units whose n-gram fingerprints end up in sorted runs.
+
+    Attributes:
+        index: the shard's place in the build (names its run directory and marker).
+        units: the work units it reads, in order.
+        work_dir: the build's work directory (absolute: tasks may run on other nodes).
+        ngram_size: units per n-gram.
+        hash_seed: seed of the n-gram hash.
+        batch_documents: documents encoded at once.
+        buffer_entries: fingerprints buffered before a run is spilled.
+        options: how the units are read.
+        prefixes: also write runs of each window's (n-1)-id prefix (for the prefix section).
+        batch_bytes: text encoded at once (the memory it may take).
+    """
+
+    result_type: ClassVar[type[MapResult]] = MapResult
 
     index: int
     units: tuple[WorkUnit, ...]
@@ -28,7 +145,7 @@ class MapTask:
     buffer_entries: int
     options: SourceOptions
     prefixes: bool = True
-    batch_bytes: int = 4 * SEGMENT_BYTES  # text tokenized at once (the memory it may take)
+    batch_bytes: int = 4 * SEGMENT_BYTES
 
     @property
     def marker(self) -> Path:
@@ -38,41 +155,15 @@ class MapTask:
     def run_dir(self) -> Path:
         return Path(self.work_dir) / "map" / f"shard-{self.index:05d}"
 
-    def outputs_intact(self, result: dict[str, Any]) -> bool:
+    def outputs_intact(self, result: MapResult) -> bool:
         """Whether every run file the result names is on disk with the size and xxh3 it had when
         written (a truncated or edited run is never reused; its task runs again)."""
-        files = result["files"]
-        stems = result["runs"] + result["prefix_runs"]
+        stems = result.runs + result.prefix_runs
         expected = {stem + suffix for stem in stems for suffix in (".keys", ".repeats")}
-        return set(files) == expected and files_intact(files)
+        return set(result.files) == expected and files_intact(result.files)
 
 
-@dataclass
-class MapStats:
-    """What a map task saw; summed over tasks in a fixed order for the summary."""
-
-    documents: int = 0
-    tokens: int = 0
-    ngrams: int = 0
-    input_bytes: int = 0
-    seconds_reading: float = 0.0
-    seconds_tokenizing: float = 0.0
-    seconds_hashing: float = 0.0
-    cpu_seconds_hashing: float = 0.0  # of this thread: waits for the disk excluded
-    problems: dict[str, Any] = field(default_factory=dict)
-
-    def add(self, other: MapStats) -> None:
-        self.documents += other.documents
-        self.tokens += other.tokens
-        self.ngrams += other.ngrams
-        self.input_bytes += other.input_bytes
-        self.seconds_reading += other.seconds_reading
-        self.seconds_tokenizing += other.seconds_tokenizing
-        self.seconds_hashing += other.seconds_hashing
-        self.cpu_seconds_hashing += other.cpu_seconds_hashing
-
-
-def map_shard(task: MapTask) -> dict[str, Any]:
+def map_shard(task: MapTask) -> MapResult:
     """Run one map task in a worker set up by :func:`~bloom_builder.encode.init_worker`.
 
     Reads the task's units, encodes their documents, takes the fingerprint windows of every
@@ -81,8 +172,7 @@ def map_shard(task: MapTask) -> dict[str, Any]:
     it as done, so a rerun of the build skips it while its runs are intact.
 
     Returns:
-        Its result (the marker's payload): ``stats`` (a :class:`MapStats` dict with the
-        problems met), and the stems of the n-gram ``runs`` and ``prefix_runs`` it wrote.
+        What it saw (with the problems met) and the runs it wrote.
     """
     encoder = worker_encoder()
     shutil.rmtree(task.run_dir, ignore_errors=True)  # what an interrupted attempt left
@@ -93,21 +183,21 @@ def map_shard(task: MapTask) -> dict[str, Any]:
     stats = MapStats()
     problems = ProblemLog()
     for unit in task.units:
-        stats.input_bytes += unit.size_bytes
-        _map_unit(unit, task, encoder, writer, prefix_writer, stats, problems)
+        stats += _map_unit(unit, task, encoder, writer, prefix_writer, problems)
     started, started_cpu = time.perf_counter(), time.thread_time()
     runs = writer.close()
     prefix_runs = prefix_writer.close() if prefix_writer else []
-    stats.seconds_hashing += time.perf_counter() - started
-    stats.cpu_seconds_hashing += time.thread_time() - started_cpu
-    stats.problems = problems.to_dict()
-    files = {**writer.files, **(prefix_writer.files if prefix_writer else {})}
-    return {
-        "stats": asdict(stats),
-        "runs": [str(run.stem) for run in runs],
-        "prefix_runs": [str(run.stem) for run in prefix_runs],
-        "files": files,
-    }
+    closing = MapStats(
+        seconds_hashing=time.perf_counter() - started,
+        cpu_seconds_hashing=time.thread_time() - started_cpu,
+        problems=problems,
+    )
+    return MapResult(
+        stats=stats + closing,
+        runs=tuple(str(run.stem) for run in runs),
+        prefix_runs=tuple(str(run.stem) for run in prefix_runs),
+        files={**writer.files, **(prefix_writer.files if prefix_writer else {})},
+    )
 
 
 def _map_unit(
@@ -116,11 +206,13 @@ def _map_unit(
     encoder: Encoder,
     writer: RunWriter,
     prefix_writer: RunWriter | None,
-    stats: MapStats,
     problems: ProblemLog,
-) -> None:
-    """Add the windows of one unit's documents to the runs; count what was seen."""
+) -> MapStats:
+    """Add the windows of one unit's documents to the runs; returns what was seen (the problems
+    met go into ``problems``)."""
     seconds = EncodeSeconds()
+    documents = tokens = ngrams = 0
+    hashing = cpu_hashing = 0.0
     carry = None  # the last n-1 ids of a document piece that the next piece continues
     continuing = False
     for batch in encoded_batches(
@@ -128,8 +220,8 @@ def _map_unit(
     ):
         started, started_cpu = time.perf_counter(), time.thread_time()
         for document, ids in batch:
-            stats.documents += 0 if continuing else 1
-            stats.tokens += ids.size
+            documents += 0 if continuing else 1
+            tokens += ids.size
             continuing = document.continues
         windows = batch_windows(
             [(ids, document.continues) for document, ids in batch],
@@ -139,12 +231,20 @@ def _map_unit(
             encoder.special_ids,
             prefix_writer is not None,
         )
-        stats.ngrams += windows.fingerprints.size
+        ngrams += windows.fingerprints.size
         writer.add(windows.fingerprints)
         if prefix_writer is not None and windows.prefix_fingerprints is not None:
             prefix_writer.add(windows.prefix_fingerprints)
         carry = windows.carry
-        stats.seconds_hashing += time.perf_counter() - started
-        stats.cpu_seconds_hashing += time.thread_time() - started_cpu
-    stats.seconds_reading += seconds.reading
-    stats.seconds_tokenizing += seconds.encoding
+        hashing += time.perf_counter() - started
+        cpu_hashing += time.thread_time() - started_cpu
+    return MapStats(
+        documents=documents,
+        tokens=tokens,
+        ngrams=ngrams,
+        input_bytes=unit.size_bytes,
+        seconds_reading=seconds.reading,
+        seconds_tokenizing=seconds.encoding,
+        seconds_hashing=hashing,
+        cpu_seconds_hashing=cpu_hashing,
+    )

@@ -1,5 +1,6 @@
 """The reduce step: a key range -> each fingerprint's total count across every run -> the
-fingerprints seen at least ``min_count`` times, sorted, in one file per partition.
+fingerprints seen at least ``min_count`` times, sorted, in one file per partition; each task's
+counts come back as a typed :class:`ReduceResult`.
 """
 
 from __future__ import annotations
@@ -8,20 +9,90 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 import xxhash
 
-from bloom_builder.counting import Run, count_range, file_record, files_intact, partition_bounds
+from bloom_builder.counting import (
+    FileRecord,
+    Run,
+    count_range,
+    file_record,
+    files_intact,
+    partition_bounds,
+)
 from memfree.fileio import atomic_file
 
-KINDS = ("ngrams", "prefixes")
+#: What a reduce task counts: the n-grams' fingerprints, or their (n-1)-prefixes' (prefix section).
+RunKind = Literal["ngrams", "prefixes"]
+KINDS: tuple[RunKind, ...] = get_args(RunKind)
 
 
 @dataclass(frozen=True)
+class ReduceResult:
+    """What a reduce task counted and kept; its marker holds :meth:`to_json`.
+
+    Attributes:
+        distinct: distinct fingerprints in its key range.
+        kept: those seen at least ``min_count`` times (written to its kept file).
+        kept_file: the record (size, xxh3, times) of its kept file.
+        seconds: wall time of the count.
+        cpu_seconds: CPU time of the count, in the task's thread.
+        reused: the result comes from the marker of an earlier build, not from running.
+    """
+
+    distinct: int
+    kept: int
+    kept_file: FileRecord
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    reused: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The marker's payload: ``distinct``, ``kept``, ``kept_file``, the times, ``reused``."""
+        return {
+            "distinct": self.distinct,
+            "kept": self.kept,
+            "kept_file": self.kept_file.to_json(),
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "reused": self.reused,
+        }
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> ReduceResult:
+        """Read a marker's payload back (times it lacks are 0).
+
+        Raises:
+            KeyError, TypeError, ValueError: the payload is not a reduce task's (the task reruns).
+        """
+        return cls(
+            distinct=int(payload["distinct"]),
+            kept=int(payload["kept"]),
+            kept_file=FileRecord.from_json(payload["kept_file"]),
+            seconds=float(payload.get("seconds", 0.0)),
+            cpu_seconds=float(payload.get("cpu_seconds", 0.0)),
+            reused=bool(payload.get("reused", False)),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReduceTask:
-    """One key range: count across all runs, keep fingerprints seen at least min_count times."""
+    """One key range: count across all runs, keep fingerprints seen at least min_count times.
+
+    Attributes:
+        index: the partition's index (names its kept file and marker).
+        low: first key of the range.
+        high: one past its last key (up to 2**64).
+        runs: the stems of every map task's runs of this kind, in map-task order.
+        min_count: keep fingerprints counted at least this many times.
+        max_entries: most run entries loaded at once.
+        out_dir: where the kept file and the marker go.
+        kind: "ngrams" or "prefixes".
+    """
+
+    result_type: ClassVar[type[ReduceResult]] = ReduceResult
 
     index: int
     low: int
@@ -30,7 +101,7 @@ class ReduceTask:
     min_count: int
     max_entries: int
     out_dir: str
-    kind: str = "ngrams"
+    kind: RunKind = "ngrams"
 
     @property
     def marker(self) -> Path:
@@ -40,13 +111,11 @@ class ReduceTask:
     def kept_path(self) -> Path:
         return Path(self.out_dir) / f"{self.kind}-{self.index:05d}.u64"
 
-    def outputs_intact(self, result: dict[str, Any]) -> bool:
+    def outputs_intact(self, result: ReduceResult) -> bool:
         """Whether the kept file holds the number of fingerprints the result counted, with the
         bytes (xxh3) it was written with."""
-        record = result["kept_file"]
-        return int(record[0]) == int(result["kept"]) * 8 and files_intact(
-            {str(self.kept_path): record}
-        )
+        record = result.kept_file
+        return record.size_bytes == result.kept * 8 and files_intact({str(self.kept_path): record})
 
 
 @dataclass
@@ -59,23 +128,31 @@ class Reduced:
     """
 
     tasks: list[ReduceTask]
-    results: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    results: dict[tuple[RunKind, int], ReduceResult] = field(default_factory=dict)
 
-    def of_kind(self, kind: str) -> list[ReduceTask]:
+    def of_kind(self, kind: RunKind) -> list[ReduceTask]:
         """The tasks of one kind ("ngrams" or "prefixes"), in partition order."""
         return [task for task in self.tasks if task.kind == kind]
 
-    def total(self, kind: str, name: str) -> int:
-        """A result field (e.g. "kept", "distinct") summed over the tasks of one kind."""
-        return sum(int(result[name]) for (of, _), result in self.results.items() if of == kind)
+    def kept(self, kind: RunKind) -> int:
+        """Fingerprints kept by the tasks of one kind."""
+        return sum(result.kept for (of, _), result in self.results.items() if of == kind)
 
-    def seconds(self, name: str = "seconds") -> float:
-        """Counting time summed over every task (``"cpu_seconds"``: CPU time of the tasks)."""
-        return sum(float(result.get(name, 0.0)) for result in self.results.values())
+    def distinct(self, kind: RunKind) -> int:
+        """Distinct fingerprints counted by the tasks of one kind."""
+        return sum(result.distinct for (of, _), result in self.results.items() if of == kind)
+
+    def seconds(self) -> float:
+        """Counting (wall) time summed over every task."""
+        return sum(result.seconds for result in self.results.values())
+
+    def cpu_seconds(self) -> float:
+        """Counting CPU time summed over every task."""
+        return sum(result.cpu_seconds for result in self.results.values())
 
 
 def reduce_tasks(
-    runs: Mapping[str, Sequence[str]],
+    runs: Mapping[RunKind, Sequence[str]],
     num_partitions: int,
     min_count: int,
     max_entries: int,
@@ -97,19 +174,27 @@ def reduce_tasks(
     out_dir.mkdir(parents=True, exist_ok=True)
     bounds = partition_bounds(num_partitions)
     return [
-        ReduceTask(index, low, high, tuple(runs[kind]), min_count, max_entries, str(out_dir), kind)
+        ReduceTask(
+            index=index,
+            low=low,
+            high=high,
+            runs=tuple(runs[kind]),
+            min_count=min_count,
+            max_entries=max_entries,
+            out_dir=str(out_dir),
+            kind=kind,
+        )
         for kind in KINDS
         if kind in runs
         for index, (low, high) in enumerate(bounds)
     ]
 
 
-def reduce_partition(task: ReduceTask) -> dict[str, Any]:
-    """Run one reduce task.
+def reduce_partition(task: ReduceTask) -> ReduceResult:
+    """Run one reduce task: count its key range across every run, write what it keeps.
 
     Returns:
-        Its result (the marker's payload): ``distinct`` and ``kept`` fingerprints, ``seconds``
-        and ``cpu_seconds``.
+        The fingerprints it counted and kept, the record of its kept file, and its times.
     """
     distinct = kept = 0
     digest = xxhash.xxh3_64()
@@ -127,13 +212,13 @@ def reduce_partition(task: ReduceTask) -> dict[str, Any]:
             digest.update(data)
             distinct += counted.distinct
             kept += counted.kept
-    return {
-        "distinct": distinct,
-        "kept": kept,
-        "kept_file": file_record(task.kept_path, digest.hexdigest()),
-        "seconds": time.perf_counter() - started,
-        "cpu_seconds": time.thread_time() - started_cpu,
-    }
+    return ReduceResult(
+        distinct=distinct,
+        kept=kept,
+        kept_file=file_record(task.kept_path, digest.hexdigest()),
+        seconds=time.perf_counter() - started,
+        cpu_seconds=time.thread_time() - started_cpu,
+    )
 
 
 def read_kept(task: ReduceTask) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""Build settings: one frozen dataclass, validated before any work starts; the CLI reads its defaults."""
+"""Build settings: one frozen dataclass, validated before any work starts; the CLI reads its
+defaults. Its errors name fields and values (``ngram_size must be an integer >= 1, got 0``); the
+CLI translates them to its flags (:data:`bloom_builder.cli.FLAGS`)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bloom_builder.choices import EXECUTORS, FORMATS, UNITS, ExecutorName, OutputFormat, UnitName
+from memfree.errors import SettingError
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED
-from memfree.units import UNIT_NAMES, get_unit
+from memfree.units import get_unit
 
-FORMATS = ("memfree", "pybloomfiltermmap3")
-UNITS = UNIT_NAMES
+# A setting's problem: the field at fault, and the message naming it and its value.
+Problem = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -52,17 +56,17 @@ class BuildSettings:
     """
 
     ngram_size: int = 10
-    unit: str = "token"
+    unit: UnitName = "token"
     min_count: int = 1
     false_positive_rate: float = 1e-3
     tokenizer: str | None = None
     text_field: str = "text"
     ids_field: str | None = None
-    executor: str = "local"
+    executor: ExecutorName = "local"
     ray_address: str | None = None
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    output_format: str = "memfree"
+    output_format: OutputFormat = "memfree"
     workers: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     memory_limit_bytes: int = 2 << 30
     num_partitions: int = 16
@@ -73,76 +77,137 @@ class BuildSettings:
     follow_symlinks: bool = True
 
     def __post_init__(self) -> None:
-        problem = self.problem()
-        if problem:
-            raise ValueError(problem)
+        found = self._problem()
+        if found:
+            raise SettingError(found[1], field=found[0])
 
     def problem(self) -> str | None:
-        """The first invalid setting, phrased for the command line, or None."""
+        """The first invalid setting, named by its field and value (``ngram_size must be an
+        integer >= 1, got 0``), or None."""
+        found = self._problem()
+        return found[1] if found else None
+
+    def _problem(self) -> Problem | None:
+        """The first invalid setting (field, message), in a fixed order, or None."""
+        checks = (
+            self._counting_problem,
+            self._format_problem,
+            self._resource_problem,
+            self._source_problem,
+            self._executor_problem,
+            self._hashing_problem,
+        )
+        for check in checks:
+            found = check()
+            if found:
+                return found
+        return None
+
+    def _counting_problem(self) -> Problem | None:
+        """What is counted: n, the unit, the minimum count, the target rate."""
         if not isinstance(self.ngram_size, int) or self.ngram_size < 1:
-            return f"--n must be an integer >= 1, got {self.ngram_size!r}"
+            return "ngram_size", f"ngram_size must be an integer >= 1, got {self.ngram_size!r}"
         if self.ngram_size > 64:
-            return f"--n must be at most 64, got {self.ngram_size}"
+            return "ngram_size", f"ngram_size must be at most 64, got {self.ngram_size}"
         if self.unit not in UNITS:
-            return f"--unit must be one of {', '.join(UNITS)}, got {self.unit!r}"
+            return "unit", f"unit must be one of {', '.join(UNITS)}, got {self.unit!r}"
         if not isinstance(self.min_count, int) or self.min_count < 1:
-            return f"--min-count must be an integer >= 1, got {self.min_count!r}"
-        if not 0.0 < float(self.false_positive_rate) < 1.0:
-            return f"--fpr must be in (0, 1), got {self.false_positive_rate!r}"
+            return "min_count", f"min_count must be an integer >= 1, got {self.min_count!r}"
+        rate = self.false_positive_rate
+        if not 0.0 < float(rate) < 1.0:
+            return "false_positive_rate", f"false_positive_rate must be in (0, 1), got {rate!r}"
         if self.output_format == "memfree":
-            problem = _unreachable_rate("--fpr", self.false_positive_rate)
-            if problem:
-                return problem
+            return _unreachable_rate("false_positive_rate", rate)
+        return None
+
+    def _format_problem(self) -> Problem | None:
+        """The output format, and what the unit can write and take."""
         if self.output_format not in FORMATS:
-            return f"--format must be one of {', '.join(FORMATS)}, got {self.output_format!r}"
+            return (
+                "output_format",
+                f"output_format must be one of {', '.join(FORMATS)}, got {self.output_format!r}",
+            )
         unit = get_unit(self.unit)
         if self.output_format not in unit.output_formats:
             return (
-                f"--unit {self.unit} writes the {' or '.join(unit.output_formats)} format only "
-                "(pybloomfiltermmap3 files hash token ids)"
+                "output_format",
+                f"unit {self.unit} writes the {' or '.join(unit.output_formats)} format only "
+                "(pybloomfiltermmap3 files hash token ids)",
             )
         problem = unit.tokenizer_problem(self.tokenizer)
-        if problem:
-            return problem
+        return ("tokenizer", problem) if problem else None
+
+    def _resource_problem(self) -> Problem | None:
+        """Workers, memory, partitions, shards and batches."""
         if not isinstance(self.workers, int) or self.workers < 1:
-            return f"--workers must be an integer >= 1, got {self.workers!r}"
-        if not isinstance(self.memory_limit_bytes, int) or self.memory_limit_bytes < 16 << 20:
-            return f"--memory-limit must be at least 16M, got {self.memory_limit_bytes!r} bytes"
+            return "workers", f"workers must be an integer >= 1, got {self.workers!r}"
+        memory = self.memory_limit_bytes
+        if not isinstance(memory, int) or memory < 16 << 20:
+            return (
+                "memory_limit_bytes",
+                f"memory_limit_bytes must be at least 16M, got {memory!r} bytes",
+            )
         partitions = self.num_partitions
         if partitions < 1 or partitions & (partitions - 1) or partitions > 4096:
-            return f"--partitions must be a power of two in [1, 4096], got {partitions}"
+            return (
+                "num_partitions",
+                f"num_partitions must be a power of two in [1, 4096], got {partitions}",
+            )
         if not isinstance(self.shard_bytes, int) or self.shard_bytes < 1:
-            return f"--shard-size must be at least 1 byte, got {self.shard_bytes!r}"
+            return "shard_bytes", f"shard_bytes must be at least 1 byte, got {self.shard_bytes!r}"
         if self.batch_documents < 1:
-            return f"batch_documents must be >= 1, got {self.batch_documents}"
+            return "batch_documents", f"batch_documents must be >= 1, got {self.batch_documents}"
+        return None
+
+    def _source_problem(self) -> Problem | None:
+        """The fields read from the corpus."""
         if not self.text_field:
-            return "--text-field must not be empty"
+            return "text_field", "text_field must not be empty"
         if self.ids_field is not None and not get_unit(self.unit).reads_token_ids:
-            return f"--ids-field reads token ids: it needs --unit token, not --unit {self.unit}"
+            return (
+                "ids_field",
+                f"ids_field reads token ids: it needs unit token, not unit {self.unit}",
+            )
         if self.ids_field == "":
-            return "--ids-field must not be empty"
-        if self.executor not in ("local", "ray"):
-            return f"--executor must be local or ray, got {self.executor!r}"
+            return "ids_field", "ids_field must not be empty"
+        return None
+
+    def _executor_problem(self) -> Problem | None:
+        """The executor, and the Ray cluster to join."""
+        if self.executor not in EXECUTORS:
+            return (
+                "executor",
+                f"executor must be {' or '.join(EXECUTORS)}, got {self.executor!r}",
+            )
         if self.ray_address is not None and self.executor != "ray":
-            return "--ray-address needs --executor ray"
+            return "ray_address", "ray_address needs executor ray"
         if self.ray_address is not None:
             from bloom_builder.executors.ray import ray_address_problem  # syntax only: no ray
 
             problem = ray_address_problem(self.ray_address)
             if problem:
-                return problem
+                return "ray_address", problem
+        return None
+
+    def _hashing_problem(self) -> Problem | None:
+        """The prefix section's rate, and the hash seed."""
         rate = self.prefix_false_positive_rate
         if rate is not None and not 0.0 < float(rate) < 1.0:
-            return f"--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got {rate!r}"
+            return (
+                "prefix_false_positive_rate",
+                "prefix_false_positive_rate must be in (0, 1) (or None for no prefix section), "
+                f"got {rate!r}",
+            )
         if rate is not None and self.output_format == "memfree":
-            problem = _unreachable_rate("--prefix-fpr", rate)
-            if problem:
-                return problem
+            found = _unreachable_rate("prefix_false_positive_rate", rate)
+            if found:
+                return found
         if not 0 <= self.hash_seed < 1 << 64:
-            return f"hash_seed must fit in 64 bits, got {self.hash_seed}"
+            return "hash_seed", f"hash_seed must fit in 64 bits, got {self.hash_seed}"
         return None
 
     def to_dict(self) -> dict[str, Any]:
+        """Every setting, JSON-able (the patterns as lists)."""
         data = asdict(self)
         data["include"] = list(self.include)
         data["exclude"] = list(self.exclude)
@@ -163,13 +228,14 @@ def lowest_reachable_rate() -> float:
     )
 
 
-def _unreachable_rate(option: str, rate: float) -> str | None:
+def _unreachable_rate(name: str, rate: float) -> Problem | None:
+    """The problem of a target rate (the field ``name``) below :func:`lowest_reachable_rate`."""
     floor = lowest_reachable_rate()
     if float(rate) >= floor:
         return None
-    return (
-        f"{option} {rate!r} cannot be reached: no filter of this format goes below {floor:.1e} "
-        f"(one n-gram in 2**32 blocks); raise {option} (1e-3 to 1e-6 is the usual range)"
+    return name, (
+        f"{name} {rate!r} cannot be reached: no filter of this format goes below {floor:.1e} "
+        f"(one n-gram in 2**32 blocks); raise {name} (1e-3 to 1e-6 is the usual range)"
     )
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bloom_builder.choices import OutputFormat, UnitName
+
 
 @dataclass
 class BuildSummary:
     """What a build did; printed at the end and available as JSON (``--json``)."""
 
     output: str
-    unit: str
-    output_format: str
+    unit: UnitName
+    output_format: OutputFormat
     documents: int
     tokens: int
     ngrams: int

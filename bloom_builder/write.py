@@ -13,6 +13,7 @@ from bloom_builder.errors import BuildError
 from bloom_builder.plan import BUILDER_VERSION, BuildPlan
 from bloom_builder.reduce import Reduced, ReduceTask, read_kept
 from bloom_builder.settings import BuildSettings
+from memfree.errors import SettingError
 from memfree.filterfile.sizing import FilterSize, choose_size
 from memfree.filterfile.writer import FilterFileWriter, PrefixSection, set_fingerprint_bits
 from memfree.units import EncoderPayload
@@ -68,7 +69,7 @@ def write_filter(
     """
     ngram_tasks = reduced.of_kind("ngrams")
     if settings.output_format == "memfree":
-        prefixes = (reduced.of_kind("prefixes"), reduced.total("prefixes", "kept"))
+        prefixes = (reduced.of_kind("prefixes"), reduced.kept("prefixes"))
         return write_native(output, metadata, settings, ngram_tasks, prefixes)
     from bloom_builder.interchange import write_pybloom_filter
 
@@ -99,13 +100,15 @@ def write_native(
             prefix section).
     """
     kept = int(metadata["num_ngrams"])
-    size = _size_for(kept, settings.false_positive_rate, "--fpr", "n-grams")
+    size = _size_for(kept, settings.false_positive_rate, "false_positive_rate", "n-grams")
     metadata = {**metadata, "num_probes": size.num_probes}
     prefix_tasks, kept_prefixes = prefixes
     prefix_section = None
     prefix_rate = settings.prefix_false_positive_rate
     if prefix_tasks and prefix_rate is not None:
-        prefix_size = _size_for(kept_prefixes, prefix_rate, "--prefix-fpr", "prefixes")
+        prefix_size = _size_for(
+            kept_prefixes, prefix_rate, "prefix_false_positive_rate", "prefixes"
+        )
         prefix_section = PrefixSection(
             prefix_size.num_blocks, prefix_size.num_probes, kept_prefixes
         )
@@ -125,19 +128,25 @@ def write_native(
     return FilterShape(size.num_bits, size.num_probes, size.expected_false_positive_rate)
 
 
-class UnreachableRateError(BuildError):
+class UnreachableRateError(BuildError, SettingError):
     """The target rate cannot be met for the number of n-grams counted; the finished tasks are
-    kept, so a rerun with a higher rate reuses them (the rate is not part of the work's key)."""
+    kept, so a rerun with a higher rate reuses them (the rate is not part of the work's key).
+
+    A :class:`BuildError` found late, and a :class:`~memfree.errors.SettingError`: the message
+    names the rate's field (``false_positive_rate`` or ``prefix_false_positive_rate``)."""
 
 
-def _size_for(num_keys: int, rate: float, option: str, what: str) -> FilterSize:
+def _size_for(num_keys: int, rate: float, name: str, what: str) -> FilterSize:
+    """The filter size for ``num_keys`` at ``rate`` (the setting ``name``), or the error saying
+    that no filter reaches it."""
     try:
         return choose_size(num_keys, rate)
     except ValueError:
         raise UnreachableRateError(
-            f"{option} {rate!r} cannot be reached for {num_keys:,} {what}: no filter of at most "
-            f"2**32 blocks does; raise {option} (the finished tasks are kept: a rerun with a "
-            "higher rate reuses them)"
+            f"{name} {rate!r} cannot be reached for {num_keys:,} {what}: no filter of at most "
+            f"2**32 blocks does; raise {name} (the finished tasks are kept: a rerun with a "
+            "higher rate reuses them)",
+            field=name,
         ) from None
 
 

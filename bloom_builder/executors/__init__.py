@@ -1,14 +1,16 @@
 """Executors: run the builder's map and reduce steps over picklable tasks and own their markers
 and resume (the protocol in base.py, markers in markers.py, the local process pool in local.py,
-Ray Core tasks in ray.py).
+Ray Core tasks in ray.py, joining a running Ray cluster in ray_join.py).
 """
 
 from __future__ import annotations
 
+from bloom_builder.choices import EXECUTORS, ExecutorName
 from bloom_builder.executors.base import Executor, StepFunction, WorkerSetup
 from bloom_builder.executors.local import LocalExecutor
 from bloom_builder.executors.markers import (
     MarkedTask,
+    StepResult,
     any_done,
     read_marker,
     record_done,
@@ -16,13 +18,11 @@ from bloom_builder.executors.markers import (
     write_marker,
 )
 
-EXECUTORS = ("local", "ray")
-
 
 def make_executor(
     workers: int,
     setup: WorkerSetup | None = None,
-    kind: str = "local",
+    kind: ExecutorName = "local",
     address: str | None = None,
 ) -> Executor:
     """The executor a build runs on.
@@ -50,9 +50,11 @@ def make_executor(
 __all__ = [
     "EXECUTORS",
     "Executor",
+    "ExecutorName",
     "LocalExecutor",
     "MarkedTask",
     "StepFunction",
+    "StepResult",
     "WorkerSetup",
     "any_done",
     "make_executor",

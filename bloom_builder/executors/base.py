@@ -1,16 +1,18 @@
-"""The Executor protocol: what runs the builder's steps over small picklable tasks (the local
-process pool now; Ray implements the same protocol next).
+"""The Executor protocol: what runs the builder's steps over small picklable tasks, owns their
+markers and resumes from them; :class:`~bloom_builder.executors.local.LocalExecutor` (a process
+pool) and :class:`~bloom_builder.executors.ray.RayExecutor` (Ray Core tasks) implement it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from bloom_builder.executors.markers import TaskT
+from bloom_builder.executors.markers import ResultT, TaskT
 
-# A step: a picklable task in, a JSON-able result (the marker's payload) out.
-StepFunction = Callable[[TaskT], dict[str, Any]]
+# A step: a picklable task in, its result out (a typed result, or a JSON-able dict; see
+# :class:`~bloom_builder.executors.markers.MarkedTask`).
+StepFunction = Callable[[TaskT], ResultT]
 
 # Run once in every worker process before its first task (e.g. build the tokenizer there);
 # a picklable zero-argument callable, such as ``functools.partial(init_worker, payload)``.
@@ -25,11 +27,10 @@ class Executor(Protocol):
     "done" markers: it skips a task whose marker and outputs are intact (returning the recorded
     result) and writes the marker when a task finishes. Tasks communicate only through files in
     the work directory (map tasks write sorted runs, reduce tasks read every run's slice of their
-    key range: the shuffle), so an executor moves nothing but task descriptions and small JSON
-    results. A Ray executor implements this protocol with Ray Core tasks: it takes the same
-    constructor arguments (``workers``, ``setup``), runs ``setup`` once per worker process before
-    its first task, and needs a work directory on storage every node sees. Any executor, any
-    number of workers: the same filter bytes.
+    key range: the shuffle), so an executor moves nothing but task descriptions and small
+    results. Every executor takes ``workers`` and ``setup``, runs ``setup`` once per worker
+    process before its first task, and gives the same filter bytes with any number of workers;
+    the Ray executor needs a work directory on storage every node sees.
 
     Used as a context manager: entering starts the workers (running the setup in each),
     leaving stops them, cancelling tasks not started.
@@ -45,13 +46,13 @@ class Executor(Protocol):
     def __exit__(self, *exc_info: object) -> None: ...
 
     def run(
-        self, function: Callable[[TaskT], dict[str, Any]], tasks: Sequence[TaskT]
-    ) -> Iterator[tuple[TaskT, dict[str, Any]]]:
+        self, function: Callable[[TaskT], ResultT], tasks: Sequence[TaskT]
+    ) -> Iterator[tuple[TaskT, ResultT]]:
         """Yield ``(task, result)`` for every task, in completion order.
 
         A task finished by an earlier run is not run again: its recorded result comes back
-        with ``"reused": True``; the others come back with ``"reused": False`` once their
-        marker is written. Callers sort by task index where order matters.
+        with ``reused`` true; the others come back with ``reused`` false once their marker is
+        written. Callers sort by task index where order matters.
 
         Args:
             function: the step, importable by every worker.

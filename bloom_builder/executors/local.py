@@ -11,8 +11,8 @@ from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
 from multiprocessing import get_context
 from typing import Any
 
-from bloom_builder.executors.base import TaskT, WorkerSetup
-from bloom_builder.executors.markers import record_done, split_finished
+from bloom_builder.executors.base import WorkerSetup
+from bloom_builder.executors.markers import ResultT, TaskT, record_done, split_finished
 
 
 class LocalExecutor:
@@ -29,7 +29,7 @@ class LocalExecutor:
     Example:
         >>> with LocalExecutor(2, setup) as executor:  # doctest: +SKIP
         ...     for task, result in executor.run(map_shard, tasks):
-        ...         print(task.index, result["reused"])
+        ...         print(task.index, result.reused)
     """
 
     def __init__(self, workers: int, setup: WorkerSetup | None = None) -> None:
@@ -57,8 +57,8 @@ class LocalExecutor:
             self._pool = None
 
     def run(
-        self, function: Callable[[TaskT], dict[str, Any]], tasks: Sequence[TaskT]
-    ) -> Iterator[tuple[TaskT, dict[str, Any]]]:
+        self, function: Callable[[TaskT], ResultT], tasks: Sequence[TaskT]
+    ) -> Iterator[tuple[TaskT, ResultT]]:
         """Yield ``(task, result)`` for every task in completion order (see ``Executor.run``)."""
         finished, pending = split_finished(tasks)
         yield from finished
@@ -66,10 +66,10 @@ class LocalExecutor:
             for task in pending:
                 yield task, record_done(task, function(task))
             return
-        futures: dict[Future[dict[str, Any]], TaskT] = {
+        futures: dict[Future[ResultT], TaskT] = {
             self._pool.submit(function, task): task for task in pending
         }
-        collected: set[Future[dict[str, Any]]] = set()
+        collected: set[Future[ResultT]] = set()
         try:
             for future in as_completed(futures):
                 collected.add(future)
@@ -78,7 +78,7 @@ class LocalExecutor:
             _keep_finished(futures, collected)
 
 
-def _keep_finished(futures: dict[Future[dict[str, Any]], Any], collected: set[Any]) -> None:
+def _keep_finished(futures: dict[Future[Any], Any], collected: set[Any]) -> None:
     """When a run stops early (Ctrl-C, another task's failure), mark every task that finished
     anyway, including those still running now, so that a rerun skips them (the tasks that had
     not started are cancelled)."""

@@ -2,7 +2,7 @@
 with ``workers`` CPUs or on a running cluster (``address``), with retries; markers and resume as
 the local executor's. The shuffle stays sorted run files in the work directory (DESIGN.md,
 "Executors"), which must be on storage every node sees: Ray moves only task descriptions and
-small JSON results, never one object per (map task, partition) pair.
+small results, never one object per (map task, partition) pair.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from types import FrameType
 from typing import Any
 
 from bloom_builder.errors import TaskFailed, describe_task
-from bloom_builder.executors.base import TaskT, WorkerSetup
-from bloom_builder.executors.markers import record_done, split_finished
+from bloom_builder.executors.base import WorkerSetup
+from bloom_builder.executors.markers import ResultT, TaskT, record_done, split_finished
 from bloom_builder.executors.ray_join import (
     ADDRESS_FIX,
     CONNECT_TIMEOUT_ENV,
@@ -26,6 +26,7 @@ from bloom_builder.executors.ray_join import (
     join,
     ray_address_problem,
 )
+from memfree.errors import SettingError
 
 DEFAULT_MAX_RETRIES = 3
 
@@ -37,10 +38,10 @@ _SETUP_DONE: str | None = None
 def _run_step(
     setup: WorkerSetup | None,
     setup_key: str,
-    function: Callable[[Any], dict[str, Any]],
+    function: Callable[[Any], Any],
     task: Any,
     driver_cwd: str,
-) -> dict[str, Any]:
+) -> Any:
     """What every Ray task runs: the worker's setup once per process, then the step.
 
     A worker's working directory is the one its node's ``ray start`` ran in: the task moves to
@@ -77,7 +78,8 @@ class RayExecutor:
     exit status 143) instead of letting Ray print a native stack dump; a second SIGTERM kills.
 
     Raises:
-        ValueError: a malformed address (see :func:`ray_address_problem`).
+        SettingError: a malformed address (a ``ValueError`` naming the setting ``ray_address``;
+            see :func:`ray_address_problem`).
         MissingDependencyError: ray is not installed (``pip install 'memfree[ray]'``).
         RayUnavailable: on entering, nothing that answers as Ray at ``address`` within
             ``MEMFREE_RAY_CONNECT_TIMEOUT`` seconds (10 by default), or Ray refused to join it.
@@ -96,7 +98,7 @@ class RayExecutor:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         problem = ray_address_problem(address)
         if problem:
-            raise ValueError(problem)
+            raise SettingError(problem, field="ray_address")
         self.workers = workers
         self.setup = setup
         self.address = address
@@ -145,8 +147,8 @@ class RayExecutor:
             self._release_sigterm()
 
     def run(
-        self, function: Callable[[TaskT], dict[str, Any]], tasks: Sequence[TaskT]
-    ) -> Iterator[tuple[TaskT, dict[str, Any]]]:
+        self, function: Callable[[TaskT], ResultT], tasks: Sequence[TaskT]
+    ) -> Iterator[tuple[TaskT, ResultT]]:
         """Yield ``(task, result)`` for every task in completion order (see ``Executor.run``).
 
         Raises:
@@ -173,12 +175,12 @@ class RayExecutor:
         finally:
             self._keep_finished(refs, waiting)
 
-    def _result(self, ref: Any, task: Any) -> dict[str, Any]:
+    def _result(self, ref: Any, task: Any) -> Any:
         import ray
 
         attempts = f"failed on all {self.max_retries + 1} attempts"
         try:
-            result: dict[str, Any] = ray.get(ref)
+            result = ray.get(ref)
         except ray.exceptions.RayTaskError as error:
             cause = error.cause if getattr(error, "cause", None) is not None else error
             raise TaskFailed(

@@ -1,6 +1,10 @@
-"""Joining a running Ray cluster: ``--ray-address`` checked before any work, then a connection
-that fails within seconds, naming the address and the fix, where Ray alone would retry an
-unreachable address for 14 minutes or print a traceback.
+"""Joining a running Ray cluster: the ``ray_address`` setting checked before any work, then a
+connection that fails within seconds, naming the address and the fix, where Ray alone would retry
+an unreachable address for 14 minutes or print a traceback.
+
+The setting's check speaks the settings' terms (``ray_address``; the CLI names its flag); a
+cluster that cannot be joined is a :class:`~bloom_builder.errors.RayUnavailable` whose message
+names ``--ray-address`` itself, as the build's other runtime errors name the options to change.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from bloom_builder.errors import RayUnavailable
 CONNECT_TIMEOUT_ENV = "MEMFREE_RAY_CONNECT_TIMEOUT"
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
-ADDRESS_FIX = (
+_ADDRESS_FIX = (
     "pass the cluster's address HOST:PORT (as `ray start --head` printed it; port 6379 by "
     "default), 'auto' for the cluster this node joined with `ray start`, ray://HOST:10001 for "
-    "Ray Client, or leave --ray-address out to start a local Ray"
+    "Ray Client, or leave {setting} out to start a local Ray"
 )
+#: How to fix a malformed ``ray_address``, in the settings' terms.
+ADDRESS_FIX = _ADDRESS_FIX.format(setting="ray_address")
 
 _HOST_PORT = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})$")
 
@@ -35,7 +41,8 @@ _SETTINGS_FRAME = 4
 
 
 def ray_address_problem(address: str | None) -> str | None:
-    """Why ``address`` cannot name a Ray cluster to join, phrased for ``--ray-address``, or None.
+    """Why ``address`` cannot name a Ray cluster to join, naming the setting ``ray_address``, or
+    None.
 
     Syntax only (and the ``ray[client]`` extra for ``ray://``): nothing is contacted, so the
     settings check it before any work. Also checks ``MEMFREE_RAY_CONNECT_TIMEOUT``.
@@ -49,21 +56,21 @@ def ray_address_problem(address: str | None) -> str | None:
     if address == "auto":
         return None
     if not address.strip():
-        return f"--ray-address is empty; {ADDRESS_FIX}"
+        return f"ray_address is empty; {ADDRESS_FIX}"
     scheme, separator, rest = address.partition("://")
     if not separator:
         if _HOST_PORT.match(address) and 0 < int(address.rsplit(":", 1)[1]) < 1 << 16:
             return None
-        return f"--ray-address {address!r} is not HOST:PORT; {ADDRESS_FIX}"
+        return f"ray_address {address!r} is not HOST:PORT; {ADDRESS_FIX}"
     if scheme != "ray":
-        return f"--ray-address {address!r} is a {scheme}:// URL (a dashboard's?); {ADDRESS_FIX}"
+        return f"ray_address {address!r} is a {scheme}:// URL (a dashboard's?); {ADDRESS_FIX}"
     if not _HOST_PORT.match(rest):
-        return f"--ray-address {address!r}: a Ray Client address is ray://HOST:PORT (port 10001)"
+        return f"ray_address {address!r}: a Ray Client address is ray://HOST:PORT (port 10001)"
     if importlib.util.find_spec("grpc") is None:
         return (
-            f"--ray-address {address!r} is a Ray Client address, which needs "
+            f"ray_address {address!r} is a Ray Client address, which needs "
             "pip install 'ray[client]'; or run memfree on a node of the cluster with "
-            "--ray-address auto (or HOST:PORT of its GCS)"
+            "ray_address auto (or HOST:PORT of its GCS)"
         )
     return None
 
@@ -172,7 +179,8 @@ def _target(address: str) -> tuple[str, str, int]:
 def _host_port(address: str, shown: str) -> tuple[str, int]:
     match = _HOST_PORT.match(address)
     if not match:
-        raise RayUnavailable(f"--ray-address {shown} is not HOST:PORT; {ADDRESS_FIX}")
+        fix = _ADDRESS_FIX.format(setting="--ray-address")
+        raise RayUnavailable(f"--ray-address {shown} is not HOST:PORT; {fix}")
     return match["host"].strip("[]"), int(match["port"])
 
 

@@ -1,6 +1,7 @@
 """Corpus sources, the input side of the MemFree filter build (Ippolito et al., 2023): find a
-corpus's text, JSON-lines, Parquet and saved-dataset files (gzip/zstd or not) as work units, and
-stream their documents; bad inputs are counted in a ProblemLog, not raised."""
+corpus's text, JSON-lines, Parquet, saved-dataset and Megatron files (gzip/zstd or not) as work
+units, and stream their documents (text, or token ids); bad inputs are counted in a ProblemLog,
+not raised."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from bloom_builder.sources.documents import (
     iter_documents,
     read_unit,
 )
-from bloom_builder.sources.units import (
+from bloom_builder.sources.work_units import (
     COMPRESSIONS,
     KINDS,
     MAX_EXAMPLES,

@@ -18,7 +18,7 @@ from bloom_builder.sources.megatron import bin_path, is_megatron_index, megatron
 from bloom_builder.sources.parquet import parquet_units
 from bloom_builder.sources.saved_datasets import dataset_splits, dataset_units
 from bloom_builder.sources.streams import COMPRESSION_RATIO, COMPRESSION_SUFFIXES
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
 
 STDLIB = "stdlib:"
 _HIDDEN = {

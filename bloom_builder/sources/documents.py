@@ -14,7 +14,7 @@ from bloom_builder.sources.megatron import read_megatron
 from bloom_builder.sources.parquet import read_parquet
 from bloom_builder.sources.saved_datasets import read_dataset
 from bloom_builder.sources.text import read_text
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit
 
 Reader = Callable[[WorkUnit, SourceOptions, ProblemLog], Iterator[Document]]
 

@@ -1,4 +1,4 @@
-"""The JSON-lines reader: one document per line's text field (or, with ``--ids-field``, its list
+"""The JSON-lines reader: one document per line's text field (or, with ``ids_field``, its list
 of token ids); a unit is a byte range, and a line belongs to the unit holding its first byte.
 Bad lines are recorded with their line number.
 """
@@ -12,7 +12,7 @@ import numpy as np
 
 from bloom_builder.segments import Document
 from bloom_builder.sources.streams import opened, read_bytes
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number"}
 

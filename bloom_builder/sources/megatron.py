@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bloom_builder.segments import Document
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bloom_builder.segments import Document
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
 from memfree.errors import require
 
 BATCH_ROWS = 256  # rows converted to Python at once: bounds memory on wide rows

@@ -13,7 +13,7 @@ from typing import Any
 
 from bloom_builder.segments import Document
 from bloom_builder.sources.parquet import BATCH_ROWS, checked, column_of, column_problem
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit, reason
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
 from memfree.errors import require
 
 ROWS_PER_UNIT = 10_000

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from bloom_builder.sources.units import ProblemLog, WorkUnit, reason
+from bloom_builder.sources.work_units import ProblemLog, WorkUnit, reason
 from memfree.errors import require
 
 # File name endings that say how a file is compressed.

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from bloom_builder.segments import Document, cut_point
 from bloom_builder.sources.streams import opened, read_bytes
-from bloom_builder.sources.units import ProblemLog, SourceOptions, WorkUnit
+from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit
 
 BINARY_PROBE_BYTES = 8192
 

@@ -1,4 +1,5 @@
-"""What every corpus reader shares: the read options, the work unit, and the log of skipped inputs.
+"""What every corpus reader shares: the read options, the work unit, the log of skipped inputs,
+and the check of a pre-tokenized document's ids.
 
 A work unit is the piece of a corpus one worker reads on its own; problems are counted, not raised.
 """
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from bloom_builder.segments import SEGMENT_BYTES
+from memfree.errors import SettingError
 
 KINDS = ("text", "jsonl", "parquet", "dataset", "megatron")
 COMPRESSIONS = ("", "gzip", "zstd")
@@ -50,24 +52,27 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         if not isinstance(self.text_field, str) or not self.text_field:
-            raise ValueError(
+            raise SettingError(
                 f"SourceOptions.text_field must name the field holding the text, got "
-                f"{self.text_field!r}; pass e.g. text_field='text'"
+                f"{self.text_field!r}; pass e.g. text_field='text'",
+                field="text_field",
             )
         for name in ("include", "exclude"):
             patterns = getattr(self, name)
             if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
-                raise ValueError(
+                raise SettingError(
                     f"SourceOptions.{name} must be a tuple of fnmatch patterns, got "
-                    f"{patterns!r}; write {name}=('*.txt',) for a single pattern"
+                    f"{patterns!r}; write {name}=('*.txt',) for a single pattern",
+                    field=name,
                 )
             object.__setattr__(self, name, tuple(patterns))
         for name in ("segment_bytes", "split_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < MIN_CHUNK_BYTES:
-                raise ValueError(
+                raise SettingError(
                     f"SourceOptions.{name} must be an integer >= {MIN_CHUNK_BYTES} bytes, got "
-                    f"{value!r}; the default is {getattr(SourceOptions, name)}"
+                    f"{value!r}; the default is {getattr(SourceOptions, name)}",
+                    field=name,
                 )
 
 

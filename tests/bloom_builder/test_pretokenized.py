@@ -160,7 +160,7 @@ def test_ids_out_of_range_are_refused_with_the_file_and_position(
 def test_ids_need_the_token_unit_and_damaged_indexes_are_named(
     tmp_path: Path, tokenizer_dir: Path
 ) -> None:
-    with pytest.raises(ValueError, match="--ids-field reads token ids: it needs --unit token"):
+    with pytest.raises(ValueError, match="ids_field reads token ids: it needs unit token"):
         BuildSettings(unit="word", ids_field="input_ids")
     directory = tmp_path / "megatron"
     directory.mkdir()

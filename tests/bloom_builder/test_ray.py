@@ -127,9 +127,9 @@ def test_a_task_failing_on_every_attempt_fails_the_run_named(
 
 
 def test_the_settings_refuse_a_ray_address_without_ray() -> None:
-    with pytest.raises(ValueError, match="--ray-address needs --executor ray"):
+    with pytest.raises(ValueError, match="ray_address needs executor ray"):
         BuildSettings(ray_address="auto")
-    with pytest.raises(ValueError, match="--executor must be local or ray"):
+    with pytest.raises(ValueError, match="executor must be local or ray"):
         BuildSettings(executor="slurm")
 
 

@@ -60,8 +60,8 @@ HAS_RAY_CLIENT = importlib.util.find_spec("grpc") is not None
 @pytest.mark.parametrize(
     ("address", "message"),
     [
-        ("", "--ray-address is empty"),
-        ("   ", "--ray-address is empty"),
+        ("", "ray_address is empty"),
+        ("   ", "ray_address is empty"),
         ("garbage::::", "'garbage::::' is not HOST:PORT"),
         ("head-node", "'head-node' is not HOST:PORT"),
         (":6379", "':6379' is not HOST:PORT"),
@@ -208,16 +208,38 @@ def units(count: int) -> tuple[WorkUnit, ...]:
     )
 
 
+def map_task(index: int, count: int, work_dir: str, buffer_entries: int = 1 << 16) -> MapTask:
+    """A map task of ``count`` units (n=10, seed 0, 64 documents a batch)."""
+    return MapTask(
+        index=index,
+        units=units(count),
+        work_dir=work_dir,
+        ngram_size=10,
+        hash_seed=0,
+        batch_documents=64,
+        buffer_entries=buffer_entries,
+        options=SourceOptions(),
+    )
+
+
 def test_tasks_are_named_by_shard_and_partition_not_by_repr() -> None:
-    shard = MapTask(3, units(5), "/work/f.memfree.work", 10, 0, 64, 1 << 16, SourceOptions())
+    shard = map_task(3, 5, "/work/f.memfree.work")
     assert len(repr(shard)) > 500
     assert describe_task(shard) == (
         "map task 3 (/corpus/part-0.jsonl[0:4096], /corpus/part-1.jsonl[0:4096] and 3 more units)"
     )
-    assert describe_task(MapTask(0, units(1), "/w", 10, 0, 64, 1, SourceOptions())) == (
+    assert describe_task(map_task(0, 1, "/w", buffer_entries=1)) == (
         "map task 0 (/corpus/part-0.jsonl[0:4096])"
     )
-    partition = ReduceTask(5, 0, 1 << 60, ("/w/map/shard-00000/ngrams-0",) * 40, 1, 1, "/w/r")
+    partition = ReduceTask(
+        index=5,
+        low=0,
+        high=1 << 60,
+        runs=("/w/map/shard-00000/ngrams-0",) * 40,
+        min_count=1,
+        max_entries=1,
+        out_dir="/w/r",
+    )
     assert describe_task(partition) == "reduce task 5 (ngrams partition 5)"
     assert describe_task(ToyTask(7, "/tmp")) == "ToyTask 7"
 
@@ -327,7 +349,7 @@ def test_a_task_failing_on_a_cluster_is_named_by_its_shard(
     ray_head: Head, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     at_head(monkeypatch, ray_head)
-    shard = MapTask(3, units(5), str(tmp_path), 10, 0, 64, 1 << 16, SourceOptions())
+    shard = map_task(3, 5, str(tmp_path))
     with (
         RayExecutor(1, address="auto", max_retries=0) as executor,
         pytest.raises(TaskFailed) as failed,
