@@ -94,7 +94,7 @@ def choose_size(num_keys: int, target_false_positive_rate: float) -> FilterSize:
     if best is None:
         raise ValueError(
             f"no filter of at most {MAX_PROBES} probes and 2**32 blocks reaches a false-positive "
-            f"rate of {target_false_positive_rate} for {num_keys} keys; raise --fpr"
+            f"rate of {target_false_positive_rate} for {num_keys} keys; raise target_false_positive_rate"
         )
     return best
 
