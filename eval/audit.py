@@ -95,19 +95,7 @@ def run_exposure(
         )
         for index, canary in enumerate(canaries)
     )
-    by_repetitions: dict[int, list[float]] = defaultdict(list)
-    for canary, exposure in zip(canaries, ranked, strict=True):
-        by_repetitions[canary.repetitions].append(float(exposure))
-    groups = tuple(
-        ExposureGroup(
-            repetitions=repetitions,
-            canaries=len(values),
-            median_exposure=float(np.median(values)),
-            quantiles_10_90=(float(np.quantile(values, 0.1)), float(np.quantile(values, 0.9))),
-            epsilon_lower_bound=epsilon_lower_bound(float(np.median(values)), repetitions),
-        )
-        for repetitions, values in sorted(by_repetitions.items())
-    )
+    groups = _exposure_groups(canaries, ranked)
     settings, signature = audit_settings(
         model,
         guard,
@@ -120,6 +108,23 @@ def run_exposure(
     )
     return ExposureResult(
         size, len(texts), exact, guard is not None, rows, groups, settings, signature
+    )
+
+
+def _exposure_groups(canaries: list[Canary], ranked: np.ndarray) -> tuple[ExposureGroup, ...]:
+    """The canaries' rank exposures grouped by their repetitions: median, 10%-90% and ε bound."""
+    by_repetitions: dict[int, list[float]] = defaultdict(list)
+    for canary, exposure in zip(canaries, ranked, strict=True):
+        by_repetitions[canary.repetitions].append(float(exposure))
+    return tuple(
+        ExposureGroup(
+            repetitions=repetitions,
+            canaries=len(values),
+            median_exposure=float(np.median(values)),
+            quantiles_10_90=(float(np.quantile(values, 0.1)), float(np.quantile(values, 0.9))),
+            epsilon_lower_bound=epsilon_lower_bound(float(np.median(values)), repetitions),
+        )
+        for repetitions, values in sorted(by_repetitions.items())
     )
 
 
@@ -202,7 +207,12 @@ def run_extractability(
     }
     for k, examples in drawn.items():
         completions = complete(
-            model, tokenizer, [list(e.prompt_ids) for e in examples], decoding, guard
+            model,
+            tokenizer,
+            [list(e.prompt_ids) for e in examples],
+            decoding,
+            guard,
+            count_stored=False,  # extractability reads the outputs only
         )
         rows += [
             ExtractableSequence(
@@ -214,16 +224,7 @@ def run_extractability(
             )
             for example, completion in zip(examples, completions, strict=True)
         ]
-    by_k = tuple(
-        ExtractableShare(len(members), _share(members), k=k)
-        for k in prompt_lengths
-        for members in [[row for row in rows if row.k == k]]
-    )
-    by_bucket = tuple(
-        ExtractableShare(len(members), _share(members), bucket=bucket)
-        for bucket in sorted({row.bucket for row in rows if row.bucket is not None})
-        for members in [[row for row in rows if row.bucket == bucket]]
-    )
+    by_k, by_bucket = _shares(rows, prompt_lengths)
     settings, signature = audit_settings(
         model,
         guard,
@@ -238,6 +239,23 @@ def run_extractability(
     return ExtractabilityResult(
         guard is not None, truth_tokens, by_k, by_bucket, tuple(rows), settings, signature
     )
+
+
+def _shares(
+    rows: list[ExtractableSequence], prompt_lengths: list[int]
+) -> tuple[tuple[ExtractableShare, ...], tuple[ExtractableShare, ...]]:
+    """The share of extractable sequences by prompt length, and by repetition bucket."""
+    by_k = tuple(
+        ExtractableShare(len(members), _share(members), k=k)
+        for k in prompt_lengths
+        for members in [[row for row in rows if row.k == k]]
+    )
+    by_bucket = tuple(
+        ExtractableShare(len(members), _share(members), bucket=bucket)
+        for bucket in sorted({row.bucket for row in rows if row.bucket is not None})
+        for members in [[row for row in rows if row.bucket == bucket]]
+    )
+    return by_k, by_bucket
 
 
 def _share(members: list[ExtractableSequence]) -> float:

@@ -2,14 +2,16 @@
 that produced it and their signature; written to ``audit.json`` as they always were, plus those.
 
 Every class is a frozen dataclass and a read-only mapping over its JSON fields (see
-:class:`eval.records.JsonView`).
+:class:`eval.records.JsonView`); :func:`audit_result` parses a result given as its JSON, once, so
+that the report reads attributes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from eval.exposure import RANDOM_GUESSING_MEAN, RANDOM_GUESSING_MEDIAN
 from eval.records import JsonView, signature_of
@@ -39,9 +41,20 @@ def audit_settings(model: Any, guard: Any, **values: Any) -> tuple[dict[str, Any
     return settings, signature_of(signed)
 
 
+_RowT = TypeVar("_RowT", bound="_Row")
+
+
 class _Row(JsonView):
+    """A flat result: its JSON fields are its dataclass fields."""
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[_RowT], data: Mapping[str, Any]) -> _RowT:
+        """The row as ``audit.json`` holds it."""
+        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+        return cls(**{name: data[name] for name in names})
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +78,17 @@ class ExposureGroup(JsonView):
     median_exposure: float
     quantiles_10_90: tuple[float, float]
     epsilon_lower_bound: float
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExposureGroup:
+        low, high = data["quantiles_10_90"]
+        return cls(
+            data["repetitions"],
+            data["canaries"],
+            data["median_exposure"],
+            (low, high),
+            data["epsilon_lower_bound"],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -90,6 +114,19 @@ class ExposureResult(JsonView):
         import math
 
         return math.log2(self.space_size)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExposureResult:
+        """The result as ``audit.json`` holds it (see :func:`audit_result`)."""
+        return cls(
+            space_size=data["space_size"],
+            references=data["references"],
+            exact=data["exact"],
+            guarded=data.get("guarded", False),
+            canaries=tuple(CanaryExposure.from_dict(row) for row in data.get("canaries", ())),
+            by_repetitions=tuple(ExposureGroup.from_dict(g) for g in data["by_repetitions"]),
+            **_signed(data),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,6 +175,17 @@ class ExtractionResult(JsonView):
     settings: dict[str, Any] = field(default_factory=dict)
     signature: str = ""
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExtractionResult:
+        """The result as ``audit.json`` holds it (see :func:`audit_result`)."""
+        return cls(
+            guarded=data.get("guarded", False),
+            space_size=data.get("space_size", 0),
+            canaries=tuple(CanaryExtraction.from_dict(row) for row in data["canaries"]),
+            shortest_path=ShortestPathSearch.from_dict(data["shortest_path"]),
+            **_signed(data),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "guarded": self.guarded,
@@ -169,12 +217,21 @@ class ExtractableShare(JsonView):
     k: int | None = None
     bucket: int | None = None
 
+    @property
+    def occurrences_from(self) -> float:
+        """A bucket's fewest occurrences, 2^(bucket/4) (0.0 for a prompt length's share)."""
+        return 2 ** (self.bucket / 4) if self.bucket is not None else 0.0
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExtractableShare:
+        return cls(data["sequences"], data["extractable"], data.get("k"), data.get("bucket"))
+
     def to_dict(self) -> dict[str, Any]:
         if self.bucket is None:
             return {"k": self.k, "sequences": self.sequences, "extractable": self.extractable}
         return {
             "bucket": self.bucket,
-            "occurrences_from": 2 ** (self.bucket / 4),
+            "occurrences_from": self.occurrences_from,
             "sequences": self.sequences,
             "extractable": self.extractable,
         }
@@ -192,6 +249,21 @@ class ExtractabilityResult(JsonView):
     settings: dict[str, Any] = field(default_factory=dict)
     signature: str = ""
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ExtractabilityResult:
+        """The result as ``audit.json`` holds it (see :func:`audit_result`; the command line's
+        ``--json`` leaves the sequences out)."""
+        return cls(
+            guarded=data.get("guarded", False),
+            truth_tokens=data["truth_tokens"],
+            by_k=tuple(ExtractableShare.from_dict(row) for row in data["by_k"]),
+            by_bucket=tuple(ExtractableShare.from_dict(row) for row in data["by_bucket"]),
+            sequences=tuple(
+                ExtractableSequence.from_dict(row) for row in data.get("sequences") or ()
+            ),
+            **_signed(data),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "guarded": self.guarded,
@@ -204,7 +276,43 @@ class ExtractabilityResult(JsonView):
         }
 
 
+AuditResult = ExposureResult | ExtractionResult | ExtractabilityResult
+
+#: Each audit step's result, and the section of its JSON that only it holds.
+RESULT_SECTIONS: tuple[tuple[type[AuditResult], str], ...] = (
+    (ExposureResult, "by_repetitions"),
+    (ExtractionResult, "shortest_path"),
+    (ExtractabilityResult, "by_k"),
+)
+
+
+def audit_result(part: AuditResult | Mapping[str, Any]) -> AuditResult:
+    """A step's result, typed: as it is, or parsed from its JSON (``audit.json``'s, or a
+    result's ``to_dict()``), told apart by the section only that step's results hold.
+
+    Fields the report does not read may be absent from the JSON (``guarded``, ``settings``,
+    ``signature``, the per-canary or per-sequence rows): they take their defaults.
+
+    Raises:
+        ValueError: the JSON holds no step's section.
+        KeyError: a field the report reads is missing.
+    """
+    if isinstance(part, (ExposureResult, ExtractionResult, ExtractabilityResult)):
+        return part
+    for result_type, section in RESULT_SECTIONS:
+        if section in part:
+            return result_type.from_dict(part)
+    raise ValueError("results of no audit step (exposure, extract, extractable)")
+
+
+def _signed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings and signature of a result's JSON (absent: empty)."""
+    return {"settings": data.get("settings", {}), "signature": data.get("signature", "")}
+
+
 __all__ = [
+    "RESULT_SECTIONS",
+    "AuditResult",
     "CanaryExposure",
     "CanaryExtraction",
     "ExposureGroup",
@@ -214,5 +322,6 @@ __all__ = [
     "ExtractableShare",
     "ExtractionResult",
     "ShortestPathSearch",
+    "audit_result",
     "audit_settings",
 ]

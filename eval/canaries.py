@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from eval.canary_formats import Canary, CanaryFormat
+from memfree.errors import SettingError
 from memfree.fileio import atomic_file, atomic_write
 
 
@@ -123,22 +124,26 @@ def insert_canaries(
         the manifest.
 
     Raises:
-        ValueError: bad repetitions, more canaries than the format has secrets, no readable
-            document, ``output_dir`` is a file, or it already holds a manifest or corpus and
-            ``overwrite`` is not set (or they are inputs of this run).
+        memfree.errors.SettingError: bad repetitions, or more canaries than the format has
+            secrets (named by the arguments).
+        ValueError: no readable document, ``output_dir`` is a file, or it already holds a
+            manifest or corpus and ``overwrite`` is not set (or they are inputs of this run).
         eval.resultdirs.ResultsDirError: another run writes into ``output_dir`` (it holds the
             folder's lock; the message names it).
     """
     from eval.resultdirs import ResultsLock
 
     if canaries_per_repetition < 1 or not repetitions or min(repetitions) < 1:
-        raise ValueError("--repetitions and --per-repetition must be >= 1")
+        raise SettingError(
+            "repetitions and canaries_per_repetition must be >= 1", field="repetitions"
+        )
     wanted = len(repetitions) * canaries_per_repetition
     if wanted > canary_format.space_size:
-        raise ValueError(
-            f"--repetitions and --per-repetition ask for {wanted} distinct canaries, but the "
+        raise SettingError(
+            f"repetitions and canaries_per_repetition ask for {wanted} distinct canaries, but the "
             f"format {canary_format.template!r} has only {canary_format.space_size} (|R|); plant "
-            "fewer, or give --format more holes"
+            "fewer, or give canary_format more holes",
+            field="repetitions",
         )
     out = Path(output_dir)
     _check_output(out, corpus)
@@ -262,41 +267,50 @@ def load_manifest(
     if not data["canaries"]:
         raise damaged(f"{where}: holds no canary")
     holes = len(canary_format.holes)
-    canaries = []
-    for index, item in enumerate(data["canaries"], 1):
-        at = f"{where}: canary {index}"
-        check_fields(
-            item,
-            at,
-            MANIFEST_FIX,
-            {"text": "a string", "secret": "a list", "repetitions": "an integer"},
-            {"positions": "a list"},
-        )
-        secret = item["secret"]
-        if not all(isinstance(part, str) for part in secret):
-            raise damaged(f"{at}: its secret holds something other than strings")
-        if len(secret) != holes:
-            raise damaged(
-                f"{at}: a secret of {len(secret)} part{'s' if len(secret) != 1 else ''} for a "
-                f"format of {holes} hole{'s' if holes != 1 else ''}"
-            )
-        if item["repetitions"] < 1:
-            raise damaged(f"{at}: repetitions must be >= 1, found {item['repetitions']}")
-        positions = item.get("positions", [])
-        if not all(
-            isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
-            for pair in positions
-        ):
-            raise damaged(f"{at}: positions must be [document, offset] pairs of integers")
-        canaries.append(
-            Canary(
-                item["text"],
-                tuple(secret),
-                item["repetitions"],
-                tuple((a, b) for a, b in positions),
-            )
-        )
+    canaries = [
+        _read_canary(item, f"{where}: canary {index}", holes)
+        for index, item in enumerate(data["canaries"], 1)
+    ]
     return canary_format, canaries, data
+
+
+def _read_canary(item: Any, at: str, holes: int) -> Canary:
+    """One canary of a manifest, checked (``at`` names it in the messages).
+
+    Raises:
+        eval.resultfiles.ResultFileError: the canary is damaged.
+    """
+    from eval.resultfiles import ResultFileError, check_fields
+
+    def damaged(problem: str) -> ResultFileError:
+        return ResultFileError(f"{at}: {problem}; {MANIFEST_FIX}")
+
+    check_fields(
+        item,
+        at,
+        MANIFEST_FIX,
+        {"text": "a string", "secret": "a list", "repetitions": "an integer"},
+        {"positions": "a list"},
+    )
+    secret = item["secret"]
+    if not all(isinstance(part, str) for part in secret):
+        raise damaged("its secret holds something other than strings")
+    if len(secret) != holes:
+        raise damaged(
+            f"a secret of {len(secret)} part{'s' if len(secret) != 1 else ''} for a "
+            f"format of {holes} hole{'s' if holes != 1 else ''}"
+        )
+    if item["repetitions"] < 1:
+        raise damaged(f"repetitions must be >= 1, found {item['repetitions']}")
+    positions = item.get("positions", [])
+    if not all(
+        isinstance(pair, list) and len(pair) == 2 and all(type(x) is int for x in pair)
+        for pair in positions
+    ):
+        raise damaged("positions must be [document, offset] pairs of integers")
+    return Canary(
+        item["text"], tuple(secret), item["repetitions"], tuple((a, b) for a, b in positions)
+    )
 
 
 __all__ = ["MANIFEST_FIX", "Canary", "CanaryFormat", "insert_canaries", "load_manifest"]

@@ -11,17 +11,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from eval.metrics import MetricSettings, score, stored_ngrams
+from eval.batches import BatchRun, make_guards
+from eval.defenses import get_defense
 from eval.records import MemorizationRecord, MemorizationResults
 from eval.resultdirs import claim_results_dir
 from eval.resultfiles import RecordLog, read_examples, read_settings_fingerprint, write_examples
-from eval.sampling import Example, frequency_bucket, sample_examples
-from eval.settings import GUARDS, ExperimentSettings, settings_fingerprint
-from eval.styles import apply_style
+from eval.sampling import Example, sample_examples
+from eval.settings import ExperimentSettings, settings_fingerprint
 from memfree.fileio import atomic_write
 
 
@@ -74,14 +73,14 @@ def run_memorization(
         model_name: recorded in the settings file.
         progress: called with the number of generations just finished.
         examples: use these instead of sampling from ``settings.corpus``.
-        word_filter: the corpus's word filter (``memfree build --unit word``): the "word"
-            defense's guard; when given, every record also counts the stored word n-grams of
-            its output.
+        word_filter: the corpus's word filter (``memfree build --unit word``): the guard of a
+            defense that needs it (:attr:`eval.defenses.Defense.needs_word_filter`); when given,
+            every record also counts the stored word n-grams of its output.
         overwrite: write into a non-empty ``out_dir`` that holds no eval results (``--force``).
 
     Raises:
-        ValueError: the "word" defense without a word filter, a filter of the wrong unit, or a
-            corpus without ``settings.num_examples`` documents long enough.
+        ValueError: a defense that needs a word filter without one, a filter of the wrong unit,
+            or a corpus without ``settings.num_examples`` documents long enough.
         eval.resultfiles.ResultFileError: a result file in ``out_dir`` is damaged or holds
             another run's or a duplicate record (the message names the file, the line and the
             fix).
@@ -89,11 +88,12 @@ def run_memorization(
             holds its lock.
     """
     check_filters(ngram_filter, word_filter)
-    if "word" in settings.defenses and word_filter is None:
-        raise ValueError(
-            "the 'word' defense needs a word filter (memfree build CORPUS --unit word); give it "
-            "with --word-filter"
-        )
+    for name in settings.defenses:
+        if get_defense(name).needs_word_filter and word_filter is None:
+            raise ValueError(
+                f"the {name!r} defense needs a word filter (memfree build CORPUS --unit word); "
+                "give it with --word-filter"
+            )
     with claim_results_dir(out_dir, "eval", overwrite) as out:
         return _run_in_folder(
             settings,
@@ -120,11 +120,9 @@ def _run_in_folder(
     word_filter: Any,
 ) -> MemorizationResults:
     """:func:`run_memorization` in its claimed folder."""
-    from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.generation import DecodingSettings
 
     recorded = _recorded_settings(out, settings, model_name, ngram_filter, word_filter)
-    fingerprint = recorded["fingerprint"]
     drawn = examples is None and not os.path.lexists(out / "examples.jsonl")
     examples = list(examples) if examples is not None else _examples(settings, out, tokenizer)
     # Written once the examples are drawn: a corpus too small for the settings leaves nothing
@@ -143,28 +141,14 @@ def _run_in_folder(
         batch_size=settings.batch_size,
         seed=settings.seed,
     )
-    guards = {"memfree": MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)}
-    if "word" in settings.defenses:
-        guards["word"] = MemFreeLogitsProcessor(word_filter, tokenizer=tokenizer)
-    run = _Run(model, tokenizer, ngram_filter, word_filter, settings.metrics, decoding, guards)
+    guards = make_guards(settings, tokenizer, ngram_filter, word_filter)
+    run = BatchRun(model, tokenizer, ngram_filter, word_filter, settings.metrics, decoding, guards)
     for style in settings.styles:
-        styled = [_styled(example, style, tokenizer) for example in examples]
-        for defense_group in _defense_groups(settings.defenses):
-            pending = [
-                index
-                for index, example in enumerate(examples)
-                if any((example.example_id, style, d) not in log.done for d in defense_group)
-            ]
-            for begin in range(0, len(pending), settings.batch_size):
-                chunk = pending[begin : begin + settings.batch_size]
-                records = run.chunk(examples, styled, style, defense_group, chunk, log.done)
-                log.append(record.to_dict() for record in records)
-                if progress is not None:
-                    progress(len(chunk) * len(defense_group))
+        run.style(examples, style, settings, log, progress)
     return MemorizationResults(
         tuple(MemorizationRecord.from_dict(record) for record in log.records),
         recorded,
-        fingerprint,
+        recorded["fingerprint"],
     )
 
 
@@ -193,64 +177,6 @@ def _recorded_settings(
         "word_filter": str(word_filter.path) if word_filter is not None else None,
     }
     return recorded
-
-
-@dataclass(frozen=True)
-class _Run:
-    """What every batch of one run generates and scores with."""
-
-    model: Any
-    tokenizer: Any
-    ngram_filter: Any
-    word_filter: Any
-    metrics: MetricSettings
-    decoding: Any
-    guards: dict[str, Any]
-
-    def chunk(
-        self,
-        examples: Sequence[Example],
-        styled: Sequence[tuple[Any, str, tuple[int, ...] | None, int]],
-        style: str,
-        defense_group: tuple[str, ...],
-        chunk: list[int],
-        done: set[tuple[str, str, str]],
-    ) -> list[MemorizationRecord]:
-        """One generate() call for the examples ``chunk`` and a record per defense not done."""
-        from memfree.generation import complete
-
-        guard = next((self.guards[d] for d in defense_group if d in GUARDS), None)
-        # A styled truth may take more tokens than the original: generate enough for the
-        # longest, then cut each output to its own truth's length.
-        budget = max(styled[i][3] for i in chunk)
-        completions = complete(
-            self.model,
-            self.tokenizer,
-            [styled[i][0] for i in chunk],
-            replace(self.decoding, max_new_tokens=budget),
-            guard,
-            ngram_filter=self.ngram_filter,
-        )
-        records = []
-        for index, completion in zip(chunk, completions, strict=True):
-            completion = _cut(completion, styled[index][3], self.tokenizer)
-            for defense in defense_group:
-                if (examples[index].example_id, style, defense) in done:
-                    continue
-                records.append(
-                    _record(
-                        examples[index],
-                        style,
-                        defense,
-                        styled[index],
-                        completion,
-                        self.metrics,
-                        self.ngram_filter,
-                        self.tokenizer,
-                        self.word_filter,
-                    )
-                )
-        return records
 
 
 def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[Example]:
@@ -289,91 +215,3 @@ def _examples(settings: ExperimentSettings, out: Path, tokenizer: Any) -> list[E
             f"{settings.prompt_tokens}+{settings.truth_tokens} tokens"
         )
     return examples
-
-
-def _defense_groups(defenses: Sequence[str]) -> list[tuple[str, ...]]:
-    """Defenses sharing one generation: "none" and "censor" both use the unguarded output."""
-    groups: list[tuple[str, ...]] = []
-    unguarded = tuple(d for d in defenses if d in ("none", "censor"))
-    if unguarded:
-        groups.append(unguarded)
-    groups.extend((guard,) for guard in GUARDS if guard in defenses)
-    return groups
-
-
-def _styled(
-    example: Example, style: str, tokenizer: Any
-) -> tuple[Any, str, tuple[int, ...] | None, int]:
-    """(prompt for the model, truth text in the style, truth ids when the style is the original,
-    tokens to generate: the styled truth's length in tokens)."""
-    prompt_text = tokenizer.decode(list(example.prompt_ids))
-    truth_text = tokenizer.decode(list(example.truth_ids))
-    if style == "original":
-        return list(example.prompt_ids), truth_text, example.truth_ids, len(example.truth_ids)
-    styled_prompt, styled_truth = apply_style(style, prompt_text, truth_text)
-    length = len(tokenizer(styled_truth, add_special_tokens=False)["input_ids"])
-    return styled_prompt, styled_truth, None, max(length, 1)
-
-
-def _cut(completion: Any, length: int, tokenizer: Any) -> Any:
-    """The completion with its output cut to ``length`` tokens (interventions after dropped; its
-    counts of stored n-grams, which were of the whole output, dropped too: the record counts)."""
-    if len(completion.output_ids) <= length:
-        return completion
-    return replace(
-        completion,
-        output_ids=completion.output_ids[:length],
-        text=tokenizer.decode(completion.output_ids[:length]),
-        interventions=[item for item in completion.interventions if item.position < length],
-        stored_ngrams=None,
-        stored_text_ngrams=None,
-    )
-
-
-def _record(
-    example: Example,
-    style: str,
-    defense: str,
-    styled: tuple[Any, str, tuple[int, ...] | None, int],
-    completion: Any,
-    metrics: MetricSettings,
-    ngram_filter: Any,
-    tokenizer: Any,
-    word_filter: Any = None,
-) -> MemorizationRecord:
-    prompt, truth, truth_ids, _ = styled
-    found = stored_ngrams(ngram_filter, completion.prompt_ids, completion.output_ids)
-    censored = defense == "censor" and found.stored > 0
-    output = "" if censored else completion.text
-    output_ids = [] if censored else completion.output_ids
-    in_text = stored_ngrams(
-        ngram_filter, completion.prompt_ids, output_ids, tokenizer=tokenizer, text=True
-    )
-    scores = score(output, truth, metrics, output_ids if truth_ids else None, truth_ids)
-    words = None
-    if word_filter is not None:
-        words = stored_ngrams(word_filter, completion.prompt_ids, output_ids, tokenizer=tokenizer)
-    return MemorizationRecord(
-        example_id=example.example_id,
-        source=example.source,
-        occurrences=example.occurrences,
-        bucket=frequency_bucket(example.occurrences) if example.occurrences else None,
-        style=style,
-        defense=defense,
-        prompt=prompt if isinstance(prompt, str) else tokenizer.decode(prompt),
-        truth=truth,
-        output=output,
-        censored=censored,
-        bleu=scores.bleu,
-        edit_similarity=scores.edit_similarity,
-        exact_match=scores.exact_match,
-        approximately_memorized=scores.approximately_memorized,
-        stored_ngrams=0 if censored else found.stored,
-        ngrams=0 if censored else found.total,
-        stored_text_ngrams=in_text.stored,
-        text_ngrams=in_text.total,
-        interventions=len(completion.interventions) if defense in GUARDS else 0,
-        signature=scores.signature,
-        stored_word_ngrams=words.stored if words is not None else None,
-        word_ngrams=words.total if words is not None else None,
-    )

@@ -106,7 +106,12 @@ def greedy_extract(
 
     budget = len(tokenizer(secret, add_special_tokens=False)["input_ids"]) + slack
     [completion] = complete(
-        model, tokenizer, [prefix], DecodingSettings(max_new_tokens=budget), guard
+        model,
+        tokenizer,
+        [prefix],
+        DecodingSettings(max_new_tokens=budget),
+        guard,
+        count_stored=False,
     )
     return Extraction(completion.text.startswith(secret), completion.text[: len(secret)], 1)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from memfree.errors import require
+from memfree.errors import SettingError, require
 
 if TYPE_CHECKING:
     from memfree.filterfile.native import NgramFilter
@@ -38,6 +38,9 @@ class MetricSettings:
             letters and digits, joined by one space; so case, spacing, punctuation, comment
             markers and ``_`` vanish, as they do for the word guard). ``True``/``False`` are read
             as "casefold"/"none".
+
+    Raises:
+        memfree.errors.SettingError: a setting out of range, named by its field.
     """
 
     bleu_threshold: float = 0.75
@@ -48,16 +51,19 @@ class MetricSettings:
         if isinstance(self.normalize, bool):
             object.__setattr__(self, "normalize", "casefold" if self.normalize else "none")
         if self.normalize not in NORMALIZATIONS:
-            raise ValueError(
-                f"--normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}"
+            raise SettingError(
+                f"normalize must be one of {', '.join(NORMALIZATIONS)}, got {self.normalize!r}",
+                field="normalize",
             )
         if not 0.0 <= self.bleu_threshold <= 1.0:
-            raise ValueError(
-                f"--bleu-threshold must be a number from 0 to 1, got {self.bleu_threshold!r}"
+            raise SettingError(
+                f"bleu_threshold must be a number from 0 to 1, got {self.bleu_threshold!r}",
+                field="bleu_threshold",
             )
         if self.edit_unit not in EDIT_UNITS:
-            raise ValueError(
-                f"edit_unit must be one of {', '.join(EDIT_UNITS)}, got {self.edit_unit!r}"
+            raise SettingError(
+                f"edit_unit must be one of {', '.join(EDIT_UNITS)}, got {self.edit_unit!r}",
+                field="edit_unit",
             )
 
     def signature(self) -> str:

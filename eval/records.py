@@ -1,8 +1,10 @@
 """Typed results of the memorization experiments: one record per generation, and a run's records
 with the settings and the signature that produced them (as sacrebleu's results carry theirs).
 
-Each result is a frozen dataclass and also a read-only mapping over exactly the JSON fields it is
-written as, so ``record.bleu`` and ``record["bleu"]`` agree and a report reads both kinds alike.
+Each result is a frozen dataclass, parsed once where its file is read (``from_dict``) and read by
+its attributes. It is also a read-only mapping over exactly the JSON fields it is written as
+(:class:`JsonView`), so that code written against the JSON keeps working: ``record.bleu`` and
+``record["bleu"]`` agree.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class MemorizationRecord(JsonView):
         occurrences: how often the example's text occurs in the corpus (None: not counted).
         bucket: its repetition bucket, 2^(bucket/4) occurrences (None: not counted).
         style: the style transfer applied to prompt and truth ("original": none).
-        defense: "none", "censor", "memfree" (token guard) or "word" (word guard).
+        defense: the defense, a name of :mod:`eval.defenses`.
         prompt: the prompt as text.
         truth: the true continuation as text.
         output: the generated continuation ("" when censored).

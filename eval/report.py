@@ -1,98 +1,41 @@
-"""Summaries, Markdown reports and PNG plots of experiment records (the paper's Figure 6 scatter,
-per-style bars as in Table 2 / Figure 4, and the interventions histogram of Figures 9-10)."""
+"""Markdown reports and PNG plots of experiment records (the paper's Figure 6 scatter, per-style
+bars as in Table 2 / Figure 4, and the interventions histogram of Figures 9-10), beside their
+summary (:mod:`eval.summary`). Records are typed once on the way in; the rest reads attributes."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from eval.defenses import DEFENSE_NAMES, find_defense, get_defense, is_guarded
+from eval.records import MemorizationRecord
+from eval.summary import (
+    BucketRow,
+    Summary,
+    SummaryRow,
+    as_records,
+    as_scored,
+    bucket_rows,
+    summary_rows,
+)
 from memfree.fileio import atomic_write
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (style, defense): rates and means over its generations."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
-    for record in records:
-        groups[record["style"], record["defense"]].append(record)
-    rows = []
-    for (style, defense), members in sorted(groups.items(), key=_group_order):
-        count = len(members)
-        rows.append(
-            {
-                "style": style,
-                "defense": defense,
-                "generations": count,
-                "verbatim_rate": sum(r["stored_ngrams"] > 0 for r in members) / count,
-                "exact_match_rate": sum(bool(r["exact_match"]) for r in members) / count,
-                "approximate_rate": sum(bool(r["approximately_memorized"]) for r in members)
-                / count,
-                "mean_bleu": float(np.mean([r["bleu"] for r in members])),
-                "mean_edit_similarity": float(np.mean([r["edit_similarity"] for r in members])),
-                "mean_interventions": float(np.mean([r["interventions"] for r in members])),
-                "censored_rate": sum(bool(r.get("censored")) for r in members) / count,
-            }
-        )
-        rows[-1].update(_optional_rates(members))
-    return rows
-
-
-# Counts a record may lack (a run before they existed, or without a word filter), and the rate
-# of records where each is above 0: holding a stored token n-gram once the output's text is
-# tokenized again, holding a stored word n-gram.
-_OPTIONAL_RATES = {
-    "stored_text_ngrams": "text_verbatim_rate",
-    "stored_word_ngrams": "word_verbatim_rate",
-}
-
-
-def _optional_rates(members: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The rates of :data:`_OPTIONAL_RATES` over the members whose records hold the count."""
-    rates = {}
-    for field, rate in _OPTIONAL_RATES.items():
-        counted = [r for r in members if r.get(field) is not None]
-        if counted:
-            rates[rate] = sum(r[field] > 0 for r in counted) / len(counted)
-    return rates
+    """One row per (style, defense): rates and means over its generations (typed:
+    :func:`eval.summary.summary_rows`)."""
+    return [row.to_dict() for row in summary_rows(as_scored(records))]
 
 
 def summarize_buckets(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Rates per repetition bucket (the paper's 2^(i/4) buckets) and defense, original style."""
-    groups: dict[tuple[int, str], list[Mapping[str, Any]]] = defaultdict(list)
-    for record in records:
-        if record.get("bucket") is not None and record["style"] == "original":
-            groups[record["bucket"], record["defense"]].append(record)
-    rows = []
-    for (bucket, defense), members in sorted(
-        groups.items(), key=lambda item: (item[0][0], _DEFENSE_ORDER.get(item[0][1], 9))
-    ):
-        rows.append(
-            {
-                "bucket": bucket,
-                "occurrences_from": 2 ** (bucket / 4),
-                "defense": defense,
-                "generations": len(members),
-                "verbatim_rate": sum(r["stored_ngrams"] > 0 for r in members) / len(members),
-                "approximate_rate": sum(bool(r["approximately_memorized"]) for r in members)
-                / len(members),
-                "mean_bleu": float(np.mean([r["bleu"] for r in members])),
-                **_optional_rates(members),
-            }
-        )
-    return rows
-
-
-_DEFENSE_ORDER = {"none": 0, "censor": 1, "memfree": 2, "word": 3}
-
-
-def _group_order(item: tuple[tuple[str, str], Any]) -> tuple[int, str, int]:
-    (style, defense), _ = item
-    return (0 if style == "original" else 1, style, _DEFENSE_ORDER.get(defense, 9))
+    """Rates per repetition bucket (the paper's 2^(i/4) buckets) and defense, original style
+    (typed: :func:`eval.summary.bucket_rows`)."""
+    return [row.to_dict() for row in bucket_rows(as_scored(records))]
 
 
 def write_report(
@@ -101,18 +44,51 @@ def write_report(
     settings: dict[str, Any],
     title: str,
 ) -> dict[str, Any]:
-    """Write ``summary.json``, ``report.md`` and the PNG plots; returns the summary."""
+    """Write ``summary.json``, ``report.md`` and the PNG plots; returns the summary (typed:
+    :func:`write_summary`)."""
+    return write_summary(out_dir, records, settings, title).to_dict()
+
+
+def write_summary(
+    out_dir: str | os.PathLike[str],
+    records: Sequence[Mapping[str, Any]],
+    settings: dict[str, Any],
+    title: str,
+) -> Summary:
+    """Write ``summary.json``, ``report.md`` and the PNG plots of a run's records.
+
+    Args:
+        out_dir: the run's folder.
+        records: its records, typed or as read back from ``records.jsonl``.
+        settings: its settings (``ExperimentSettings.to_dict()``), recorded in the summary.
+        title: the report's heading.
+
+    Returns:
+        the summary written.
+    """
     out = Path(out_dir)
-    rows = summarize(records)
-    signatures = sorted({r["signature"] for r in records})
-    buckets = summarize_buckets(records)
-    summary = {"settings": settings, "signatures": signatures, "rows": rows, "buckets": buckets}
-    atomic_write(out / "summary.json", json.dumps(summary, indent=2))
-    plots = _plots(out, records, rows)
+    typed = as_records(records)
+    summary = Summary.of(typed, settings)
+    atomic_write(out / "summary.json", json.dumps(summary.to_dict(), indent=2))
+    plots = _plots(out, typed, summary.rows)
     lines = [f"# {title}", ""]
-    optional = [(rate, heading) for rate, heading in _OPTIONAL_COLUMNS if _has(rows, rate)]
-    lines += [
-        f"{len(records)} generations; metric signature"
+    lines += _table_lines(summary, len(typed))
+    if summary.buckets:
+        lines += _bucket_lines(summary.buckets)
+    for name, caption in plots:
+        lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
+    lines += _example_lines(typed)
+    lines.append(f"Settings: `{json.dumps(settings, sort_keys=True)}`")
+    atomic_write(out / "report.md", "\n".join(lines) + "\n")
+    return summary
+
+
+def _table_lines(summary: Summary, generations: int) -> list[str]:
+    """The table by style and defense, and what its columns and the defenses mean."""
+    signatures = summary.signatures
+    optional = [(rate, heading) for rate, heading in _OPTIONAL_COLUMNS if _has(summary.rows, rate)]
+    lines = [
+        f"{generations} generations; metric signature"
         f"{'s' if len(signatures) > 1 else ''} {', '.join(f'`{x}`' for x in signatures) or '-'}.",
         "",
         "| style | defense | generations | verbatim (≥1 stored n-gram in its ids) | "
@@ -121,45 +97,19 @@ def write_report(
         "interventions |",
         "|---|---|---:|---:|" + "---:|" * len(optional) + "---:|---:|---:|---:|---:|",
     ]
-    for row in rows:
+    for row in summary.rows:
         lines.append(
-            f"| {row['style']} | {row['defense']} | {row['generations']} | "
-            f"{row['verbatim_rate']:.0%} | "
+            f"| {row.style} | {row.defense} | {row.generations} | {row.verbatim_rate:.0%} | "
             + "".join(_rate_cell(row, rate) for rate, _ in optional)
-            + f"{row['exact_match_rate']:.0%} | "
-            f"{row['approximate_rate']:.0%} | {row['mean_bleu']:.3f} | "
-            f"{row['mean_edit_similarity']:.3f} | {row['mean_interventions']:.2f} |"
+            + f"{row.exact_match_rate:.0%} | "
+            f"{row.approximate_rate:.0%} | {row.mean_bleu:.3f} | "
+            f"{row.mean_edit_similarity:.3f} | {row.mean_interventions:.2f} |"
         )
-    lines += [
-        "",
-        "Defenses: *none* (the model as is), *censor* (a generation holding a stored "
-        "n-gram is rejected and scores as empty), *memfree* (the token guard), *word* (the word "
-        "guard: n-grams of normalized words, whatever their case, spacing or punctuation).",
-        "",
-    ]
-    if _has(rows, "text_verbatim_rate"):
+    described = ", ".join(f"*{name}* ({get_defense(name).description})" for name in DEFENSE_NAMES)
+    lines += ["", f"Defenses: {described}.", ""]
+    if _has(summary.rows, "text_verbatim_rate"):
         lines += [_TEXT_COLUMN_NOTE, ""]
-    if buckets:
-        lines += _bucket_lines(buckets)
-    for name, caption in plots:
-        lines += [f"![{caption}]({name})", "", f"*{caption}*", ""]
-    examples = _examples(records)
-    if examples:
-        lines += ["## Examples: guarded outputs that still copy approximately", ""]
-        for record in examples:
-            lines += [
-                f"**{record['example_id']}** ({record['style']}, {record['defense']} guard, "
-                f"BLEU {record['bleu']:.2f}, "
-                f"{record['interventions']} interventions)",
-                "",
-                "```",
-                record["output"].strip()[:600],
-                "```",
-                "",
-            ]
-    lines.append(f"Settings: `{json.dumps(settings, sort_keys=True)}`")
-    atomic_write(out / "report.md", "\n".join(lines) + "\n")
-    return summary
+    return lines
 
 
 _OPTIONAL_COLUMNS = (
@@ -174,17 +124,18 @@ _TEXT_COLUMN_NOTE = (
 )
 
 
-def _has(rows: Sequence[Mapping[str, Any]], rate: str) -> bool:
+def _has(rows: Sequence[SummaryRow] | Sequence[BucketRow], rate: str) -> bool:
     """Whether any row has this rate (a run that counted it)."""
-    return any(rate in row for row in rows)
+    return any(getattr(row, rate) is not None for row in rows)
 
 
-def _rate_cell(row: Mapping[str, Any], rate: str) -> str:
+def _rate_cell(row: SummaryRow | BucketRow, rate: str) -> str:
     """A table cell: the rate as a percentage, or "-" where this row's records lack it."""
-    return f"{row[rate]:.0%} | " if rate in row else "- | "
+    value = getattr(row, rate)
+    return f"{value:.0%} | " if value is not None else "- | "
 
 
-def _bucket_lines(buckets: Sequence[Mapping[str, Any]]) -> list[str]:
+def _bucket_lines(buckets: Sequence[BucketRow]) -> list[str]:
     """The table by repetition bucket (original prompts)."""
     text = _has(buckets, "text_verbatim_rate")
     lines = [
@@ -197,25 +148,39 @@ def _bucket_lines(buckets: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
     for row in buckets:
         lines.append(
-            f"| {row['occurrences_from']:.1f} | {row['defense']} | {row['generations']} | "
-            f"{row['verbatim_rate']:.0%} | "
+            f"| {row.occurrences_from:.1f} | {row.defense} | {row.generations} | "
+            f"{row.verbatim_rate:.0%} | "
             + (_rate_cell(row, "text_verbatim_rate") if text else "")
-            + f"{row['approximate_rate']:.0%} | {row['mean_bleu']:.3f} |"
+            + f"{row.approximate_rate:.0%} | {row.mean_bleu:.3f} |"
         )
     lines.append("")
     return lines
 
 
-def _examples(records: Sequence[Mapping[str, Any]], count: int = 3) -> list[dict[str, Any]]:
-    guarded = [
-        r for r in records if r["defense"] in ("memfree", "word") and r["approximately_memorized"]
-    ]
-    return [dict(r) for r in sorted(guarded, key=lambda r: -r["bleu"])[:count]]
+def _example_lines(records: Sequence[MemorizationRecord], count: int = 3) -> list[str]:
+    """The guarded outputs that copy the truth most closely, though approximately memorized."""
+    guarded = [r for r in records if is_guarded(r.defense) and r.approximately_memorized]
+    examples = sorted(guarded, key=lambda r: -r.bleu)[:count]
+    if not examples:
+        return []
+    lines = ["## Examples: guarded outputs that still copy approximately", ""]
+    for record in examples:
+        lines += [
+            f"**{record.example_id}** ({record.style}, {record.defense} guard, "
+            f"BLEU {record.bleu:.2f}, {record.interventions} interventions)",
+            "",
+            "```",
+            record.output.strip()[:600],
+            "```",
+            "",
+        ]
+    return lines
 
 
 def _plots(
-    out: Path, records: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]
+    out: Path, records: Sequence[MemorizationRecord], rows: Sequence[SummaryRow]
 ) -> list[tuple[str, str]]:
+    """Draw the PNG plots the records call for; (file name, caption) of each."""
     from memfree.errors import require
 
     require("matplotlib", "eval")
@@ -225,54 +190,78 @@ def _plots(
     import matplotlib.pyplot as plt
 
     made: list[tuple[str, str]] = []
-    by_key = {(r["example_id"], r["style"], r["defense"]): r for r in records}
-    pairs = [
-        (r["bleu"], by_key[r["example_id"], r["style"], "memfree"]["bleu"])
-        for r in records
-        if r["defense"] == "none" and (r["example_id"], r["style"], "memfree") in by_key
-    ]
-    if pairs:
-        figure, axis = plt.subplots(figsize=(4.5, 4.5))
-        x, y = np.array(pairs).T
-        axis.scatter(x, y, s=14, alpha=0.7)
-        axis.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
-        axis.set_xlabel("BLEU to the truth, unguarded")
-        axis.set_ylabel("BLEU to the truth, MemFree")
-        axis.set_xlim(-0.02, 1.02)
-        axis.set_ylim(-0.02, 1.02)
-        figure.tight_layout()
-        figure.savefig(out / "scatter_bleu.png", dpi=120)
-        plt.close(figure)
-        made.append(("scatter_bleu.png", "Similarity to the truth with and without the guard"))
-    styles = list(dict.fromkeys(row["style"] for row in rows))
-    defenses = list(dict.fromkeys(row["defense"] for row in rows))
-    if len(styles) > 1 or len(defenses) > 1:
-        figure, axis = plt.subplots(figsize=(max(5.0, 1.0 * len(styles) + 2), 3.5))
-        width = 0.8 / len(defenses)
-        rates = {(row["style"], row["defense"]): row["approximate_rate"] for row in rows}
-        for offset, defense in enumerate(defenses):
-            axis.bar(
-                np.arange(len(styles)) + offset * width,
-                [rates.get((style, defense), 0.0) for style in styles],
-                width,
-                label=defense,
-            )
-        axis.set_xticks(np.arange(len(styles)) + width * (len(defenses) - 1) / 2)
-        axis.set_xticklabels(styles, rotation=30, ha="right")
-        axis.set_ylabel("approximately memorized")
-        axis.legend()
-        figure.tight_layout()
-        figure.savefig(out / "styles.png", dpi=120)
-        plt.close(figure)
-        made.append(("styles.png", "Share of approximately memorized continuations"))
-    interventions = [r["interventions"] for r in records if r["defense"] in ("memfree", "word")]
-    if interventions:
-        figure, axis = plt.subplots(figsize=(4.5, 3.2))
-        axis.hist(interventions, bins=[i - 0.5 for i in range(max(interventions) + 2)])
-        axis.set_xlabel("interventions per generation")
-        axis.set_ylabel("generations")
-        figure.tight_layout()
-        figure.savefig(out / "interventions.png", dpi=120)
-        plt.close(figure)
-        made.append(("interventions.png", "How often the guard changed the model's first choice"))
+    for plot in (_scatter_plot, _styles_plot, _interventions_plot):
+        drawn = plot(plt, records, rows)
+        if drawn is not None:
+            figure, name, caption = drawn
+            figure.tight_layout()
+            figure.savefig(out / name, dpi=120)
+            plt.close(figure)
+            made.append((name, caption))
     return made
+
+
+def _scatter_plot(
+    plt: Any, records: Sequence[MemorizationRecord], rows: Sequence[SummaryRow]
+) -> tuple[Any, str, str] | None:
+    """BLEU to the truth of each output, unguarded against the token guard's (Figure 6)."""
+    plain, guarded = find_defense(guard_unit=None).name, find_defense(guard_unit="token").name
+    by_key = {(r.example_id, r.style, r.defense): r for r in records}
+    pairs = [
+        (r.bleu, by_key[r.example_id, r.style, guarded].bleu)
+        for r in records
+        if r.defense == plain and (r.example_id, r.style, guarded) in by_key
+    ]
+    if not pairs:
+        return None
+    figure, axis = plt.subplots(figsize=(4.5, 4.5))
+    x, y = np.array(pairs).T
+    axis.scatter(x, y, s=14, alpha=0.7)
+    axis.plot([0, 1], [0, 1], color="grey", linewidth=0.8)
+    axis.set_xlabel("BLEU to the truth, unguarded")
+    axis.set_ylabel("BLEU to the truth, MemFree")
+    axis.set_xlim(-0.02, 1.02)
+    axis.set_ylim(-0.02, 1.02)
+    return figure, "scatter_bleu.png", "Similarity to the truth with and without the guard"
+
+
+def _styles_plot(
+    plt: Any, records: Sequence[MemorizationRecord], rows: Sequence[SummaryRow]
+) -> tuple[Any, str, str] | None:
+    """The share approximately memorized, by style and defense (Table 2 as bars)."""
+    styles = list(dict.fromkeys(row.style for row in rows))
+    defenses = list(dict.fromkeys(row.defense for row in rows))
+    if len(styles) <= 1 and len(defenses) <= 1:
+        return None
+    figure, axis = plt.subplots(figsize=(max(5.0, 1.0 * len(styles) + 2), 3.5))
+    width = 0.8 / len(defenses)
+    rates = {(row.style, row.defense): row.approximate_rate for row in rows}
+    for offset, defense in enumerate(defenses):
+        axis.bar(
+            np.arange(len(styles)) + offset * width,
+            [rates.get((style, defense), 0.0) for style in styles],
+            width,
+            label=defense,
+        )
+    axis.set_xticks(np.arange(len(styles)) + width * (len(defenses) - 1) / 2)
+    axis.set_xticklabels(styles, rotation=30, ha="right")
+    axis.set_ylabel("approximately memorized")
+    axis.legend()
+    return figure, "styles.png", "Share of approximately memorized continuations"
+
+
+def _interventions_plot(
+    plt: Any, records: Sequence[MemorizationRecord], rows: Sequence[SummaryRow]
+) -> tuple[Any, str, str] | None:
+    """How many steps the guard changed per guarded generation (Figures 9-10)."""
+    interventions = [r.interventions for r in records if is_guarded(r.defense)]
+    if not interventions:
+        return None
+    figure, axis = plt.subplots(figsize=(4.5, 3.2))
+    axis.hist(interventions, bins=[i - 0.5 for i in range(max(interventions) + 2)])
+    axis.set_xlabel("interventions per generation")
+    axis.set_ylabel("generations")
+    return figure, "interventions.png", "How often the guard changed the model's first choice"
+
+
+__all__ = ["summarize", "summarize_buckets", "write_report", "write_summary"]

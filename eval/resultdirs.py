@@ -2,7 +2,7 @@
 lock a run holds on it while it writes there.
 
 A folder's kind is read from the files memfree already writes, so folders of every earlier
-version (those committed under ``eval/results`` among them) are recognized without a marker: an
+version (those committed under ``docs/results`` among them) are recognized without a marker: an
 eval run's ``settings.json`` (its settings' fingerprint), an audit step's ``audit.json`` (the
 sections of its results: exposure, extraction or k-extractability). A run writes into a missing
 or empty folder, or one of its own kind (to resume or re-render); any other folder only with

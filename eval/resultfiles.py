@@ -34,7 +34,7 @@ FOREIGN_RECORD_FIX = (
     "delete that line (the run generates its own records), or give the run its own --out"
 )
 
-# What the report reads from every record (eval.report.summarize and write_report).
+# What the summaries and the report read from every record (eval.summary, eval.report).
 RECORD_FIELDS = {
     "example_id": "a string",
     "style": "a string",

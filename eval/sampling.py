@@ -70,7 +70,7 @@ def sample_examples(
         ValueError: no readable input; with ``required``, fewer documents long enough than
             ``num_examples`` (the message says how many there are and what to change).
     """
-    from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover
 
     if num_examples < 1 or prompt_tokens < 1 or truth_tokens < 1:
         raise ValueError("num_examples, prompt_tokens and truth_tokens must all be >= 1")
@@ -81,8 +81,29 @@ def sample_examples(
         raise ValueError(f"no readable input in {', '.join(corpus)}{skipped(problems)}")
     rng = np.random.default_rng(seed)
     wanted = prompt_tokens + truth_tokens
-    min_chars = wanted  # a token holds at least one character
-    pool = 4 * num_examples
+    # A token holds at least one character: shorter documents cannot give a window.
+    reservoir, seen = _reservoir(units, options, problems, rng, 4 * num_examples, wanted)
+    examples = _windows(reservoir, tokenizer, rng, num_examples, prompt_tokens, truth_tokens)
+    if required and len(examples) < num_examples:
+        raise ValueError(
+            _shortfall(corpus, num_examples, len(examples), len(reservoir), seen, wanted)
+        )
+    if count_occurrences and examples:
+        counts = _count_occurrences(units, options, tokenizer, examples)
+        examples = [
+            Example(e.example_id, e.source, e.prompt_ids, e.truth_ids, counts[i])
+            for i, e in enumerate(examples)
+        ]
+    return examples
+
+
+def _reservoir(
+    units: Any, options: Any, problems: Any, rng: np.random.Generator, pool: int, min_chars: int
+) -> tuple[list[tuple[str, str]], int]:
+    """A uniform draw (reservoir sampling) of up to ``pool`` (source, text) documents of at least
+    ``min_chars`` characters, and how many such documents there were."""
+    from bloom_builder.sources import documents_of
+
     reservoir: list[tuple[str, str]] = []
     seen = 0
     for found in documents_of(units, options, problems):
@@ -96,6 +117,20 @@ def sample_examples(
             slot = int(rng.integers(0, seen))
             if slot < pool:
                 reservoir[slot] = item
+    return reservoir, seen
+
+
+def _windows(
+    reservoir: list[tuple[str, str]],
+    tokenizer: Any,
+    rng: np.random.Generator,
+    num_examples: int,
+    prompt_tokens: int,
+    truth_tokens: int,
+) -> list[Example]:
+    """Up to ``num_examples`` examples, one window at a uniform offset of each drawn document
+    (in a random order) that is long enough once tokenized."""
+    wanted = prompt_tokens + truth_tokens
     order = rng.permutation(len(reservoir))
     examples: list[Example] = []
     for position in order:
@@ -115,16 +150,6 @@ def sample_examples(
         )
         if len(examples) == num_examples:
             break
-    if required and len(examples) < num_examples:
-        raise ValueError(
-            _shortfall(corpus, num_examples, len(examples), len(reservoir), seen, wanted)
-        )
-    if count_occurrences and examples:
-        counts = _count_occurrences(units, options, tokenizer, examples)
-        examples = [
-            Example(e.example_id, e.source, e.prompt_ids, e.truth_ids, counts[i])
-            for i, e in enumerate(examples)
-        ]
     return examples
 
 
@@ -184,8 +209,6 @@ def sample_bucketed_examples(
         documents.append((_source_name(found), ids))
         fingerprints.append(sliding_fingerprints_np(ids, width))
         total += ids.shape[0]
-        if total >= max_tokens:
-            break
         if total >= max_tokens:
             break
     if not documents:

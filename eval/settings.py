@@ -1,6 +1,11 @@
 """The settings of eval's runs, frozen dataclasses validated on creation whose defaults the CLI
 shows: the experiments (Ippolito et al. 2023) and the audit (canaries as in "The Secret Sharer";
-k-extractability as in "Quantifying Memorization Across Neural Language Models")."""
+k-extractability as in "Quantifying Memorization Across Neural Language Models").
+
+A setting out of range raises :class:`memfree.errors.SettingError` naming the field and the value
+(``num_examples must be an integer >= 1, got 0``); eval's command line says it in its flags'
+names (:data:`eval.cli.flags.FLAGS`).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from eval.defenses import DEFENSE_NAMES, is_guarded
 from eval.metrics import MetricSettings
 from eval.styles import get_style
+from memfree.errors import SettingError
 
-DEFENSES = ("none", "censor", "memfree", "word")
-GUARDS = ("memfree", "word")  # defenses that generate with a guard
+# The defenses' names (the registry is eval.defenses), kept under the names they had here.
+DEFENSES = DEFENSE_NAMES
+GUARDS = tuple(name for name in DEFENSE_NAMES if is_guarded(name))
 EXPERIMENTS = ("discoverable", "styles")
 
 
@@ -28,9 +36,7 @@ class ExperimentSettings:
         prompt_tokens: k, prompt length in tokens (paper: 50).
         truth_tokens: m, true continuation length and new tokens generated (paper: 50).
         styles: style names (``+`` combines them).
-        defenses: among "none", "censor" (reject a generation holding a stored n-gram, as a
-            Copilot-style output filter does), "memfree" (the token guard) and "word" (the word
-            guard, with a word filter: robust to case, spacing and punctuation).
+        defenses: names of :mod:`eval.defenses` (:data:`~eval.defenses.DEFENSE_NAMES`).
         seed: sampling seed (prompts and decoding), 0 to 2^32 - 1.
         batch_size: prompts per generate() call.
         count_occurrences: count each example's repetitions in the corpus (frequency buckets).
@@ -38,6 +44,9 @@ class ExperimentSettings:
             each repetition bucket (2^(i/4) occurrences), as the paper's Figures 7-8 do.
         text_field: JSONL field / Parquet column of the corpus.
         metrics: metric settings.
+
+    Raises:
+        memfree.errors.SettingError: a setting out of range (see :meth:`problem`).
     """
 
     experiment: str = "discoverable"
@@ -55,40 +64,39 @@ class ExperimentSettings:
     metrics: MetricSettings = field(default_factory=MetricSettings)
 
     def __post_init__(self) -> None:
-        problem = self.problem()
-        if problem:
-            raise ValueError(problem)
+        _raise(self._problem())
 
     def problem(self) -> str | None:
-        """The first invalid setting, phrased for the command line (``memfree eval``), or None.
+        """The first invalid setting, named by its field (``batch_size must be an integer >= 1,
+        got 0``), or None. The metric settings check themselves
+        (:class:`eval.metrics.MetricSettings`)."""
+        return _message(self._problem())
 
-        The metric settings check themselves (:class:`eval.metrics.MetricSettings`).
-        """
+    def _problem(self) -> tuple[str, str] | None:
+        """(field, message) of the first invalid setting, or None."""
         if self.experiment not in EXPERIMENTS:
-            return (
-                f"the experiment must be one of {', '.join(EXPERIMENTS)}, got {self.experiment!r}"
+            return "experiment", (
+                f"experiment must be one of {', '.join(EXPERIMENTS)}, got {self.experiment!r}"
             )
-        unknown = [d for d in self.defenses if d not in DEFENSES]
+        unknown = [d for d in self.defenses if d not in DEFENSE_NAMES]
         if unknown or not self.defenses:
-            return f"--defenses must be among {', '.join(DEFENSES)}, got {_shown(tuple(unknown))}"
+            return "defenses", (
+                f"defenses must be among {', '.join(DEFENSE_NAMES)}, got {_shown(tuple(unknown))}"
+            )
         for style in self.styles:
             try:
                 get_style(style)
             except ValueError as error:  # it names the known styles
-                return f"--styles: {error}"
-        for option, value in (
-            ("--num-examples", self.num_examples),
-            ("--prompt-tokens", self.prompt_tokens),
-            ("--truth-tokens", self.truth_tokens),
-            ("--batch-size", self.batch_size),
-        ):
-            if not _positive(value):
-                return f"{option} must be an integer >= 1, got {value!r}"
-        if self.per_bucket is not None and not _positive(self.per_bucket):
-            return f"--per-bucket must be an integer >= 1, got {self.per_bucket!r}"
-        if not self.text_field:
-            return "--text-field must not be empty"
-        return _seed_problem(self.seed)
+                return "styles", f"styles: {error}"
+        return _first_problem(
+            _count_problem("num_examples", self.num_examples),
+            _count_problem("prompt_tokens", self.prompt_tokens),
+            _count_problem("truth_tokens", self.truth_tokens),
+            _count_problem("batch_size", self.batch_size),
+            _count_problem("per_bucket", self.per_bucket, optional=True),
+            _text_field_problem(self.text_field),
+            _seed_problem(self.seed),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -154,7 +162,7 @@ class AuditSettings:
         max_queries: the shortest-path extraction's budget of model queries (``--max-queries``).
 
     Raises:
-        ValueError: a setting out of range, naming its command-line option (see :meth:`problem`).
+        memfree.errors.SettingError: a setting out of range (see :meth:`problem`).
     """
 
     canary_format: str = DEFAULT_CANARY_FORMAT
@@ -170,38 +178,28 @@ class AuditSettings:
     max_queries: int = 100_000
 
     def __post_init__(self) -> None:
-        problem = self.problem()
-        if problem:
-            raise ValueError(problem)
+        _raise(self._problem())
 
     def problem(self) -> str | None:
-        """The first invalid setting, phrased for the command line, or None.
+        """The first invalid setting, named by its field (``references must be an integer >= 1,
+        got 0``), or None. The canary template itself is checked by
+        :class:`eval.canary_formats.CanaryFormat`, which knows its holes."""
+        return _message(self._problem())
 
-        The canary template itself is checked by :class:`eval.canary_formats.CanaryFormat`, which
-        knows its holes.
-        """
-        if not _all_positive(self.repetitions):
-            return f"--repetitions must be integers >= 1, got {_shown(self.repetitions)}"
-        if not _positive(self.canaries_per_repetition):
-            return f"--per-repetition must be an integer >= 1, got {self.canaries_per_repetition!r}"
-        seed_problem = _seed_problem(self.seed)
-        if seed_problem:
-            return seed_problem
-        if not self.text_field:
-            return "--text-field must not be empty"
-        if not _all_positive(self.prompt_lengths):
-            return f"--prompt-tokens (--k) must be integers >= 1, got {_shown(self.prompt_lengths)}"
-        if not _positive(self.truth_tokens):
-            return f"--truth-tokens (--m) must be an integer >= 1, got {self.truth_tokens!r}"
-        if not _positive(self.num_examples):
-            return f"--num-examples must be an integer >= 1, got {self.num_examples!r}"
-        if self.per_bucket is not None and not _positive(self.per_bucket):
-            return f"--per-bucket must be an integer >= 1, got {self.per_bucket!r}"
-        if not _positive(self.references):
-            return f"--references must be an integer >= 1, got {self.references!r}"
-        if not _positive(self.max_queries):
-            return f"--max-queries must be an integer >= 1, got {self.max_queries!r}"
-        return None
+    def _problem(self) -> tuple[str, str] | None:
+        """(field, message) of the first invalid setting, or None."""
+        return _first_problem(
+            _counts_problem("repetitions", self.repetitions),
+            _count_problem("canaries_per_repetition", self.canaries_per_repetition),
+            _seed_problem(self.seed),
+            _text_field_problem(self.text_field),
+            _counts_problem("prompt_lengths", self.prompt_lengths),
+            _count_problem("truth_tokens", self.truth_tokens),
+            _count_problem("num_examples", self.num_examples),
+            _count_problem("per_bucket", self.per_bucket, optional=True),
+            _count_problem("references", self.references),
+            _count_problem("max_queries", self.max_queries),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The settings as JSON values (tuples as lists), to record beside the results."""
@@ -216,12 +214,47 @@ class AuditSettings:
 MAX_SEED = 2**32 - 1
 
 
-def _seed_problem(value: Any) -> str | None:
+# Each check gives (field, message) for a bad value, else None.
+Problem = tuple[str, str] | None
+
+
+def _seed_problem(value: Any) -> Problem:
     if not isinstance(value, int) or isinstance(value, bool):
-        return f"--seed must be an integer, got {value!r}"
+        return "seed", f"seed must be an integer, got {value!r}"
     if not 0 <= value <= MAX_SEED:
-        return f"--seed must be from 0 to {MAX_SEED}, got {value}"
+        return "seed", f"seed must be from 0 to {MAX_SEED}, got {value}"
     return None
+
+
+def _count_problem(name: str, value: Any, *, optional: bool = False) -> Problem:
+    """A count of at least 1 (None too, when ``optional``)."""
+    if (optional and value is None) or _positive(value):
+        return None
+    return name, f"{name} must be an integer >= 1, got {value!r}"
+
+
+def _counts_problem(name: str, values: Any) -> Problem:
+    """A non-empty tuple of counts of at least 1."""
+    if _all_positive(values):
+        return None
+    return name, f"{name} must be integers >= 1, got {_shown(values)}"
+
+
+def _text_field_problem(value: str) -> Problem:
+    return None if value else ("text_field", "text_field must not be empty")
+
+
+def _first_problem(*problems: Problem) -> Problem:
+    return next((problem for problem in problems if problem is not None), None)
+
+
+def _message(problem: Problem) -> str | None:
+    return problem[1] if problem is not None else None
+
+
+def _raise(problem: Problem) -> None:
+    if problem is not None:
+        raise SettingError(problem[1], field=problem[0])
 
 
 def _positive(value: Any) -> bool:

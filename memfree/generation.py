@@ -190,6 +190,7 @@ def complete(
     *,
     ngram_filter: NgramSet | None = None,
     progress: Any = None,
+    count_stored: bool = True,
 ) -> list[Completion]:
     """Complete each prompt (text, or token ids), with the guard if one is given.
 
@@ -202,6 +203,8 @@ def complete(
         ngram_filter: count, in each completion, the stored n-grams that hold at least one
             generated token (default: the guard's filter, if any).
         progress: a callable taking the number of prompts just completed (e.g. tqdm's update).
+        count_stored: fill each completion's ``stored_ngrams`` / ``stored_text_ngrams`` (when a
+            filter or guard is given); False for callers that count on their own.
 
     Returns:
         ``len(prompts) * num_return_sequences`` completions, grouped by prompt.
@@ -217,6 +220,8 @@ def complete(
     """
     settings = settings or DecodingSettings()
     ngram_filter = ngram_filter or (guard.filter if guard is not None else None)
+    if not count_stored:
+        ngram_filter = None
     given = _encode_all(tokenizer, prompts)
     context = model_context(model)
     encoded = [fit_prompt(ids, context, settings.max_new_tokens) for ids in given]

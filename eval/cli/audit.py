@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from eval.cli.audit_options import (
     add_arguments,
     settings_from_args,
 )
+from eval.cli.flags import in_flags
 from memfree.cli.common import disable_download_bars, fail, warnings_to_stderr
 
 # The name it had here before the options moved to eval.cli.audit_options (tests import it).
@@ -60,6 +61,29 @@ def _model_and_guard(model_name: str | None, filter_path: str | None) -> tuple[A
     return model, tokenizer, guard
 
 
+def _loaded(args: argparse.Namespace) -> tuple[Any, Any, Any] | str:
+    """The model, its tokenizer and (``--filter``) its guard; or why they cannot be loaded."""
+    from memfree.errors import FilterError
+    from memfree.models import ModelNotFoundError
+
+    try:
+        return _model_and_guard(args.model, args.filter)
+    except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
+        return str(error)
+
+
+def _with_and_without(step: str, guard: Any, measure: Callable[[Any], Any]) -> dict[str, Any]:
+    """``measure(None)`` as "unguarded" and, with a guard, ``measure(guard)`` as "guarded";
+    each announced on stderr."""
+    results: dict[str, Any] = {}
+    for label, processor in (("unguarded", None), ("guarded", guard)):
+        if label == "guarded" and guard is None:
+            continue
+        print(f"{step} ({label}) ...", file=sys.stderr, flush=True)
+        results[label] = measure(processor)
+    return results
+
+
 def _canary_step(args: argparse.Namespace) -> int:
     """``exposure`` or ``extract``: the canaries of a manifest, unguarded and (--filter) guarded."""
     from eval.canaries import load_manifest
@@ -68,7 +92,7 @@ def _canary_step(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
         canary_format, canaries, _ = load_manifest(args.manifest)
     except (FileNotFoundError, ValueError) as error:
-        return fail(str(error))
+        return fail(in_flags(error, old_names=True))
     manifest_dir = Path(args.manifest)
     out = (
         Path(args.out)
@@ -79,36 +103,30 @@ def _canary_step(args: argparse.Namespace) -> int:
         problem = _claim(held, out, args)
         if problem:
             return problem
-        from memfree.errors import FilterError
-        from memfree.models import ModelNotFoundError
-
-        try:
-            model, tokenizer, guard = _model_and_guard(args.model, args.filter)
-        except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
-            return fail(str(error))
+        loaded = _loaded(args)
+        if isinstance(loaded, str):
+            return fail(loaded)
+        model, tokenizer, guard = loaded
         from eval.audit import run_exposure, run_extraction
         from eval.audit_report import write_audit_report
 
-        results: dict[str, Any] = {}
+        def measure(processor: Any) -> Any:
+            if args.step == "exposure":
+                return run_exposure(
+                    model,
+                    tokenizer,
+                    canary_format,
+                    canaries,
+                    processor,
+                    settings.references,
+                    settings.seed,
+                )
+            return run_extraction(
+                model, tokenizer, canary_format, canaries, processor, settings.max_queries
+            )
+
         try:
-            for label, processor in (("unguarded", None), ("guarded", guard)):
-                if label == "guarded" and guard is None:
-                    continue
-                print(f"{args.step} ({label}) ...", file=sys.stderr, flush=True)
-                if args.step == "exposure":
-                    results[label] = run_exposure(
-                        model,
-                        tokenizer,
-                        canary_format,
-                        canaries,
-                        processor,
-                        settings.references,
-                        settings.seed,
-                    )
-                else:
-                    results[label] = run_extraction(
-                        model, tokenizer, canary_format, canaries, processor, settings.max_queries
-                    )
+            results = _with_and_without(args.step, guard, measure)
             title = f"audit {args.step}: {args.model}"
             write_audit_report(out, results, title, overwrite=args.force)
         except (ValueError, OSError, ImportError) as error:
@@ -122,21 +140,22 @@ def _canary_step(args: argparse.Namespace) -> int:
 
 
 def _print_canary_results(step: str, results: dict[str, Any]) -> None:
+    """Each label's exposure or extraction result (typed), a few lines each."""
     for label, part in results.items():
         if step == "exposure":
-            print(f"{label}: |R| = {part['space_size']:,}, max exposure {part['max_exposure']:.1f}")
-            for group in part["by_repetitions"]:
+            print(f"{label}: |R| = {part.space_size:,}, max exposure {part.max_exposure:.1f}")
+            for group in part.by_repetitions:
                 print(
-                    f"  inserted {group['repetitions']:3d}x: median exposure "
-                    f"{group['median_exposure']:6.2f}   epsilon >= {group['epsilon_lower_bound']:.2f}"
+                    f"  inserted {group.repetitions:3d}x: median exposure "
+                    f"{group.median_exposure:6.2f}   epsilon >= {group.epsilon_lower_bound:.2f}"
                 )
         else:
-            recovered = [row for row in part["canaries"] if row["greedy_recovered"]]
-            search = part["shortest_path"]
+            recovered = [row for row in part.canaries if row.greedy_recovered]
+            search = part.shortest_path
             print(
-                f"{label}: greedy recovered {len(recovered)} of {len(part['canaries'])} canaries; "
-                f"shortest path found {search['recovered_canary'] or 'no canary'} "
-                f"in {search['queries']:,} queries (brute force {search['brute_force_queries']:,})"
+                f"{label}: greedy recovered {len(recovered)} of {len(part.canaries)} canaries; "
+                f"shortest path found {search.recovered_canary or 'no canary'} "
+                f"in {search.queries:,} queries (brute force {search.brute_force_queries:,})"
             )
 
 
@@ -154,12 +173,13 @@ def _claim(held: contextlib.ExitStack, out: Path, args: argparse.Namespace) -> i
 
 
 def _said(error: BaseException) -> str:
-    """An error in words: an OSError as ``PATH: problem`` rather than ``[Errno N] ...``."""
+    """An error in words: an OSError as ``PATH: problem`` rather than ``[Errno N] ...``, a
+    setting out of range named by its flag (:func:`eval.cli.flags.in_flags`)."""
     from memfree.errors import os_problem
 
     if isinstance(error, OSError) and error.filename is not None:
         return f"{error.filename}: {os_problem(error)}"
-    return str(error)
+    return in_flags(error, old_names=True)
 
 
 def _insert(args: argparse.Namespace) -> int:
@@ -182,7 +202,7 @@ def _insert(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ValueError as error:
-        return fail(str(error))
+        return fail(in_flags(error, old_names=True))
     try:
         canary_format = CanaryFormat(settings.canary_format, words)
     except ValueError as error:
@@ -215,7 +235,7 @@ def _extractable(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ValueError as error:
-        return fail(str(error))
+        return fail(in_flags(error, old_names=True))
     unreadable = first_unreadable(args.corpus)
     if unreadable:
         return fail(unreadable)
@@ -223,34 +243,29 @@ def _extractable(args: argparse.Namespace) -> int:
         problem = _claim(held, Path(args.out), args)
         if problem:
             return problem
-        from memfree.errors import FilterError
-        from memfree.models import ModelNotFoundError
-
-        try:
-            model, tokenizer, guard = _model_and_guard(args.model, args.filter)
-        except (ModelNotFoundError, FilterError, FileNotFoundError) as error:
-            return fail(str(error))
+        loaded = _loaded(args)
+        if isinstance(loaded, str):
+            return fail(loaded)
+        model, tokenizer, guard = loaded
         from eval.audit import run_extractability
         from eval.audit_report import write_audit_report
 
-        results: dict[str, Any] = {}
+        def measure(processor: Any) -> Any:
+            with warnings_to_stderr():
+                return run_extractability(
+                    model,
+                    tokenizer,
+                    args.corpus,
+                    list(settings.prompt_lengths),
+                    settings.truth_tokens,
+                    processor,
+                    settings.num_examples,
+                    settings.per_bucket,
+                    settings.seed,
+                )
+
         try:
-            for label, processor in (("unguarded", None), ("guarded", guard)):
-                if label == "guarded" and guard is None:
-                    continue
-                print(f"extractable ({label}) ...", file=sys.stderr, flush=True)
-                with warnings_to_stderr():
-                    results[label] = run_extractability(
-                        model,
-                        tokenizer,
-                        args.corpus,
-                        list(settings.prompt_lengths),
-                        settings.truth_tokens,
-                        processor,
-                        settings.num_examples,
-                        settings.per_bucket,
-                        settings.seed,
-                    )
+            results = _with_and_without("extractable", guard, measure)
             title = f"k-extractability: {args.model or 'default'}"
             write_audit_report(args.out, results, title, overwrite=args.force)
         except (ValueError, OSError, ImportError) as error:
@@ -261,7 +276,7 @@ def _extractable(args: argparse.Namespace) -> int:
         )
         return 0
     for label, part in results.items():
-        shares = ", ".join(f"k={row['k']}: {row['extractable']:.0%}" for row in part["by_k"])
+        shares = ", ".join(f"k={row.k}: {row.extractable:.0%}" for row in part.by_k)
         print(f"{label}: extractable {shares}")
     print(f"report in {args.out}/")
     return 0

@@ -6,22 +6,26 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from eval.cli.flags import FLAGS, OLD_NAMES
+
 DEFAULT_EXTRACTABLE_OUT = "out/audit/extractable"
 
-# Each option of a step (its argparse dest) and the AuditSettings field it sets.
-OPTION_FIELDS = {
-    "format": "canary_format",
-    "repetitions": "repetitions",
-    "per_repetition": "canaries_per_repetition",
-    "seed": "seed",
-    "text_field": "text_field",
-    "prompt_tokens": "prompt_lengths",
-    "truth_tokens": "truth_tokens",
-    "num_examples": "num_examples",
-    "per_bucket": "per_bucket",
-    "references": "references",
-    "max_queries": "max_queries",
-}
+_AUDIT_FIELDS = (
+    "canary_format",
+    "repetitions",
+    "canaries_per_repetition",
+    "seed",
+    "text_field",
+    "prompt_lengths",
+    "truth_tokens",
+    "num_examples",
+    "per_bucket",
+    "references",
+    "max_queries",
+)
+#: Each option of a step (its argparse dest, from its flag in :data:`eval.cli.flags.FLAGS`) and
+#: the AuditSettings field it sets.
+OPTION_FIELDS = {FLAGS[name].removeprefix("--").replace("-", "_"): name for name in _AUDIT_FIELDS}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -101,7 +105,7 @@ def _add_extractable(steps: Any, defaults: Any) -> None:
     extractable.add_argument("--filter", default=None, help="filter of the corpus: also guarded")
     extractable.add_argument(
         "--prompt-tokens",
-        "--k",
+        OLD_NAMES["--prompt-tokens"],
         dest="prompt_tokens",
         type=int,
         nargs="+",
@@ -113,7 +117,7 @@ def _add_extractable(steps: Any, defaults: Any) -> None:
     )
     extractable.add_argument(
         "--truth-tokens",
-        "--m",
+        OLD_NAMES["--truth-tokens"],
         dest="truth_tokens",
         type=int,
         default=defaults.truth_tokens,
@@ -147,7 +151,8 @@ def settings_from_args(args: argparse.Namespace) -> Any:
     steps keep their defaults).
 
     Raises:
-        ValueError: a setting out of range, naming its option.
+        memfree.errors.SettingError: a setting out of range, named by its field
+            (:func:`eval.cli.flags.in_flags` says it in the options' names).
     """
     from eval.settings import AuditSettings
 

@@ -1,176 +1,37 @@
 """``memfree eval``: the paper's experiments (discoverable memorization under defenses, style-
 transfer prompts, utility impact) on any model, corpus and filter; the embedded defaults (SmolLM2,
-the standard library and its filters) when nothing else is given. Defaults: ExperimentSettings."""
+the standard library and its filters) when nothing else is given. Options and their defaults:
+:mod:`eval.cli.evaluate_options`."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from eval.cli.evaluate_options import (
+    DEFAULT_FILTER,
+    DEFAULT_MODEL_NAME,
+    DEFAULT_STYLES,
+    DEFAULT_UTILITY_TEXTS,
+    DEFAULT_WORD_FILTER,
+    DEFAULT_WORD_N,
+    add_arguments,
+    experiment_defaults,
+    settings_from_args,
+)
+from eval.cli.flags import in_flags
 from memfree.cli.common import disable_download_bars, fail, interrupted, warnings_to_stderr
 
-DEFAULT_FILTER = "out/stdlib.memfree"
-DEFAULT_WORD_FILTER = "out/stdlib-words.memfree"
-DEFAULT_WORD_N = 6
-DEFAULT_STYLES = (
-    "original",
-    "two_spaces",
-    "lower",
-    "upper",
-    "python_comment",
-    "underscore_names",
-)
-DEFAULT_MODEL_NAME = "smollm2-135m-instruct"  # recorded in results when --model is not given
-DEFAULT_UTILITY_TEXTS = 10_000
 
+def _needing_word_filter(settings: Any) -> str | None:
+    """The first of the run's defenses that needs a word filter, or None."""
+    from eval.defenses import get_defense
 
-def experiment_defaults(experiment: str) -> Any:
-    """The :class:`~eval.experiments.ExperimentSettings` that ``memfree eval EXPERIMENT`` starts
-    from: the dataclass's defaults for "discoverable"; for "styles", every style transfer, the
-    word guard among the defenses, and outputs compared as normalized words."""
-    from eval.settings import ExperimentSettings
-
-    settings = ExperimentSettings(experiment=experiment)
-    if experiment == "styles":
-        settings = dataclasses.replace(
-            settings,
-            styles=DEFAULT_STYLES,
-            defenses=("none", "memfree", "word"),
-            metrics=dataclasses.replace(settings.metrics, normalize="words"),
-        )
-    return settings
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Give ``memfree eval``'s parser its description and experiments."""
-    parser.description = (
-        "Run the MemFree paper's experiments. Without arguments: the default model, prompts from "
-        "this Python's standard library, and its filter (built if missing)."
-    )
-    experiments = parser.add_subparsers(dest="experiment", metavar="EXPERIMENT", required=True)
-    for name, help_text in (
-        ("discoverable", "prompt with k corpus tokens; compare the next m under each defense"),
-        ("styles", "the same prompts in other styles (case, spacing, comments, names)"),
-    ):
-        sub = experiments.add_parser(name, help=help_text, description=help_text)
-        _add_memorization_arguments(sub, experiment_defaults(name))
-    utility = experiments.add_parser(
-        "utility",
-        help="how much ordinary text the filter would block (Appendix B.4)",
-        description="Share of reference texts holding a stored n-gram, and share of their n-grams "
-        "stored.",
-    )
-    utility.add_argument(
-        "texts", nargs="+", metavar="TEXTS", help="reference texts: files, directories, globs"
-    )
-    utility.add_argument("--filter", default=DEFAULT_FILTER, metavar="FILTER")
-    utility.add_argument(
-        "--tokenizer",
-        default=None,
-        help="a token filter's tokenizer (default: the default model's); a word filter needs none",
-    )
-    utility.add_argument("--text-field", default=experiment_defaults("discoverable").text_field)
-    utility.add_argument("--max-texts", type=int, default=DEFAULT_UTILITY_TEXTS)
-    utility.add_argument("--json", action="store_true")
-
-
-def _add_memorization_arguments(sub: argparse.ArgumentParser, defaults: Any) -> None:
-    """The options of ``discoverable`` and ``styles``, with ``defaults``' values."""
-    from eval.settings import DEFENSES
-
-    _add_inputs(sub, defaults)
-    sub.add_argument("--num-examples", type=int, default=defaults.num_examples)
-    sub.add_argument(
-        "--prompt-tokens",
-        type=int,
-        default=defaults.prompt_tokens,
-        help="k (default %(default)s); where a prompt and m new tokens exceed the model's "
-        "context, the prompt is cut from the left, with a warning",
-    )
-    sub.add_argument(
-        "--truth-tokens", type=int, default=defaults.truth_tokens, help="m (default %(default)s)"
-    )
-    sub.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    sub.add_argument("--seed", type=int, default=defaults.seed)
-    sub.add_argument("--bleu-threshold", type=float, default=defaults.metrics.bleu_threshold)
-    sub.add_argument(
-        "--normalize",
-        choices=["none", "casefold", "words"],
-        default=defaults.metrics.normalize,
-        help="what outputs and truths go through before BLEU and edit similarity: none (the "
-        "paper), casefold (case and spacing), words (the word unit's normalized words: case, "
-        "spacing, punctuation, comment markers and _ vanish); default: %(default)s",
-    )
-    sub.add_argument(
-        "--defenses",
-        nargs="+",
-        default=list(defaults.defenses),
-        choices=list(DEFENSES),
-        help="none; censor (reject outputs holding a stored n-gram); memfree (the token "
-        "guard); word (the word guard, needs --word-filter)",
-    )
-    if defaults.experiment == "styles":
-        sub.add_argument(
-            "--styles",
-            nargs="+",
-            default=list(defaults.styles),
-            help="style names, '+' to combine (see --list-styles)",
-        )
-        sub.add_argument("--list-styles", action="store_true", help="list styles and exit")
-    sub.add_argument(
-        "--count-occurrences",
-        action="store_true",
-        help="count each example's repetitions in the corpus (frequency buckets)",
-    )
-    sub.add_argument(
-        "--per-bucket",
-        type=int,
-        default=defaults.per_bucket,
-        metavar="N",
-        help="draw N examples from each repetition bucket (2^(i/4) occurrences) instead "
-        "of --num-examples uniform ones",
-    )
-
-
-def _add_inputs(parser: argparse.ArgumentParser, defaults: Any) -> None:
-    """Model, filters, corpus and output options of the memorization experiments."""
-    parser.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
-    parser.add_argument(
-        "--filter",
-        default=None,
-        metavar="FILTER",
-        help=f"the corpus's filter (default {DEFAULT_FILTER}, built from stdlib: if missing)",
-    )
-    parser.add_argument(
-        "--word-filter",
-        default=None,
-        metavar="FILTER",
-        help="the corpus's word filter (memfree build --unit word), for the word defense; also "
-        "counts each output's stored word n-grams (default with the word defense: "
-        f"{DEFAULT_WORD_FILTER}, {DEFAULT_WORD_N}-grams built from stdlib: if missing)",
-    )
-    parser.add_argument(
-        "--corpus", nargs="+", default=list(defaults.corpus), help="where prompts come from"
-    )
-    parser.add_argument("--text-field", default=defaults.text_field)
-    parser.add_argument(
-        "--out",
-        default=None,
-        help="results directory (default out/eval/NAME): a new or empty one, or one of the same "
-        "run to resume it",
-    )
-    parser.add_argument(
-        "--force",
-        action="store_true",
-        help="write into a non-empty --out that holds no eval results, replacing files of the "
-        "names eval writes (report.md, summary.json, plots, ...)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return next((d for d in settings.defenses if get_defense(d).needs_word_filter), None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -194,15 +55,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args)
     except ValueError as error:
-        return fail(str(error))
+        return fail(in_flags(error))
     if args.corpus != list(experiment_defaults(args.experiment).corpus):
         # The default filters are the standard library's: another corpus needs its own.
         if args.filter is None:
             return fail("give --filter, the filter of your corpus (build it first)")
-        if args.word_filter is None and "word" in settings.defenses:
+        needing = _needing_word_filter(settings)
+        if args.word_filter is None and needing is not None:
             return fail(
-                "the word defense needs --word-filter, the word filter of your corpus (memfree "
-                "build CORPUS --unit word), or leave 'word' out of --defenses"
+                f"the {needing} defense needs --word-filter, the word filter of your corpus "
+                f"(memfree build CORPUS --unit word), or leave '{needing}' out of --defenses"
             )
     out = Path(args.out or f"out/eval/{args.experiment}")
     from eval.resultdirs import claim_results_dir
@@ -233,50 +95,24 @@ def _run_in(args: argparse.Namespace, settings: Any, out: Path) -> int:
         )
     except (ValueError, OSError, ImportError, FilterError) as error:
         # Among them the library's refusals: a filter of the wrong unit or tokenizer, results
-        # of other settings in --out, a damaged, duplicate or another run's record.
-        return fail(str(error))
+        # of other settings in --out, a damaged, duplicate or another run's record; a setting
+        # out of range is named by its flag.
+        return fail(in_flags(error))
     except KeyboardInterrupt:
         return interrupted()
-    from eval.report import write_report
+    from eval.report import write_summary
 
     title = f"{args.experiment}: {args.model or 'SmolLM2-135M-Instruct'} on {' '.join(args.corpus)}"
     try:
-        summary = write_report(out, records, settings.to_dict(), title)
+        summary = write_summary(out, records, settings.to_dict(), title)
     except (OSError, ImportError) as error:
         return fail(f"the records are in {out}/records.jsonl, but the report failed: {error}")
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(summary.to_dict(), indent=2))
         return 0
     _print_summary(summary, settings, words=word_filter is not None)
     print(f"records, summary, report and plots in {out}/")
     return 0
-
-
-def settings_from_args(args: argparse.Namespace) -> Any:
-    """The experiment's settings from the command line (ExperimentSettings checks them).
-
-    Raises:
-        ValueError: a setting out of range, naming its option.
-    """
-    from eval.metrics import MetricSettings
-    from eval.settings import ExperimentSettings
-
-    settings = ExperimentSettings(
-        experiment=args.experiment,
-        corpus=tuple(args.corpus),
-        num_examples=args.num_examples,
-        prompt_tokens=args.prompt_tokens,
-        truth_tokens=args.truth_tokens,
-        styles=tuple(getattr(args, "styles", ("original",))),
-        defenses=tuple(args.defenses),
-        seed=args.seed,
-        batch_size=args.batch_size,
-        count_occurrences=getattr(args, "count_occurrences", False),
-        per_bucket=getattr(args, "per_bucket", None),
-        text_field=args.text_field,
-        metrics=MetricSettings(bleu_threshold=args.bleu_threshold, normalize=args.normalize),
-    )
-    return settings
 
 
 def _model_and_filters(args: argparse.Namespace, settings: Any) -> tuple[Any, Any, Any, Any]:
@@ -359,20 +195,21 @@ def _run_memorization(
         )
 
 
-def _print_summary(summary: dict[str, Any], settings: Any, words: bool) -> None:
-    """The summary's rows as a table (a words column when a word filter counted)."""
+def _print_summary(summary: Any, settings: Any, words: bool) -> None:
+    """The summary's rows (:class:`eval.summary.Summary`) as a table (a words column when a word
+    filter counted)."""
     print(
         f"{'style':22s} {'defense':8s} {'verbatim':>9s} {'text':>5s} "
         + (f"{'words':>6s} " if words else "")
         + f"{'approx.':>8s} {'BLEU':>6s} {'edit':>6s}"
     )
-    for row in summary["rows"]:
+    for row in summary.rows:
         print(
-            f"{row['style']:22s} {row['defense']:8s} {row['verbatim_rate']:9.0%} "
-            + _cell(row, "text_verbatim_rate", 5)
-            + (_cell(row, "word_verbatim_rate", 6) if words else "")
-            + f"{row['approximate_rate']:8.0%} {row['mean_bleu']:6.3f} "
-            f"{row['mean_edit_similarity']:6.3f}"
+            f"{row.style:22s} {row.defense:8s} {row.verbatim_rate:9.0%} "
+            + _cell(row.text_verbatim_rate, 5)
+            + (_cell(row.word_verbatim_rate, 6) if words else "")
+            + f"{row.approximate_rate:8.0%} {row.mean_bleu:6.3f} "
+            f"{row.mean_edit_similarity:6.3f}"
         )
     print(
         "verbatim: holds a stored token n-gram in the ids generated; text: in its text tokenized "
@@ -383,6 +220,20 @@ def _print_summary(summary: dict[str, Any], settings: Any, words: bool) -> None:
     )
 
 
-def _cell(row: dict[str, Any], rate: str, width: int) -> str:
+def _cell(rate: float | None, width: int) -> str:
     """A rate, or "-" where the run's records do not count it (an older run)."""
-    return f"{row[rate]:{width}.0%} " if rate in row else f"{'-':>{width}s} "
+    return f"{rate:{width}.0%} " if rate is not None else f"{'-':>{width}s} "
+
+
+__all__ = [
+    "DEFAULT_FILTER",
+    "DEFAULT_MODEL_NAME",
+    "DEFAULT_STYLES",
+    "DEFAULT_UTILITY_TEXTS",
+    "DEFAULT_WORD_FILTER",
+    "DEFAULT_WORD_N",
+    "add_arguments",
+    "experiment_defaults",
+    "run",
+    "settings_from_args",
+]

@@ -33,17 +33,16 @@ def run_utility_command(args: argparse.Namespace) -> int:
 
     result = run_utility(texts, tokenizer, ngram_filter)
     if args.json:
-        plain = result.to_dict() if hasattr(result, "to_dict") else result
-        print(json.dumps(plain, indent=2, ensure_ascii=False))
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
         return 0
     print(
-        f"{result['texts_with_stored_ngram']:,} of {result['texts']:,} texts "
-        f"({result['share_of_texts']:.1%}) hold a stored {ngram_filter.n}-gram; "
-        f"{result['stored_ngrams']:,} of {result['ngrams']:,} n-grams stored "
-        f"({result['share_of_ngrams']:.2%})"
+        f"{result.texts_with_stored_ngram:,} of {result.texts:,} texts "
+        f"({result.share_of_texts:.1%}) hold a stored {ngram_filter.n}-gram; "
+        f"{result.stored_ngrams:,} of {result.ngrams:,} n-grams stored "
+        f"({result.share_of_ngrams:.2%})"
     )
-    for example in result["examples"]:
-        print(f"  {example['first_stored_ngram']!r} in {example['text'][:80]!r}")
+    for example in result.examples:
+        print(f"  {example.first_stored_ngram!r} in {example.text[:80]!r}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """Result folders memfree reads back (an eval's records, examples and settings): a damaged or
 hand-edited file is refused with its name, its line and the fix, through the library and the
 command line alike, and no record is ever dropped in silence. The results committed in
-``eval/results`` (the README's figures) read back and agree with their summaries."""
+``docs/results`` (the README's figures) read back and agree with their summaries."""
 
 from __future__ import annotations
 
@@ -251,7 +251,7 @@ def test_jsonl_lines_keep_their_numbers_and_only_a_cut_last_line_is_left_out(
 # summarize() makes of its records, every record counts its text tokenized again, and no guarded
 # output holds what its guard promises to keep out.
 
-RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 RUNS = sorted(path.name for path in RESULTS.iterdir() if path.is_dir())
 
 
@@ -280,3 +280,14 @@ def test_a_committed_run_agrees_with_its_summary(name: str) -> None:
     assert guarded and all(record.stored_ngrams == 0 for record in guarded)
     worded = [record for record in typed if record.defense == "word"]
     assert worded and all(record.stored_word_ngrams == 0 for record in worded)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_committed_summary_reads_back_typed_and_writes_the_same_json(name: str) -> None:
+    from eval.summary import Summary
+
+    saved = json.loads((RESULTS / name / "summary.json").read_text())
+    summary = Summary.from_dict(saved)
+    assert summary.to_dict() == saved
+    assert json.dumps(summary.to_dict(), indent=2) == json.dumps(saved, indent=2)  # key order
+    assert all(row.generations > 0 for row in summary.rows)

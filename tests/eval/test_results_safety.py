@@ -141,7 +141,7 @@ def test_eval_refuses_a_file_as_its_folder(
 
 @pytest.mark.parametrize("run", ["buckets", "discoverable", "styles", "styles-buckets"])
 def test_committed_results_are_eval_folders(run: str) -> None:
-    folder = ROOT / "eval" / "results" / run
+    folder = ROOT / "docs" / "results" / run
     assert folder_kinds(folder) == {"eval"}
     check_results_dir(folder, "eval", force=False)  # resumable, re-renderable as before
     with pytest.raises(ValueError, match=r"holds the results of memfree eval; .*--force"):

@@ -374,3 +374,14 @@ def test_cli_generate_says_what_an_unreadable_prompts_file_is(
     assert code == 2
     expected = "is a directory" if kind == "directory" else "is a symbolic link loop"
     assert capsys.readouterr().err == f"memfree: error: {prompts}: {expected}\n"
+
+
+def test_complete_counts_only_when_asked(tmp_path: Path, tiny_llama: Any, tokenizer: Any) -> None:
+    settings = DecodingSettings(max_new_tokens=6, batch_size=2)
+    filt, _ = own_output_filter(tmp_path / "f.memfree", tiny_llama, tokenizer, settings)
+    guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
+    counted = complete(tiny_llama, tokenizer, PROMPTS[:2], settings, guard)
+    silent = complete(tiny_llama, tokenizer, PROMPTS[:2], settings, guard, count_stored=False)
+    assert all(c.stored_ngrams is not None for c in counted)
+    assert all(c.stored_ngrams is None and c.stored_text_ngrams is None for c in silent)
+    assert [c.output_ids for c in silent] == [c.output_ids for c in counted]
