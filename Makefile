@@ -39,7 +39,7 @@ $(ENGINES_STAMP): pyproject.toml
 	touch $(ENGINES_STAMP)
 
 test-engines: $(ENGINES_STAMP)
-	$(EPY) -m pytest -q -p no:cacheprovider tests/engines tests/memfree/integrations
+	$(EPY) -m pytest -q -p no:cacheprovider tests/engines tests/memfree/engines/serving
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

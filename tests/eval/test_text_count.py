@@ -18,7 +18,7 @@ from memfree.filterfile.native import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 from tests.conftest import train_on_rows
-from tests.memfree.test_token_text_gap import TEXT, _other_split
+from tests.memfree.units.test_token_text_gap import TEXT, _other_split
 
 N = 3
 PROMPT = 10  # "the quick " in character tokens

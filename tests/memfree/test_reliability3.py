@@ -24,7 +24,7 @@ from memfree.filterfile.header import MAX_NGRAM_SIZE
 from memfree.filterfile.sizing import expected_false_positive_rate
 from memfree.vocab.token_bytes import UnsupportedTokenizerError, token_bytes
 from memfree.vocab.words import NORMALIZER, words
-from tests.memfree.test_header import STORED, read_header, rewrite
+from tests.memfree.filterfile.test_header import STORED, read_header, rewrite
 
 SLOW = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 

@@ -1,7 +1,7 @@
 """The guard on a CUDA device: the same masks as the CPU and as an exact reference set, the promise
 that nothing stored is emitted in any decoding mode, a real generate() on the GPU, the CPU
 fallback when the filter does not fit, and the word guard. Skipped where no GPU is present (CI);
-run on a lent GPU with ``pytest tests/memfree/test_cuda.py``."""
+run on a lent GPU with ``pytest tests/memfree/core/test_cuda.py``."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from memfree import MemFreeLogitsProcessor, NgramFilter
 from memfree.filterfile.hashing import fingerprints_np
 from memfree.filterfile.writer import FilterFileWriter, set_fingerprint_bits
-from tests.memfree.test_processor import MODES, emitted_windows, left_pad
+from tests.memfree.engines.test_processor import MODES, emitted_windows, left_pad
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -73,7 +73,7 @@ def test_cuda_mask_equals_cpu_and_exact_reference(case: dict[str, Any]) -> None:
 )
 @given(data=st.data())
 def test_no_stored_ngram_is_ever_emitted_on_cuda(mode: str, data: Any, scripted_lm: Any) -> None:
-    from tests.memfree.test_processor import scenarios
+    from tests.memfree.engines.test_processor import scenarios
 
     scenario = data.draw(scenarios())
     n, eos = scenario["n"], scenario["eos"]

@@ -20,7 +20,7 @@ from memfree.errors import FilterChangedError
 from memfree.filterfile.native import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
-from tests.memfree.test_filter_changed import overwrite, zeroed_bytes
+from tests.memfree.engines.test_filter_changed import overwrite, zeroed_bytes
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",
@@ -117,7 +117,7 @@ def test_vllm_v2_closes_guarded_rows_after_an_in_place_rewrite(
 def test_llama_cpp_fails_the_step_closed_and_raises_from_check(
     live: dict[str, Any], tokenizer: Any
 ) -> None:
-    from tests.memfree.integrations.test_llama_cpp import FakeLlama
+    from tests.memfree.engines.serving.test_llama_cpp import FakeLlama
 
     eos = int(tokenizer.eos_token_id)
     guard = MemFreeLlamaCppLogitsProcessor(

@@ -23,7 +23,7 @@ from memfree import NgramFilter
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.errors import DamagedFilterError, FilterChangedError
 from memfree.filterfile.header import hashing_digest
-from tests.memfree.test_header import read_header, rewrite
+from tests.memfree.filterfile.test_header import read_header, rewrite
 
 VOCAB = 12
 EOS = 11
@@ -310,7 +310,7 @@ def test_a_truncating_rewrite_under_a_running_guard_never_lets_a_stored_ngram_ou
 ) -> None:
     script = tmp_path / "loop.py"
     script.write_text(GUARDED_LOOP)
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     process = subprocess.Popen(
         [sys.executable, str(script), str(live)],
         cwd=root,
