@@ -33,7 +33,11 @@ def make_guards(
         if defense.guard_unit is not None and (
             name in settings.defenses or defense.guard_unit == "token"
         ):
-            guards[name] = MemFreeLogitsProcessor(filters[defense.guard_unit], tokenizer=tokenizer)
+            guards[name] = MemFreeLogitsProcessor(
+                filters[defense.guard_unit],
+                tokenizer=tokenizer,
+                canonical=defense.canonical if defense.guard_unit == "token" else None,
+            )
     return guards
 
 

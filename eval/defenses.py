@@ -23,6 +23,8 @@ class Defense:
         guard_unit: the unit of the filter whose guard it generates with ("token": the corpus's
             token filter, "word": its word filter), or None: it generates unguarded.
         censors: it withholds an output that holds a stored n-gram (which then scores as empty).
+        canonical: a token guard with canonical decoding (its promise holds over the text);
+            False: over the ids only.
     """
 
     name: str
@@ -30,6 +32,7 @@ class Defense:
     description: str
     guard_unit: str | None = None
     censors: bool = False
+    canonical: bool = True
 
     @property
     def guarded(self) -> bool:
@@ -53,7 +56,20 @@ _REGISTRY: dict[str, Defense] = {
             "a generation holding a stored n-gram is rejected and scores as empty",
             censors=True,
         ),
-        Defense("memfree", "the token guard", "the token guard", guard_unit="token"),
+        Defense(
+            "memfree",
+            "the token guard",
+            "the token guard, with canonical decoding (its ids are their text's tokenization)",
+            guard_unit="token",
+        ),
+        Defense(
+            "memfree-ids",
+            "the token guard over the ids only",
+            "the token guard without canonical decoding: its promise holds over the ids, not "
+            "over their text tokenized again",
+            guard_unit="token",
+            canonical=False,
+        ),
         Defense(
             "word",
             "the word guard",

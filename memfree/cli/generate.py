@@ -57,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--explain", action="store_true", help="show each blocked token and the one chosen instead"
     )
+    parser.add_argument(
+        "--no-canonical",
+        dest="canonical",
+        action="store_false",
+        help="token filters: guard the ids only, without canonical decoding (the promise then "
+        "holds over the token ids, not over their text tokenized again)",
+    )
     decoding = parser.add_argument_group("decoding (as in generate())")
     decoding.add_argument(
         "--max-new-tokens",
@@ -167,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model, tokenizer = load_model(args.model, device=args.device)
         # The guard refuses a filter of another tokenizer (FilterMismatchError, a FilterError).
-        guard = MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer)
+        canonical = None if args.canonical else False
+        guard = MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer, canonical=canonical)
     except (ModelNotFoundError, FilterError) as error:
         return fail(str(error))
     if args.chat:

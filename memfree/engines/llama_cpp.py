@@ -53,6 +53,8 @@ class MemFreeLlamaCppLogitsProcessor:
             tokenizer's for the same id.
         tokenizer: the model's Hugging Face tokenizer (default: read from ``llama.model_path``).
         ngram_size: the n you expect; refused if the filter holds another n.
+        canonical: token filters: canonical decoding (default on; False guards the ids only:
+            see :class:`~memfree.MemFreeLogitsProcessor`).
 
     Raises:
         FilterMismatchError: the filter does not fit the model's vocabulary, n or unit.
@@ -67,13 +69,16 @@ class MemFreeLlamaCppLogitsProcessor:
         *,
         tokenizer: Any = None,
         ngram_size: int | None = None,
+        canonical: bool | None = None,
     ) -> None:
         if tokenizer is None:
             tokenizer = gguf_tokenizer(llama)
         check_vocabulary(llama, tokenizer)
         self.n_vocab = int(llama.n_vocab())
         eos = int(llama.token_eos())
-        setup = GuardSetup.create(ngram_filter, tokenizer, ngram_size=ngram_size, eos_token_id=eos)
+        setup = GuardSetup.create(
+            ngram_filter, tokenizer, ngram_size=ngram_size, eos_token_id=eos, canonical=canonical
+        )
         if not setup.eos_token_ids:
             raise FilterError(
                 f"{setup.filter.path}: the model's end-of-sequence token {eos} is not one of the "

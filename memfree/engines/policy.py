@@ -23,7 +23,7 @@ from typing import Any
 from memfree.errors import FilterError
 
 CONFIG_KEY = "memfree"  # the key in additional_config and in a request's extra_args
-_KEYS = ("filter", "allow_opt_out", "ngram_size")
+_KEYS = ("filter", "allow_opt_out", "ngram_size", "canonical")
 _TRUE = ("1", "true")
 _FALSE = ("0", "false")
 
@@ -40,11 +40,13 @@ class ServingConfig:
         filter: path of the filter file.
         allow_opt_out: whether a request may switch the guard off.
         ngram_size: the n the operator expects (None: any).
+        canonical: token filters: canonical decoding (None: on; False: guard the ids only).
     """
 
     filter: str
     allow_opt_out: bool = False
     ngram_size: int | None = None
+    canonical: bool | None = None
 
     @classmethod
     def parse(cls, additional_config: Any, where: str = "additional_config") -> ServingConfig:
@@ -86,7 +88,12 @@ class ServingConfig:
             raise ServingConfigError(
                 f"{where}[{CONFIG_KEY!r}]['ngram_size'] must be a positive integer, got {size!r}"
             )
-        return cls(os.fspath(path), allow, size)
+        canonical = config.get("canonical")
+        if canonical is not None and not isinstance(canonical, bool):
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]['canonical'] must be true or false, got {canonical!r}"
+            )
+        return cls(os.fspath(path), allow, size, canonical)
 
 
 def _lookup(config: Any, key: str) -> Any:

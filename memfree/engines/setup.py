@@ -43,6 +43,8 @@ class GuardSetup:
         masker: the unit's core.
         file_watch: the identity of the filter's mapped file, checked around every step's reads
             (None: the filter maps no file, e.g. a copy).
+        canonical: the token guard also keeps the ids its text's tokenization (canonical
+            decoding, :mod:`memfree.core.canonical`): its promise then holds over the text.
     """
 
     filter: NgramSet
@@ -52,6 +54,16 @@ class GuardSetup:
     eos_token_ids: tuple[int, ...]
     masker: Masker
     file_watch: FileWatch | None = None
+    canonical: bool = False
+
+    @property
+    def promise(self) -> str:
+        """What the guard promises, in words (for reprs and summaries)."""
+        if self.unit.name == "word":
+            return "no stored word n-gram in the text"
+        if self.canonical:
+            return "no stored token n-gram in the ids, nor in their text tokenized again"
+        return "no stored token n-gram in the ids (not their text: canonical decoding is off)"
 
     def banned_mask(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
@@ -76,16 +88,24 @@ class GuardSetup:
         eos_token_id: int | Iterable[int] | None = None,
         pad_token_id: int | None = None,
         options: MaskerOptions | None = None,
+        canonical: bool | None = None,
     ) -> GuardSetup:
         """Open and check everything a guard needs (see :class:`~memfree.MemFreeLogitsProcessor`
         for the arguments). The tokenizer (a Hugging Face one, or its
         :class:`~memfree.vocab.info.TokenizerInfo`) is read once, here: everything below takes
         its info.
 
+        ``canonical`` (token filters): None turns canonical decoding on when there is a
+        tokenizer; True asks for it (a tokenizer is then needed); False guards the ids only.
+
         Raises:
             FilterMismatchError: tokenizer fingerprint, n or unit differs from the filter's.
+            CanonicalUnsupportedError: canonical decoding asked for (or by default) with a
+                tokenizer it is not exact for.
             ValueError: a bad argument.
         """
+        if canonical is not None and not isinstance(canonical, bool):
+            raise ValueError(f"canonical must be True, False or None, got {canonical!r}")
         ngram_filter = open_filter(ngram_filter)
         n = ngram_filter.n
         if ngram_size is not None and ngram_size != n:
@@ -113,7 +133,29 @@ class GuardSetup:
         masker = unit.masker(ngram_filter, info, exempt, options)
         eos = tuple(i for i in dict.fromkeys(eos_ids) if i in exempt)
         watch = getattr(ngram_filter, "file_watch", None)
-        return cls(ngram_filter, n, unit, exempt, eos, masker, watch)
+        if unit.name == "word":
+            if canonical:
+                raise ValueError(
+                    "canonical=True applies to token filters; the word guard's promise is "
+                    "already over the text"
+                )
+            canonical = False
+        elif canonical is None:
+            canonical = info is not None
+        elif canonical and info is None:
+            raise ValueError(
+                "canonical decoding needs the model's tokenizer (it reads each token's text); "
+                "pass tokenizer=, or canonical=False to guard the ids only"
+            )
+        if canonical:
+            assert info is not None
+            from memfree.core.canonical import CanonicalMasker
+            from memfree.core.text_promise import TextPromiseMasker
+            from memfree.core.token import TokenMasker
+
+            assert isinstance(masker, TokenMasker)
+            masker = TextPromiseMasker(masker, CanonicalMasker(info, eos))
+        return cls(ngram_filter, n, unit, exempt, eos, masker, watch, bool(canonical))
 
 
 def checked_banned_mask(

@@ -72,10 +72,17 @@ class MemFreeLogitsProcessor(_Base):
         cuda_graphs: on CUDA, capture the step once per (rows, vocabulary) shape as a CUDA graph
             and replay it (one launch instead of ~80 small kernels; the same masks). Each thread
             captures its own graphs.
+        canonical: token filters: also ban every token after which the row's ids would not be
+            their text's tokenization (canonical decoding, :mod:`memfree.core.canonical`), so
+            that the promise holds over the text, tokenized again. Default: on when a tokenizer
+            is given. False guards the ids only (the promise is then over the ids).
 
     Raises:
         FilterMismatchError: tokenizer fingerprint or n differs from the filter's (or, for a word
             filter, its normalizer).
+        CanonicalUnsupportedError: canonical decoding with a tokenizer it is not exact for
+            (anything but byte-level BPE with GPT-2's pre-tokenizer): pass ``canonical=False``,
+            or guard with a word filter.
         ValueError: a bad argument.
 
     Example:
@@ -102,6 +109,7 @@ class MemFreeLogitsProcessor(_Base):
         skip_rows: bool = True,
         record_stats: bool = True,
         cuda_graphs: bool = True,
+        canonical: bool | None = None,
     ) -> None:
         setup = GuardSetup.create(
             ngram_filter,
@@ -112,7 +120,10 @@ class MemFreeLogitsProcessor(_Base):
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
             options=MaskerOptions(skip_rows=bool(skip_rows), cuda_graphs=bool(cuda_graphs)),
+            canonical=canonical,
         )
+        self.setup = setup
+        self.canonical = setup.canonical
         self.filter = setup.filter
         self.n = setup.n
         self.special_token_ids: tuple[int, ...] = setup.special_token_ids
@@ -210,9 +221,10 @@ class MemFreeLogitsProcessor(_Base):
         word = self.unit.name == "word" and type(self) is MemFreeLogitsProcessor
         name = MemFreeWordLogitsProcessor.__name__ if word else type(self).__name__
         settings = "".join(f", {key}={value!r}" for key, value in self.masker.describe().items())
+        canonical = f", canonical={self.canonical}" if self.unit.name == "token" else ""
         return (
             f"{name}(filter={str(self.filter.path)!r}, n={self.n}, "
-            f"special_token_ids={list(self.special_token_ids)}{settings})"
+            f"special_token_ids={list(self.special_token_ids)}{canonical}{settings})"
         )
 
 

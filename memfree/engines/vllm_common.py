@@ -58,16 +58,19 @@ def engine_guard(vllm_config: Any) -> tuple[ServingConfig, RowGuard]:
     config = ServingConfig.parse(getattr(vllm_config, "additional_config", None))
     tokenizer = engine_tokenizer(vllm_config)
     try:
-        setup = GuardSetup.create(config.filter, tokenizer, ngram_size=config.ngram_size)
+        setup = GuardSetup.create(
+            config.filter, tokenizer, ngram_size=config.ngram_size, canonical=config.canonical
+        )
     except FileNotFoundError as error:
         raise FilterError(
             f"additional_config['memfree']['filter']: {error}; build one with `memfree build`"
         ) from None
     logger.info(
-        "memfree: guarding every request with %s (%s %d-grams%s)",
+        "memfree: guarding every request with %s (%s %d-grams; promise: %s%s)",
         config.filter,
         setup.unit.name,
         setup.n,
+        setup.promise,
         ", requests may opt out" if config.allow_opt_out else "",
     )
     return config, RowGuard(setup)

@@ -20,6 +20,7 @@ from memfree.engines.transformers import MemFreeLogitsProcessor, MemFreeWordLogi
 from memfree.errors import FilterMismatchError
 from memfree.filterfile.native import NgramFilter
 from memfree.testing import word_filter_from_texts
+from memfree.vocab.bpe import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
 
 # Stored: (0 1 2), (0 1 3), (3 3 0), and (1 4 2), which holds the special token 4.
@@ -141,7 +142,9 @@ def test_the_filter_unit_picks_the_core(tmp_path: Path, five_tokens: Any) -> Non
     words_filter = word_filter_from_texts(tmp_path / "w.memfree", ["foo bar"], 2)
     tokens_filter = NgramFilter.from_ngrams(tmp_path / "t.memfree", [[1, 2]])
     word_guard = MemFreeLogitsProcessor(words_filter, five_tokens)
-    token_guard = MemFreeLogitsProcessor(tokens_filter, five_tokens)
+    with pytest.raises(CanonicalUnsupportedError, match="word filter"):  # a WordLevel model
+        MemFreeLogitsProcessor(tokens_filter, five_tokens)
+    token_guard = MemFreeLogitsProcessor(tokens_filter, five_tokens, canonical=False)
     assert isinstance(word_guard.masker, WordMasker) and word_guard.unit.name == "word"
     assert isinstance(token_guard.masker, TokenMasker) and token_guard.unit.name == "token"
     assert "MemFreeWordLogitsProcessor" in repr(word_guard)

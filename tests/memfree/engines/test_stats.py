@@ -97,7 +97,10 @@ def filters(
 def make_guard(
     filters: dict[str, NgramFilter], tokenizer: Any
 ) -> Callable[[str], MemFreeLogitsProcessor]:
-    return lambda unit: MemFreeLogitsProcessor(filters[unit], tokenizer=tokenizer)
+    # The prompts are random ids (not their text's tokenization): the token guard over the ids.
+    return lambda unit: MemFreeLogitsProcessor(
+        filters[unit], tokenizer=tokenizer, canonical=False if unit == "token" else None
+    )
 
 
 def same_stats(actual: GuardStats, expected: GuardStats) -> bool:

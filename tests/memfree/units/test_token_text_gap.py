@@ -60,8 +60,9 @@ def test_the_token_guard_lets_another_split_through_and_the_word_guard_does_not(
     other = _other_split(tokenizer, TEXT)
     assert other != canonical
     width = len(tokenizer)
-    # The canonical spelling is blocked from its n-th token on ...
-    token_guard = MemFreeLogitsProcessor(token_filter, tokenizer=tokenizer)
+    # The guard over the ids only (canonical=False): the canonical spelling is blocked from
+    # its n-th token on ...
+    token_guard = MemFreeLogitsProcessor(token_filter, tokenizer=tokenizer, canonical=False)
     assert _steps_banning(token_guard, canonical, width) == list(range(N - 1, len(canonical)))
     # ... the other split is never blocked: no stored n-gram in its ids ...
     assert _steps_banning(token_guard, other, width) == []
@@ -73,6 +74,11 @@ def test_the_token_guard_lets_another_split_through_and_the_word_guard_does_not(
     word_filter = word_filter_from_texts(tmp_path / "word.memfree", [TEXT], N)
     word_guard = MemFreeLogitsProcessor(word_filter, tokenizer=tokenizer)
     assert _steps_banning(word_guard, other, width)
+    # The default guard decodes canonically: the other split is not its text's tokenization,
+    # so its first token that no tokenizer would write there is banned (issue 25).
+    canonical_guard = MemFreeLogitsProcessor(token_filter, tokenizer=tokenizer)
+    assert _steps_banning(canonical_guard, other, width)[:1] == [1]
+    assert _steps_banning(canonical_guard, canonical, width) == list(range(N - 1, len(canonical)))
     assert WORD.created_ngram_counts(word_filter, [], other, tokenizer=tokenizer)[0] > 0
     # The count over the text tokenized again finds every one of them, whatever the split.
     stored = len(canonical) - N + 1

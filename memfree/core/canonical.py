@@ -1,0 +1,283 @@
+"""Canonical decoding: a candidate is allowed only if the row's ids with it appended are exactly
+the tokenizer's own tokenization of their text (as if the text ended there).
+
+Every prefix of the generated ids is then the tokenization of its text, so the token guard's
+promise (no stored n-gram in the ids) holds over the text: tokenizing the output's text again
+gives back the ids the guard checked. Without it a model blocked from the corpus's split spells
+the same text with another split (``"  "`` where the corpus has ``" ", " "``), which no
+tokenizer would produce from that text.
+
+The condition is decided per row from the row's last pre-tokenizer chunk (GPT-2's pattern: runs
+of letters, numbers, punctuation or whitespace, contractions, a whitespace run that gives its
+last space to the next word). For candidate ``c`` after a chunk ``C`` whose last token is ``a``:
+
+- ``c`` starts a new chunk when its first character cannot continue ``C``: allowed iff the
+  tokenizer gives ``[c]`` for its text (``self_ok``);
+- ``c`` continues ``C`` (letters after letters, digits after digits, ...): allowed iff its whole
+  text is one run of that class and BPE gives ``[a, c]`` for their bytes (the merge-tree test,
+  :meth:`~memfree.vocab.bpe.ByteLevelBpe.bigram_allowed`);
+- a whitespace run followed by a non-space: the run gives its last character to the new chunk
+  (a space joins the word, a newline stands alone), so the run's tokens must end in that
+  character; an apostrophe followed by ``s t m d re ve ll``: a contraction.
+
+Text is cut at special and added tokens, as the tokenizer cuts it. A special token is allowed
+only to end the output (end of sequence): elsewhere it would sit inside the text, invisible once
+special tokens are skipped, and split a stored n-gram there. Tokens that are not whole UTF-8
+characters are never allowed (their text is not text). Each row's answer is computed on the CPU
+from its last chunks and kept by its state (the chunk's kind and last token), so steps mostly
+read a cached mask.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from memfree.core.canonical_state import RowStates
+from memfree.vocab.bpe import (
+    APOSTROPHE,
+    LETTER,
+    NONE,
+    NUMBER,
+    PUNCT,
+    RUN_LETTERS,
+    RUN_NUMBERS,
+    RUN_PUNCT,
+    RUN_SPACE,
+    SP,
+    WS,
+    ByteLevelBpe,
+)
+from memfree.vocab.info import TokenizerInfo
+
+_CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
+_RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
+_CACHE = 512
+
+
+class CanonicalMasker:
+    """Bans every candidate that would make a row's ids not its text's tokenization.
+
+    Args:
+        info: the tokenizer (byte-level BPE with GPT-2's pre-tokenizer; see
+            :mod:`memfree.vocab.bpe`).
+        end_token_ids: ids that may end the output (always allowed).
+
+    Raises:
+        CanonicalUnsupportedError: another tokenizer family.
+    """
+
+    def __init__(self, info: TokenizerInfo, end_token_ids: Iterable[int] = ()) -> None:
+        self.info = info
+        self.bpe = bpe_tables(info)
+        self.end_token_ids = tuple(sorted({int(t) for t in end_token_ids}))
+        size = self.bpe.vocab_size
+        self._cuts = frozenset(info.special_token_ids) | frozenset(self.bpe.added.values())
+        self._bytes = [b if b is not None else b"" for b in info.token_bytes]
+        self._new = self.bpe.self_ok.copy()  # starts a chunk (added tokens: their own text)
+        self._added = np.zeros(size, dtype=bool)
+        for token in self.bpe.added.values():
+            if token < size and token not in info.special_token_ids:
+                self._added[token] = True
+        self._new &= ~np.isin(np.arange(size), list(info.special_token_ids))
+        first, run = self.bpe.first, self.bpe.run
+        self._first_letter = first == LETTER
+        self._first_number = first == NUMBER
+        self._first_punct = (first == PUNCT) | (first == APOSTROPHE)
+        self._first_space = (first == SP) | (first == WS)
+        self._runs = {kind: (run == kind) & self.bpe.self_ok for kind in range(4)}
+        self._word_run = self._runs[RUN_LETTERS] | self._runs[RUN_NUMBERS] | self._runs[RUN_PUNCT]
+        self._after_apostrophe = self._contraction_heads()
+        self._masks: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
+        self._bigrams: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._prefixes: dict[str, np.ndarray] = {}
+        self.states = RowStates(self.bpe, self._bytes, self._cuts)
+        self._lock = threading.Lock()
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with empty caches (and their own lock)."""
+        state = self.__dict__.copy()
+        for name in ("_lock", "_masks", "_bigrams"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._masks = OrderedDict()
+        self._bigrams = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- the step -------------------------------------------------------------------------------
+
+    def banned_mask(
+        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """bool `(rows, vocab_width)`: candidates that make the row not canonical; every row is
+        checked. Negative ids on the left are padding (they add no text). Ids past the
+        tokenizer's vocabulary are banned (no text gives them)."""
+        device = torch.device(device or contexts.device)
+        rows = contexts.detach().cpu().tolist()
+        banned = np.ones((len(rows), vocab_width), dtype=bool)
+        size = min(vocab_width, self.bpe.vocab_size)
+        for index, row in enumerate(rows):
+            first = 0
+            while first < len(row) and row[first] < 0:  # left padding (adds no text)
+                first += 1
+            row = row[first:]
+            if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
+                self.states.note("it holds an id past the tokenizer's vocabulary")
+                continue
+            banned[index, :size] = ~self.allowed(row)[:size]
+        for token in self.end_token_ids:
+            if token < vocab_width:
+                banned[:, token] = False
+        active = torch.ones(len(rows), dtype=torch.bool, device=device)
+        return torch.from_numpy(banned).to(device), active
+
+    def allowed(self, ids: list[int]) -> np.ndarray:
+        """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded)."""
+        key = self.states.state(ids)
+        with self._lock:
+            mask = self._masks.get(key)
+            if mask is not None:
+                self._masks.move_to_end(key)
+                return mask
+        mask = self._compute(key)
+        with self._lock:
+            self._masks[key] = mask
+            if len(self._masks) > _CACHE:
+                self._masks.popitem(last=False)
+        return mask
+
+    # -- the row's state ------------------------------------------------------------------------
+
+    # -- the answer for one state ---------------------------------------------------------------
+
+    def _compute(self, key: tuple[Any, ...]) -> np.ndarray:
+        kind, pending = key[0], key[-1]
+        new = self._new
+        if kind == "start" or kind == "contraction":
+            mask = new.copy()
+        elif kind == "dead":
+            return np.zeros_like(new)
+        elif kind == "broken":
+            return self._by_definition(list(key[1]), b"".join(self._bytes[t] for t in key[1]))
+        elif kind == "tail":
+            mask = self._by_definition(list(key[1]), key[2].encode("utf-8"))
+        elif kind == "run":
+            _, cls, a = key[:3]
+            continues = {
+                LETTER: self._first_letter,
+                NUMBER: self._first_number,
+                PUNCT: self._first_punct,
+            }.get(cls)
+            if continues is None:
+                mask = new.copy()
+            else:
+                run = self._runs[_RUN_OF_CLASS[cls]]
+                mask = (new & ~continues) | (run & self._bigram(a))
+        elif kind == "apostrophe":
+            a = key[1]
+            heads = self._after_apostrophe
+            base = (new & ~self._first_punct) | (self._runs[RUN_PUNCT] & self._bigram(a))
+            mask = (base & (heads == 0)) | ((heads == 1) & self.bpe.self_ok & self._bigram(a))
+        elif kind == "open":
+            _, a, completion, merged = key[:4]
+            starts = self._starting_with(completion)
+            letters = (new & ~self._first_letter) | (self._runs[RUN_LETTERS] & self._bigram(a))
+            mask = letters & ~starts
+            if merged:
+                mask[self.bpe.ids_of[completion]] = True
+        elif kind == "space":
+            _, a, last_char, split_ok = key[:4]
+            mask = self._runs[RUN_SPACE] & self._bigram(a)
+            mask |= self._first_space & (self.bpe.run != RUN_SPACE) & new
+            if split_ok:
+                if last_char == " ":
+                    space = self.bpe.ids_of[" "]
+                    mask |= self._word_run & self._bigram(space)
+                else:
+                    mask |= new & ~self._first_space
+        else:  # pragma: no cover - every state above
+            raise AssertionError(key)
+        mask = mask | self._added
+        for rest in pending:
+            mask &= ~self._starting_with(rest)
+        return mask
+
+    def _by_definition(self, tokens: list[int], data: bytes) -> np.ndarray:
+        """For rows that are not canonical (only a prompt makes them): every candidate checked
+        against the definition, by tokenizing ``data`` (the text of ``tokens``, from a fixed
+        chunk boundary) with it appended. About a third of a second, once per such state."""
+        allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
+        ids, texts = [], []
+        for candidate in np.flatnonzero(self._new | self._added | (self.bpe.first == NONE)):
+            try:
+                texts.append((data + self._bytes[candidate]).decode("utf-8"))
+            except UnicodeDecodeError:
+                continue
+            ids.append(int(candidate))
+        encoded = self.bpe.tokenizer_backend.encode_batch(texts, add_special_tokens=False)
+        for token, encoding in zip(ids, encoded, strict=True):
+            allowed[token] = encoding.ids == [*tokens, token]
+        allowed[list(self.info.special_token_ids)] = False
+        return allowed
+
+    def _bigram(self, a: int) -> np.ndarray:
+        with self._lock:
+            cached = self._bigrams.get(a)
+            if cached is not None:
+                self._bigrams.move_to_end(a)
+                return cached
+        allowed = self.bpe.bigram_allowed(a)
+        with self._lock:
+            self._bigrams[a] = allowed
+            if len(self._bigrams) > 4 * _CACHE:
+                self._bigrams.popitem(last=False)
+        return allowed
+
+    def _starting_with(self, prefix: str) -> np.ndarray:
+        cached = self._prefixes.get(prefix)
+        if cached is None:
+            texts = self.bpe.texts
+            cached = np.array([t is not None and t.startswith(prefix) for t in texts])
+            self._prefixes[prefix] = cached
+        return cached
+
+    def _contraction_heads(self) -> np.ndarray:
+        """After a lone apostrophe: 1 for a token that is exactly a contraction's rest ("s",
+        "re", ...), 2 for one that starts with one and goes on (cut inside it), else 0."""
+        heads = np.zeros(self.bpe.vocab_size, dtype=np.int8)
+        for token, text in enumerate(self.bpe.texts):
+            if text is None:
+                continue
+            for rest in _CONTRACTIONS:
+                if text == rest:
+                    heads[token] = 1
+                elif text.startswith(rest):
+                    heads[token] = max(heads[token], 2)
+        return heads
+
+
+_TABLES: dict[str, ByteLevelBpe] = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def bpe_tables(info: TokenizerInfo) -> ByteLevelBpe:
+    """The tokenizer's tables, built once per process and tokenizer (by fingerprint)."""
+    with _TABLES_LOCK:
+        tables = _TABLES.get(info.fingerprint)
+        if tables is None:
+            tables = _TABLES[info.fingerprint] = ByteLevelBpe.of(info)
+        return tables
+
+
+__all__ = ["CanonicalMasker", "bpe_tables"]

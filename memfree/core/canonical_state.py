@@ -1,0 +1,197 @@
+"""Reading a row for canonical decoding: its state, the few facts the answer depends on.
+
+A row's text is cut at special and added tokens (the tokenizer cuts there); its last segment is
+read back far enough to hold three pre-tokenizer chunks. The last two chunks may change when
+text is appended (a contraction joins them, a whitespace run gives its last space to the next
+word); the ones before are fixed, so they must already be their text's tokenization (checked
+once per prefix). A canonical row's state is the kind of its last chunk and its last token, plus
+what the rules read (:meth:`RowStates.state`); a row that is not canonical (only a prompt makes
+one) gets a state that :class:`~memfree.core.canonical.CanonicalMasker` answers by the
+definition itself.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Any
+
+from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
+
+_CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
+_OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
+_WINDOW = 24  # tokens read back first; doubled while it holds fewer than 3 chunks
+_CHECKS = 2048
+
+
+class RowStates:
+    """The state of rows of token ids, for one tokenizer.
+
+    Args:
+        bpe: the tokenizer's tables.
+        token_bytes: each id's bytes (b"" for special tokens).
+        cuts: ids where the tokenizer cuts text (special and added tokens).
+
+    Attributes:
+        rows: rows seen that were not canonical (their state came from a prompt).
+    """
+
+    def __init__(self, bpe: ByteLevelBpe, token_bytes: list[bytes], cuts: frozenset[int]) -> None:
+        self.bpe = bpe
+        self._bytes = token_bytes
+        self._cuts = cuts
+        self._prefix_checks: OrderedDict[tuple[int, int, bytes], bool] = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned = False
+        self.rows = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_lock")
+        state["_prefix_checks"] = OrderedDict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def state(self, ids: list[int]) -> tuple[Any, ...]:
+        """What the answer depends on: the kind of the row's last chunk, its last token, and
+        the facts the rules read; plus the added-token contents its text has begun. Rows that
+        are not canonical get an exact answer by other means (``tail``, ``broken``, ``dead``)."""
+        start = len(ids)
+        while start > 0 and ids[start - 1] not in self._cuts:
+            start -= 1
+        segment = ids[start:]
+        if not segment:
+            return ("start", ())
+        width = _WINDOW
+        while True:
+            window = segment[-width:]
+            whole = len(window) == len(segment)
+            data = b"".join(self._bytes[t] for t in window)
+            text = _decode_tail(data, whole)
+            if text is None:
+                self.note("it ends inside a character")
+                return ("broken", tuple(segment))
+            chunks = self.bpe.chunks(text)
+            if whole or len(chunks) >= 3:
+                break
+            width *= 2
+        # The last two chunks may change when text is appended (a contraction joins them);
+        # the ones before are fixed, so they must be canonical already.
+        tail_text = "".join(chunks[-2:])
+        tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
+        if not tail or not self._prefix_canonical(segment, len(segment) - len(tail)):
+            self.note()
+            return ("dead", ())
+        pending = self._pending_added(text)
+        last = chunks[-1]
+        canonical = self.bpe.encode(last)
+        if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:
+            self.note()
+            return ("tail", tuple(tail), tail_text, pending)
+        previous = chunks[-2] if len(chunks) >= 2 else None
+        return (*self._kind(last, canonical, previous), pending)
+
+    def _prefix_canonical(self, segment: list[int], length: int) -> bool:
+        """Whether the segment's first ``length`` ids (up to a fixed chunk boundary) are the
+        tokenization of their text, as chunked with the rest of the segment after it (a
+        whitespace run splits by what follows it); kept per prefix."""
+        if not length:
+            return True
+        prefix = segment[:length]
+        next_byte = self._bytes[segment[length]][:1]
+        key = (length, hash(tuple(prefix)), next_byte)
+        with self._lock:
+            known = self._prefix_checks.get(key)
+        if known is None:
+            data = b"".join(self._bytes[t] for t in segment)
+            try:
+                known = self.bpe.encode(data.decode("utf-8"))[:length] == prefix
+            except UnicodeDecodeError:
+                known = False
+            with self._lock:
+                self._prefix_checks[key] = known
+                if len(self._prefix_checks) > _CHECKS:
+                    self._prefix_checks.popitem(last=False)
+        return known
+
+    def _kind(self, last: str, tokens: list[int], previous: str | None) -> tuple[Any, ...]:
+        classes = [self.bpe.char_class(c) for c in last]
+        a = tokens[-1]
+        if last[0] == "'" and last[1:] in _CONTRACTIONS:
+            return ("contraction",)
+        if last == "'":
+            return ("apostrophe", a)
+        if all(c in (SP, WS) for c in classes):
+            split = None
+            if len(last) >= 2:
+                split = self.bpe.encode(last[:-1]) + self.bpe.encode(last[-1]) == tokens
+            return ("space", a, last[-1], len(last) == 1 or split)
+        body = [c for i, c in enumerate(classes) if not (i == 0 and c == SP)]
+        kind = body[0] if body else NONE
+        if kind == APOSTROPHE:
+            kind = PUNCT
+        if previous == "'" and last in _OPEN_CONTRACTIONS:
+            apostrophe = self.bpe.ids_of.get("'", -1)
+            completion = _OPEN_CONTRACTIONS[last]
+            merged = self.bpe.encode("'" + last + completion) == [
+                apostrophe,
+                a,
+                self.bpe.ids_of.get(completion, -1),
+            ]
+            return ("open", a, completion, merged)
+        return ("run", kind, a)
+
+    def _pending_added(self, text: str) -> tuple[str, ...]:
+        """The rests of added tokens' contents that the text's end has begun."""
+        rests = []
+        for content in self.bpe.added:
+            for cut in range(1, len(content)):
+                if text.endswith(content[:cut]):
+                    rests.append(content[cut:])
+        return tuple(sorted(rests))
+
+    def note(self, why: str = "its ids are not its text's tokenization") -> None:
+        self.rows += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"memfree: a row's context does not end canonically ({why}), so it came from "
+                "the prompt: the output is kept canonical after the prompt's text, and the "
+                "text promise across the prompt's end needs prompt ids that are its text's "
+                "tokenization (every prompt given as text is)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+
+def _decode_tail(data: bytes, whole: bool) -> str | None:
+    """The text of a row's last tokens, or None if it is not whole UTF-8 characters (the row
+    ends inside one). A window that does not reach the segment's start may begin inside a
+    character: those bytes are skipped."""
+    if not whole:
+        skip = 0
+        while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
+            skip += 1
+        data = data[skip:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _tokens_of_tail(window: list[int], token_bytes: list[bytes], length: int) -> list[int]:
+    """The row's last tokens that hold exactly its last ``length`` bytes ([] if no token
+    boundary falls there)."""
+    total = 0
+    for count, token in enumerate(reversed(window), start=1):
+        total += len(token_bytes[token])
+        if total >= length:
+            return window[-count:] if total == length else []
+    return []
+
+
+__all__ = ["RowStates"]

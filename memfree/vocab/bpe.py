@@ -1,0 +1,324 @@
+"""A byte-level BPE tokenizer's tables, as canonical decoding reads them.
+
+Canonical decoding (:mod:`memfree.core.canonical`) allows a candidate only when the row's ids
+with it appended are exactly the tokenizer's own tokenization of their text. Its tables:
+
+- per token: its text (None for special tokens and for bytes that are not whole UTF-8
+  characters), whether the tokenizer gives that token back for its own text (``self_ok``), the
+  class of its first character and, when the whole text is one run of one class, that class
+  (``run``): the pre-tokenizer's chunks are runs of letters, numbers, punctuation or whitespace;
+- the character classes as the tokenizer's own pre-tokenizer sees them: each character is probed
+  through it once, so Unicode tables can never disagree with it;
+- the merges, for :meth:`ByteLevelBpe.bigram_allowed`: the tokens ``b`` such that BPE gives
+  ``[a, b]`` back for the text of ``a`` followed by that of ``b`` (Vieira et al., "Language
+  Models over Canonical Byte-Pair Encodings", ICML 2025). A merge across the junction fires
+  exactly when some pair (x on the right spine of ``a``'s merge tree, y on the left spine of
+  ``b``'s) is a merge whose rank comes before the merges that consume x and y (ties go to the
+  leftmost pair, as in Hugging Face ``tokenizers``); no such pair, no cross merge.
+
+Only the family whose every step memfree models exactly is read: a ``tokenizers`` BPE model
+(no dropout, no byte fallback, no subword prefix or suffix, merges not ignored), no normalizer,
+the ``ByteLevel`` pre-tokenizer with GPT-2's split pattern and no prefix space, and added tokens
+that strip nothing. That is SmolLM2, GPT-2, GPT-NeoX/Pythia and StarCoder. Any other tokenizer
+is refused with :class:`CanonicalUnsupportedError`, never approximated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from memfree.vocab.info import TokenizerInfo
+from memfree.vocab.token_bytes import UnsupportedTokenizerError
+
+# Character classes, as GPT-2's split pattern sees them:
+# 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+SP, WS, LETTER, NUMBER, APOSTROPHE, PUNCT = range(6)
+NONE = -1
+# Runs: a token whose whole text is one run of letters, numbers, punctuation (apostrophe
+# included) or whitespace.
+RUN_LETTERS, RUN_NUMBERS, RUN_PUNCT, RUN_SPACE = range(4)
+_RUN_OF = {
+    LETTER: RUN_LETTERS,
+    NUMBER: RUN_NUMBERS,
+    APOSTROPHE: RUN_PUNCT,
+    PUNCT: RUN_PUNCT,
+    SP: RUN_SPACE,
+    WS: RUN_SPACE,
+}
+_INF = np.iinfo(np.int64).max
+_WORD_GUARD = (
+    "Pass canonical=False (--no-canonical) to guard the token ids only, or build a word filter "
+    "(`memfree build --unit word`): the word guard's promise is over the text for every tokenizer."
+)
+
+
+class CanonicalUnsupportedError(UnsupportedTokenizerError):
+    """Canonical decoding is not exact for this tokenizer, so it is refused."""
+
+
+@dataclass(frozen=True, eq=False)
+class ByteLevelBpe:
+    """The tables of one byte-level BPE tokenizer (build with :meth:`of`).
+
+    Attributes:
+        vocab_size: ids the tokenizer can produce.
+        texts: each id's text; None for special tokens and partial UTF-8 characters.
+        self_ok: bool `(vocab_size,)`: the tokenizer gives ``[id]`` for the id's text.
+        first: int8 `(vocab_size,)`: the class of the text's first character (NONE: no text,
+            or an added token).
+        run: int8 `(vocab_size,)`: the run the whole text is (NONE: it is not one run).
+        added: added tokens (special or not): content -> id. The tokenizer cuts text at them.
+        ids_of: text -> id, for the base vocabulary's tokens with a text.
+    """
+
+    vocab_size: int
+    texts: tuple[str | None, ...]
+    self_ok: np.ndarray
+    first: np.ndarray
+    run: np.ndarray
+    added: dict[str, int]
+    ids_of: dict[str, int]
+    _tokenizer: Any
+    _left: np.ndarray  # (V,) left child of each merged token (-1: none)
+    _right: np.ndarray
+    _made_at: np.ndarray  # (V,) rank of the merge that makes the token (_INF: not merged)
+    _partners: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by left: offsets, right, rank
+    _members: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by symbol: offsets, token, rho
+    _classes: dict[str, int]
+
+    @classmethod
+    def of(cls, info: TokenizerInfo) -> ByteLevelBpe:
+        """The tables of ``info``'s tokenizer (about a second for a 49k vocabulary).
+
+        Raises:
+            CanonicalUnsupportedError: the tokenizer is not of the family read here.
+        """
+        backend = getattr(info.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            raise CanonicalUnsupportedError(
+                f"canonical decoding needs a fast (Rust) tokenizer; {info.name} is a slow one. "
+                + _WORD_GUARD
+            )
+        spec = json.loads(backend.to_str())
+        _check_family(info.name, spec)
+        model = spec["model"]
+        vocab: dict[str, int] = model["vocab"]
+        size = info.vocab_size
+        token_bytes = info.token_bytes
+        texts: list[str | None] = []
+        for raw in token_bytes:
+            try:
+                texts.append(None if raw is None else raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
+        added = {entry["content"]: int(entry["id"]) for entry in spec.get("added_tokens", [])}
+        for content, token in added.items():
+            if token < size and token not in info.special_token_ids:
+                texts[token] = content
+        special = set(info.special_token_ids) | {t for t in added.values() if t < size}
+        ids = [i for i, text in enumerate(texts) if text is not None]
+        encoded = backend.encode_batch([texts[i] for i in ids], add_special_tokens=False)
+        self_ok = np.zeros(size, dtype=bool)
+        for token, encoding in zip(ids, encoded, strict=True):
+            self_ok[token] = encoding.ids == [token]
+        classes = _probe_classes(backend.pre_tokenizer, {c for i in ids for c in texts[i] or ""})
+        first = np.full(size, NONE, dtype=np.int8)
+        run = np.full(size, NONE, dtype=np.int8)
+        for token in ids:
+            text = texts[token]
+            if token in special or not text:
+                continue
+            first[token] = classes[text[0]]
+            kinds = {_RUN_OF[classes[c]] for c in text}
+            if len(kinds) == 1:
+                run[token] = kinds.pop()
+        left, right, made_at, partners = _merge_tree(model["merges"], vocab, size)
+        members = _left_spines(left, made_at, size)
+        ids_of = {text: i for i, text in enumerate(texts) if text is not None and i not in special}
+        return cls(
+            size, tuple(texts), self_ok, first, run, added, ids_of, info.tokenizer,
+            left, right, made_at, partners, members, classes,
+        )  # fmt: skip
+
+    def char_class(self, char: str) -> int:
+        """The class of one character (probed through the pre-tokenizer once, then kept)."""
+        known = self._classes.get(char)
+        if known is None:
+            pre = self._tokenizer.backend_tokenizer.pre_tokenizer
+            known = self._classes[char] = _probe_classes(pre, {char})[char]
+        return known
+
+    @property
+    def tokenizer_backend(self) -> Any:
+        """The ``tokenizers.Tokenizer`` itself."""
+        return self._tokenizer.backend_tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        """The tokenizer's ids for ``text`` (no special tokens added)."""
+        backend = self._tokenizer.backend_tokenizer
+        return list(backend.encode(text, add_special_tokens=False).ids)
+
+    def chunks(self, text: str) -> list[str]:
+        """The pre-tokenizer's chunks of ``text``, as text."""
+        pre = self._tokenizer.backend_tokenizer.pre_tokenizer
+        spans = [span for _, span in pre.pre_tokenize_str(text)]
+        return [text[start:end] for start, end in spans]
+
+    def bigram_allowed(self, a: int) -> np.ndarray:
+        """bool `(vocab_size,)`: BPE gives ``[a, b]`` back for the bytes of ``a`` then ``b``
+        (for every ``b`` BPE gives back alone; the caller checks that).
+
+        A merge across the junction fires iff some x on ``a``'s right spine and y on ``b``'s
+        left spine form a merge of rank r with r < rank(merge consuming x) and r <= rank(merge
+        consuming y): merges are applied in increasing rank, leftmost first among equals.
+        """
+        conflict = np.zeros(self.vocab_size, dtype=bool)
+        offsets, partner, rank = self._partners
+        member_offsets, member, rho = self._members
+        for x, consumed_at in self._right_spine(a):
+            start, end = offsets[x], offsets[x + 1]
+            if start == end:
+                continue
+            ys, ranks = partner[start:end], rank[start:end]
+            keep = ranks < consumed_at
+            ys, ranks = ys[keep], ranks[keep]
+            if not ys.size:
+                continue
+            starts, ends = member_offsets[ys], member_offsets[ys + 1]
+            lengths = ends - starts
+            total = int(lengths.sum())
+            if not total:
+                continue
+            # The concatenated ranges [starts[i], ends[i]) as one index array.
+            shifts = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+            index = np.arange(total) + shifts
+            hit = rho[index] >= np.repeat(ranks, lengths)
+            conflict[member[index[hit]]] = True
+        return ~conflict
+
+    def _right_spine(self, a: int) -> list[tuple[int, int]]:
+        """(symbol, rank of the merge that consumes it) down the right edge of ``a``'s tree."""
+        spine = [(a, _INF)]
+        node = a
+        while self._right[node] >= 0:
+            spine.append((int(self._right[node]), int(self._made_at[node])))
+            node = int(self._right[node])
+        return spine
+
+
+def _check_family(name: str, spec: dict[str, Any]) -> None:
+    """Raise unless every step of this tokenizer is one that canonical decoding models."""
+    model = spec.get("model") or {}
+    problems = []
+    if model.get("type") != "BPE":
+        problems.append(f"a {model.get('type')} model (not BPE)")
+    else:
+        if model.get("dropout") not in (None, 0, 0.0):
+            problems.append("BPE dropout")
+        if model.get("byte_fallback"):
+            problems.append("byte fallback (a SentencePiece-style BPE)")
+        if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
+            problems.append("a subword prefix or suffix")
+        if model.get("ignore_merges"):
+            problems.append("ignore_merges (Llama 3's BPE)")
+    if spec.get("normalizer") is not None:
+        problems.append(f"a {spec['normalizer'].get('type')} normalizer")
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if not (
+        len(steps) == 1
+        and steps[0].get("type") == "ByteLevel"
+        and steps[0].get("use_regex", True)
+        and not steps[0].get("add_prefix_space", False)
+    ):
+        kinds = ", ".join(str(step.get("type")) for step in steps)
+        problems.append(f"the pre-tokenizer {kinds or None} (not ByteLevel with GPT-2's pattern)")
+    for entry in spec.get("added_tokens", []):
+        if entry.get("lstrip") or entry.get("rstrip") or entry.get("single_word"):
+            problems.append(f"the added token {entry.get('content')!r} strips spaces")
+            break
+    if problems:
+        raise CanonicalUnsupportedError(
+            f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's "
+            f"pre-tokenizer (SmolLM2, GPT-2, GPT-NeoX); {name} has {'; '.join(problems)}. "
+            + _WORD_GUARD
+        )
+
+
+def _probe_classes(pre_tokenizer: Any, chars: set[str]) -> dict[str, int]:
+    """Each character's class, read from the pre-tokenizer itself: a letter extends the run of
+    "a", a number that of "1", punctuation that of "."; anything else is whitespace."""
+    classes = {}
+    for char in chars:
+        if char == "'":
+            classes[char] = APOSTROPHE
+        elif len(pre_tokenizer.pre_tokenize_str("a" + char)) == 1:
+            classes[char] = LETTER
+        elif len(pre_tokenizer.pre_tokenize_str("1" + char)) == 1:
+            classes[char] = NUMBER
+        elif len(pre_tokenizer.pre_tokenize_str("." + char)) == 1:
+            classes[char] = PUNCT
+        else:
+            classes[char] = SP if char == " " else WS
+    return classes
+
+
+def _merge_tree(
+    merges: list[Any], vocab: dict[str, int], size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each merged token's children and the rank that makes it, and the merges by left symbol.
+
+    Raises:
+        CanonicalUnsupportedError: a token made by two merges (its tree is then not unique).
+    """
+    left = np.full(size, -1, dtype=np.int64)
+    right = np.full(size, -1, dtype=np.int64)
+    made_at = np.full(size, _INF, dtype=np.int64)
+    rows = []
+    for rank, merge in enumerate(merges):
+        a, b = merge if isinstance(merge, list) else merge.split(" ", 1)
+        x, y, z = vocab.get(a), vocab.get(b), vocab.get(a + b)
+        if x is None or y is None or z is None or z >= size:
+            continue
+        if made_at[z] != _INF:
+            raise CanonicalUnsupportedError(
+                f"the token {a + b!r} is made by two merges, so its merge tree is not unique. "
+                + _WORD_GUARD
+            )
+        left[z], right[z], made_at[z] = x, y, rank
+        rows.append((x, y, rank))
+    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    order = np.argsort(table[:, 0], kind="stable")
+    table = table[order]
+    offsets = np.searchsorted(table[:, 0], np.arange(size + 1))
+    return left, right, made_at, (offsets, table[:, 1].copy(), table[:, 2].copy())
+
+
+def _left_spines(
+    left: np.ndarray, made_at: np.ndarray, size: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each symbol y, the tokens whose left spine holds y, with the rank of the merge that
+    consumes y there (_INF for the token itself)."""
+    symbols, tokens, ranks = [], [], []
+    for token in range(size):
+        node, consumed_at = token, _INF
+        while True:
+            symbols.append(node)
+            tokens.append(token)
+            ranks.append(consumed_at)
+            child = int(left[node])
+            if child < 0:
+                break
+            node, consumed_at = child, int(made_at[node])
+    table = np.array([symbols, tokens, ranks], dtype=np.int64)
+    order = np.argsort(table[0], kind="stable")
+    table = table[:, order]
+    offsets = np.searchsorted(table[0], np.arange(size + 1))
+    return offsets, table[1].copy(), table[2].copy()
+
+
+__all__ = ["ByteLevelBpe", "CanonicalUnsupportedError"]

@@ -1,0 +1,287 @@
+"""Canonical decoding (issue 25): a candidate is allowed iff the row's ids with it appended are
+exactly the tokenizer's own tokenization of their text.
+
+Checked with Hypothesis against the definition itself (decode, tokenize again, compare), for
+every candidate of random rows: random texts (code, prose, whitespace runs, digits, unicode,
+contractions, special-token text) cut into canonical and non-canonical splits, on SmolLM2's real
+tokenizer and on a byte-level BPE trained here. Other families are refused, never approximated.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memfree.core.canonical import CanonicalMasker
+from memfree.engines.transformers import MemFreeLogitsProcessor
+from memfree.filterfile.native import NgramFilter
+from memfree.vocab.bpe import CanonicalUnsupportedError
+from memfree.vocab.info import TokenizerInfo
+from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+from tests.conftest import train_sentencepiece, train_wordpiece
+
+PIECES = [
+    "def f(x):\n",
+    "    return x + 1\n",
+    "\tif a:\n\t\tpass",
+    "The quick brown fox",
+    " jumps over",
+    "it's",
+    "we're",
+    "they'll",
+    "I've",
+    "'d",
+    "'",
+    "''",
+    "'r",
+    "e",
+    "l",
+    "  ",
+    "   ",
+    " \n",
+    "\n\n",
+    "\r\n",
+    " \t ",
+    "12345",
+    "3.14",
+    " 42",
+    "café",
+    "naïve",
+    "日本語",
+    "😀",
+    "a\u0301",
+    "\u00a0",
+    "\u2028",
+    "!!",
+    "...",
+    " (",
+    "{}",
+    "x",
+    "X",
+    " ",
+]
+SPECIAL_PIECES = ["<|im_end|>", "<|im_start|>", "<file_sep>", "<|im", "<file", "<"]
+
+
+def _texts(pieces: list[str]) -> st.SearchStrategy[str]:
+    piece = st.sampled_from(pieces) | st.text(
+        alphabet=st.sampled_from(list("ab 1'\n\t.é")), min_size=1, max_size=4
+    )
+    return st.lists(piece, min_size=1, max_size=8).map("".join)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return [int(i) for i in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def _split(tokenizer: Any, text: str, how: int, cut: int) -> list[int]:
+    """The text's ids: its tokenization (how 0), or a non-canonical split: the tokenizations
+    of two halves (how 1), or one token spelled as two (how 2)."""
+    ids = _encode(tokenizer, text)
+    if how == 1 and len(text) > 1:
+        at = 1 + cut % (len(text) - 1)
+        return _encode(tokenizer, text[:at]) + _encode(tokenizer, text[at:])
+    if how == 2 and ids:
+        index = cut % len(ids)
+        piece = tokenizer.convert_ids_to_tokens(ids[index])
+        if len(piece) > 1:
+            parts = tokenizer.convert_tokens_to_ids([piece[:1], piece[1:]])
+            if tokenizer.unk_token_id not in parts and None not in parts:
+                return ids[:index] + [int(p) for p in parts] + ids[index + 1 :]
+    return ids
+
+
+def _definition(tokenizer: Any, info: TokenizerInfo, row: list[int]) -> np.ndarray:
+    """bool `(vocab,)`: the candidates c for which tokenizing the text of row + [c] again gives
+    row + [c] (special tokens written out, as decode writes them)."""
+    backend = tokenizer.backend_tokenizer
+    texts = {content: token for content, token in _added(tokenizer).items()}
+    token_bytes = list(info.token_bytes)
+    for content, token in texts.items():
+        token_bytes[token] = content.encode()
+    base = b"".join(token_bytes[t] or b"" for t in row)
+    ids, candidates = [], []
+    for token, raw in enumerate(token_bytes):
+        try:
+            candidates.append((base + (raw or b"")).decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+        ids.append(token)
+    allowed = np.zeros(info.vocab_size, dtype=bool)
+    encoded = backend.encode_batch(candidates, add_special_tokens=False)
+    for token, encoding in zip(ids, encoded, strict=True):
+        allowed[token] = encoding.ids == [*row, token]
+    return allowed
+
+
+def _added(tokenizer: Any) -> dict[str, int]:
+    return {t.content: i for i, t in tokenizer.added_tokens_decoder.items()}
+
+
+def _check_rows(tokenizer: Any, masker: CanonicalMasker, rows: list[list[int]]) -> None:
+    info = masker.info
+    special = list(info.special_token_ids)
+    ends = list(masker.end_token_ids)
+    for row in rows:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            context = torch.tensor([row or [0]])[:, : len(row)]
+            banned, active = masker.banned_mask(context, info.vocab_size)
+        assert active.all() and not banned[0, ends].any()
+        expected = _definition(tokenizer, info, row)
+        # The one deliberate difference: a special token is allowed only to end the output.
+        expected[special] = False
+        expected[ends] = True
+        got = ~banned[0].numpy()
+        wrong = np.flatnonzero(got != expected)
+        text = info.decode(row)
+        assert not wrong.size, (text, row, [(info.decode([int(t)]), got[t]) for t in wrong[:8]])
+
+
+@pytest.fixture(scope="module")
+def smol(default_tokenizer: Any) -> tuple[Any, CanonicalMasker]:
+    info = TokenizerInfo.of(default_tokenizer)
+    return default_tokenizer, CanonicalMasker(info, [info.eos_token_id])
+
+
+@settings(max_examples=14, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    text=_texts(PIECES + SPECIAL_PIECES),
+    how=st.integers(0, 2),
+    cut=st.integers(0, 10_000),
+    at=st.integers(0, 10_000),
+)
+def test_smollm2_allowed_iff_canonical_for_every_candidate(
+    smol: tuple[Any, CanonicalMasker], text: str, how: int, cut: int, at: int
+) -> None:
+    tokenizer, masker = smol
+    ids = _split(tokenizer, text, how, cut)
+    end = at % (len(ids) + 1)
+    _check_rows(tokenizer, masker, [ids[:end], ids])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "x = 1  \n\n    def f(a, b):\n\t\treturn a's + b're",
+        "it'r", "it'l", "it'v", "'ll", "a \nb", "a  b", "a   b\t\tc \n d", "<|im", "日本",
+    ],
+)  # fmt: skip
+def test_smollm2_every_prefix_of_hard_texts(smol: tuple[Any, CanonicalMasker], text: str) -> None:
+    tokenizer, masker = smol
+    ids = _encode(tokenizer, text)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=_texts(PIECES), how=st.integers(0, 2), cut=st.integers(0, 10_000))
+def test_trained_bpe_allowed_iff_canonical_for_every_candidate(
+    tokenizer: Any, text: str, how: int, cut: int
+) -> None:
+    info = TokenizerInfo.of(tokenizer)
+    masker = _trained_masker(tokenizer)
+    ids = _split(tokenizer, text, how, cut)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+    assert info.eos_token_id is not None
+
+
+_MASKERS: dict[int, CanonicalMasker] = {}
+
+
+def _trained_masker(tokenizer: Any) -> CanonicalMasker:
+    masker = _MASKERS.get(id(tokenizer))
+    if masker is None:
+        info = TokenizerInfo.of(tokenizer)
+        masker = _MASKERS[id(tokenizer)] = CanonicalMasker(info, [info.eos_token_id])
+    return masker
+
+
+def _filter_for(tokenizer: Any, path: Path, ngrams: list[list[int]]) -> NgramFilter:
+    return NgramFilter.from_ngrams(
+        path,
+        ngrams,
+        false_positive_rate=1e-9,
+        metadata={
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "special_token_ids": list(special_token_ids(tokenizer)),
+        },
+    )
+
+
+@pytest.mark.parametrize("family", ["sentencepiece", "wordpiece"])
+def test_other_families_are_refused_naming_the_word_guard(tmp_path: Path, family: str) -> None:
+    tokenizer = train_sentencepiece() if family == "sentencepiece" else train_wordpiece()
+    path = tmp_path / "f.memfree"
+    ngram_filter = _filter_for(tokenizer, path, [[5, 6, 7]])
+    with pytest.raises(CanonicalUnsupportedError, match="word filter") as error:
+        MemFreeLogitsProcessor(ngram_filter, tokenizer)
+    assert "canonical=False" in str(error.value)
+    guard = MemFreeLogitsProcessor(ngram_filter, tokenizer, canonical=False)
+    assert guard.canonical is False and "canonical=False" in repr(guard)
+
+
+def test_the_guard_is_canonical_by_default(tmp_path: Path, tokenizer: Any) -> None:
+    ngram_filter = _filter_for(tokenizer, tmp_path / "f.memfree", [[5, 6, 7]])
+    guard = MemFreeLogitsProcessor(ngram_filter, tokenizer)
+    assert guard.canonical and "canonical=True" in repr(guard)
+    assert "text tokenized again" in guard.setup.promise
+    ids_only = MemFreeLogitsProcessor(ngram_filter, tokenizer, canonical=False)
+    assert not ids_only.canonical and "not their text" in ids_only.setup.promise
+    with pytest.raises(ValueError, match="needs the model's tokenizer"):
+        MemFreeLogitsProcessor(ngram_filter, canonical=True, eos_token_id=0)
+    assert not MemFreeLogitsProcessor(ngram_filter, eos_token_id=0).canonical
+    with pytest.raises(ValueError, match="canonical must be"):
+        MemFreeLogitsProcessor(ngram_filter, tokenizer, canonical="yes")  # type: ignore[arg-type]
+
+
+def test_special_tokens_only_end_the_output(smol: tuple[Any, CanonicalMasker]) -> None:
+    """A special token inside the text would split a stored n-gram in the ids while the text,
+    with special tokens skipped, still holds it: only end of sequence is allowed."""
+    tokenizer, masker = smol
+    row = _encode(tokenizer, "the quick brown")
+    banned, _ = masker.banned_mask(torch.tensor([row]), len(tokenizer))
+    eos = tokenizer.eos_token_id
+    specials = [t for t in special_token_ids(tokenizer) if t != eos]
+    assert not banned[0, eos] and banned[0, specials].all()
+    assert masker.allowed(row)[_encode(tokenizer, " fox")[0]]
+
+
+def test_a_prompt_that_ends_mid_word_stays_canonical(smol: tuple[Any, CanonicalMasker]) -> None:
+    """A prompt given as text is its text's tokenization, also mid-word: each allowed token
+    keeps prompt + output the tokenization of their text, so a word the prompt began is
+    finished only where the tokenizer would spell it that way."""
+    tokenizer, masker = smol
+    prompt = _encode(tokenizer, "The quick bro")
+    allowed = masker.allowed(prompt)
+    info = masker.info
+    for token in np.flatnonzero(allowed)[:: max(1, int(allowed.sum()) // 200)]:
+        ids = [*prompt, int(token)]
+        assert _encode(tokenizer, info.decode(ids)) == ids
+    assert not allowed[_encode(tokenizer, "wn")[0]] or _encode(tokenizer, "The quick brown")[
+        -2:
+    ] == [prompt[-1], _encode(tokenizer, "wn")[0]]
+
+
+def test_a_prompt_not_tokenized_from_its_text_warns_and_allows_only_repairs(
+    smol: tuple[Any, CanonicalMasker],
+) -> None:
+    """Prompt ids that are not their text's tokenization: no output keeps the row canonical
+    unless it repairs the prompt's last chunks, so usually only end of sequence is left; the
+    guard warns once and never allows a token the definition refuses."""
+    tokenizer, masker = smol
+    good = _encode(tokenizer, "Hello there, general Kenobi")
+    broken = _encode(tokenizer, "Hello") + _encode(tokenizer, " the") + _encode(tokenizer, "re")
+    broken += _encode(tokenizer, ", general Kenobi")
+    assert broken != good
+    fresh = CanonicalMasker(masker.info, masker.end_token_ids)
+    with pytest.warns(RuntimeWarning, match="prompt"):
+        banned, _ = fresh.banned_mask(torch.tensor([broken]), len(tokenizer))
+    allowed = ~banned[0].numpy()
+    assert allowed.sum() == 1 and allowed[tokenizer.eos_token_id]
