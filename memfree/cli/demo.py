@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         f"guarded {still} of {len(guarded)}"
     )
     print(
-        "in their text tokenized again (the guard's promise is over the ids it generated): "
+        "in their text tokenized again: "
         f"unguarded {sum(1 for c in plain if c.stored_text_ngrams)}, guarded "
         f"{sum(1 for c in guarded if c.stored_text_ngrams)} of {len(guarded)} "
         f"(stored 10-grams in guarded text: {sum(c.stored_text_ngrams or 0 for c in guarded)})"
@@ -105,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         f"({guarded_seconds / plain_seconds:.2f}x); the guard skipped "
         f"{guard.stats.summary()['fraction_skipped']:.0%} of the last batch's row-steps exactly"
     )
+    print(f"the guard's promise: {guard.setup.promise}")
     print(
         "\nThis token guard stops verbatim copies only: near-copies (changed case, spacing, "
         "comments, _ names) pass. The word guard (memfree build --unit word) stops those too; "
         "`memfree eval styles` measures both."
     )
-    return 1 if still else 0
+    return 1 if still or any(c.stored_text_ngrams for c in guarded) else 0
 
 
 def _model_and_filter(output: Path) -> tuple[Any, Any, Any]:

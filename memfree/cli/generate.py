@@ -197,7 +197,9 @@ def run(args: argparse.Namespace) -> int:
         _print_records(tokenizer, guarded, plain)
     else:
         color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-        _print_text(tokenizer, guarded, plain, ngram_filter, args.explain, color)
+        _print_text(
+            tokenizer, guarded, plain, ngram_filter, args.explain, color, guard.setup.promise
+        )
     return 0
 
 
@@ -320,6 +322,7 @@ def _print_text(
     ngram_filter: Any,
     show_blocked: bool,
     color: bool,
+    promise: str,
 ) -> None:
     """Each prompt with its completions (side by side with --compare), then the summary."""
     from memfree.cli.common import explain
@@ -341,6 +344,7 @@ def _print_text(
         plain_title = f"unguarded: {plain[index].stored_ngrams} stored {ngram_size}-grams"
         print(side_by_side(plain_title, plain[index].text, guarded_title, text))
     print(_summary(guarded, plain, ngram_size, retokenized=ngram_filter.unit == "token"))
+    print(f"promise: {promise}")
 
 
 def _summary(
@@ -365,7 +369,6 @@ def _summary(
     summary += (
         f"\nin their text tokenized again: guarded {holding(guarded, 'stored_text_ngrams')}"
         + (f", unguarded {holding(plain, 'stored_text_ngrams')}" if plain is not None else "")
-        + f" (stored n-grams in guarded text: {in_text}; the token guard's promise is over the "
-        "ids it generated, and another token split of a stored passage keeps it)"
+        + f" (stored n-grams in guarded text: {in_text})"
     )
     return summary

@@ -92,6 +92,17 @@ def _is_pybloom(path: str) -> bool:
         return False
 
 
+def _promise(metadata: dict[str, Any]) -> str:
+    """What a guard over this filter promises, by unit."""
+    if metadata.get("unit") == "word":
+        return "no stored word n-gram in the text (any tokenizer)"
+    return (
+        "no stored token n-gram in the ids, nor in their text tokenized again (canonical "
+        "decoding, the default with a byte-level BPE tokenizer); over the ids only with "
+        "canonical=False (--no-canonical)"
+    )
+
+
 def describe(filt: Any, metadata: dict[str, Any]) -> str:
     """The text ``memfree info`` prints: the shape and rate first, then every other key sorted.
 
@@ -111,6 +122,7 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         lines.append(
             f"  tokenizer {metadata['tokenizer']} (fingerprint {metadata.get('tokenizer_fingerprint')})"
         )
+    lines.append(f"  guard promise: {_promise(metadata)}")
     for key in sorted(metadata):
         if key in _SHOWN_FIRST:
             continue

@@ -58,6 +58,14 @@ def test_guard_stops_the_default_model_copying_stdlib(
     assert all(completion.stored_ngrams for completion in plain), [c.text for c in plain]
     assert [completion.stored_ngrams for completion in guarded] == [0, 0]
     assert all(completion.interventions for completion in guarded)
+    # The promise holds over the text (canonical decoding, on by default): the output's text,
+    # tokenized again, holds no stored n-gram, and prompt + output are their text's tokens.
+    assert guard.canonical
+    assert [completion.stored_text_ngrams for completion in guarded] == [0, 0]
+    for completion in guarded:
+        row = completion.prompt_ids + completion.output_ids
+        text = tokenizer.decode(row)
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == row
 
 
 def test_default_model_loads_from_the_cache_in_seconds(default_model: tuple[Any, Any]) -> None:

@@ -191,6 +191,7 @@ def test_cli_generate_compare_explain_json(
         assert record["guarded_stored_ngrams"] == 0
         assert record["unguarded_stored_ngrams"] > 0
         # The same count in the text tokenized again (the guard promises nothing there).
+        assert record["guarded_stored_text_ngrams"] == 0  # canonical decoding: over the text
         for side in ("guarded", "unguarded"):
             prompt_ids = tokenizer(record["prompt"], add_special_tokens=False)["input_ids"]
             output_ids = tokenizer(record[side], add_special_tokens=False)["input_ids"]
@@ -221,7 +222,12 @@ def test_cli_generate_compare_explain_json(
     )
     text = capsys.readouterr().out
     assert "unguarded:" in text and "guarded: 0 stored 4-grams" in text and " -> " in text
-    assert re.search(r"in their text tokenized again: guarded \d+, unguarded \d+", text)
+    assert re.search(r"in their text tokenized again: guarded 0, unguarded \d+", text)
+    assert "promise: no stored token n-gram in the ids, nor in their text" in text
+    arguments = [*common, "--prompt", PROMPTS[0], "--max-new-tokens", "12", "--no-canonical"]
+    assert cli_main(arguments) == 0
+    text = capsys.readouterr().out
+    assert "promise: no stored token n-gram in the ids (not their text" in text
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,11 @@ def test_no_request_switches_the_guard_off_unless_allowed(
     assert loose.guards(SimpleNamespace(extra_args={"memfree": "maybe"}))  # refused, guarded
 
 
+def test_canonical_is_an_operator_setting() -> None:
+    assert ServingConfig.parse({"memfree": {"filter": "f"}}).canonical is None
+    assert ServingConfig.parse({"memfree": {"filter": "f", "canonical": False}}).canonical is False
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
@@ -67,6 +72,7 @@ def test_no_request_switches_the_guard_off_unless_allowed(
         ({"filter": "f", "allow_optout": True}, "unknown key"),
         ({"filter": "f", "allow_opt_out": "yes"}, "must be true or false"),
         ({"filter": "f", "ngram_size": 0}, "positive integer"),
+        ({"filter": "f", "canonical": "no"}, r"\['canonical'\] must be true or false"),
     ],
 )
 def test_bad_configurations_name_the_setting(config: Any, message: str) -> None:
