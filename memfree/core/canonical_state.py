@@ -41,6 +41,11 @@ class RowStates:
         self.bpe = bpe
         self._bytes = token_bytes
         self._cuts = cuts
+        # Text as decode writes it: special and added tokens as their content.
+        self._text_bytes = list(token_bytes)
+        for content, token in bpe.added.items():
+            if token < len(self._text_bytes):
+                self._text_bytes[token] = content.encode("utf-8")
         self._prefix_checks: OrderedDict[tuple[int, int, bytes], bool] = OrderedDict()
         self._lock = threading.Lock()
         self._warned = False
@@ -63,6 +68,9 @@ class RowStates:
         start = len(ids)
         while start > 0 and ids[start - 1] not in self._cuts:
             start -= 1
+        if start and not self._segments_canonical(ids[:start]):
+            self.note()
+            return ("dead", ())
         segment = ids[start:]
         if not segment:
             return ("start", ())
@@ -94,6 +102,24 @@ class RowStates:
             return ("tail", tuple(tail), tail_text, pending)
         previous = chunks[-2] if len(chunks) >= 2 else None
         return (*self._kind(last, canonical, previous), pending)
+
+    def _segments_canonical(self, ids: list[int]) -> bool:
+        """Whether the segments before the last cut (a prompt's chat template: messages between
+        special tokens) are their text's tokenization; kept per prefix."""
+        key = (len(ids), hash(tuple(ids)), b"|")
+        with self._lock:
+            known = self._prefix_checks.get(key)
+        if known is None:
+            try:
+                text = b"".join(self._text_bytes[t] for t in ids).decode("utf-8")
+                known = self.bpe.encode(text) == ids
+            except (UnicodeDecodeError, IndexError):
+                known = False
+            with self._lock:
+                self._prefix_checks[key] = known
+                if len(self._prefix_checks) > _CHECKS:
+                    self._prefix_checks.popitem(last=False)
+        return known
 
     def _prefix_canonical(self, segment: list[int], length: int) -> bool:
         """Whether the segment's first ``length`` ids (up to a fixed chunk boundary) are the

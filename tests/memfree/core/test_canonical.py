@@ -285,3 +285,16 @@ def test_a_prompt_not_tokenized_from_its_text_warns_and_allows_only_repairs(
         banned, _ = fresh.banned_mask(torch.tensor([broken]), len(tokenizer))
     allowed = ~banned[0].numpy()
     assert allowed.sum() == 1 and allowed[tokenizer.eos_token_id]
+
+
+def test_a_special_token_does_not_hide_an_earlier_segment(
+    smol: tuple[Any, CanonicalMasker],
+) -> None:
+    """Special tokens cut the text, but the row before the last one must be canonical too: a
+    chat template's earlier message tokenized by hand leaves nothing to allow."""
+    tokenizer, masker = smol
+    row = _encode(tokenizer, "d") + _encode(tokenizer, "ef f(x):\n<|im_end|>")
+    _check_rows(tokenizer, masker, [row, _encode(tokenizer, "def f(x):\n<|im_end|>")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert not masker.allowed(row).any()
