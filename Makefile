@@ -64,6 +64,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_generate.py
 	$(PY) bench/bench_word_guard.py
 	$(PY) bench/bench_text_check.py
+	$(PY) bench/bench_canonical.py
 
 # The builder on a synthetic 1B-token pre-tokenized corpus: about 30 minutes and 20 GB of disk here.
 bench-scale: $(STAMP)

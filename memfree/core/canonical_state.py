@@ -21,7 +21,7 @@ from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
 
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
-_WINDOW = 24  # tokens read back first; doubled while it holds fewer than 3 chunks
+_WINDOW = 8  # tokens read back first; doubled while it holds fewer than 3 chunks
 _CHECKS = 2048
 
 
@@ -46,6 +46,12 @@ class RowStates:
         for content, token in bpe.added.items():
             if token < len(self._text_bytes):
                 self._text_bytes[token] = content.encode("utf-8")
+        # Each proper beginning of an added token's content -> the rests that would complete it.
+        self._begun: dict[str, list[str]] = {}
+        for content in bpe.added:
+            for cut in range(1, len(content)):
+                self._begun.setdefault(content[:cut], []).append(content[cut:])
+        self._longest_begun = max(map(len, self._begun), default=0)
         self._prefix_checks: OrderedDict[tuple[int, int, bytes], bool] = OrderedDict()
         self._lock = threading.Lock()
         self._warned = False
@@ -173,11 +179,9 @@ class RowStates:
 
     def _pending_added(self, text: str) -> tuple[str, ...]:
         """The rests of added tokens' contents that the text's end has begun."""
-        rests = []
-        for content in self.bpe.added:
-            for cut in range(1, len(content)):
-                if text.endswith(content[:cut]):
-                    rests.append(content[cut:])
+        rests: list[str] = []
+        for cut in range(1, min(len(text), self._longest_begun) + 1):
+            rests.extend(self._begun.get(text[-cut:], ()))
         return tuple(sorted(rests))
 
     def note(self, why: str = "its ids are not its text's tokenization") -> None:
