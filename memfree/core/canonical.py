@@ -206,6 +206,11 @@ class CanonicalMasker:
                     mask |= self._word_run & self._bigram(space)
                 else:
                     mask |= new & ~self._first_space
+        elif kind == "space_split":  # only the word that splits the run fits
+            if key[1] == " ":
+                mask = self._word_run & self._bigram(self.bpe.ids_of[" "])
+            else:
+                mask = new & ~self._first_space
         else:  # pragma: no cover - every state above
             raise AssertionError(key)
         mask = mask | self._added

@@ -17,12 +17,16 @@ import warnings
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
+
 from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
 
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
 _WINDOW = 8  # tokens read back first; doubled while it holds fewer than 3 chunks
-_CHECKS = 2048
+_CHECKS = 8192
+_REACH = 256  # how far back a prefix check looks for a boundary already known canonical
+_BASE = np.uint64(0x9E3779B97F4A7C15)
 
 
 class RowStates:
@@ -52,7 +56,8 @@ class RowStates:
             for cut in range(1, len(content)):
                 self._begun.setdefault(content[:cut], []).append(content[cut:])
         self._longest_begun = max(map(len, self._begun), default=0)
-        self._prefix_checks: OrderedDict[tuple[int, int, bytes], bool] = OrderedDict()
+        self._prefix_checks: OrderedDict[tuple[str, int, int, bytes], bool] = OrderedDict()
+        self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
         self.rows = 0
@@ -74,7 +79,8 @@ class RowStates:
         start = len(ids)
         while start > 0 and ids[start - 1] not in self._cuts:
             start -= 1
-        if start and not self._segments_canonical(ids[:start]):
+        hashes = self._hashes(ids)
+        if start and not self._segments_canonical(ids[:start], hashes):
             self.note()
             return ("dead", ())
         segment = ids[start:]
@@ -97,58 +103,96 @@ class RowStates:
         # the ones before are fixed, so they must be canonical already.
         tail_text = "".join(chunks[-2:])
         tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
-        if not tail or not self._prefix_canonical(segment, len(segment) - len(tail)):
+        if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
             self.note()
             return ("dead", ())
         pending = self._pending_added(text)
         last = chunks[-1]
         canonical = self.bpe.encode(last)
         if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:
+            if self._split_run(chunks, tail):
+                return ("space_split", last[-1], pending)
             self.note()
             return ("tail", tuple(tail), tail_text, pending)
         previous = chunks[-2] if len(chunks) >= 2 else None
         return (*self._kind(last, canonical, previous), pending)
 
-    def _segments_canonical(self, ids: list[int]) -> bool:
+    def _split_run(self, chunks: list[str], tail: list[int]) -> bool:
+        """Whether the row ends in a whitespace run tokenized as it is when a word follows (all
+        but its last character, then that character): a prompt cut from a longer text ends so.
+        Then only a candidate that starts that word makes the row canonical."""
+        last = chunks[-1]
+        if len(last) < 2 or any(self.bpe.char_class(c) not in (SP, WS) for c in last):
+            return False
+        before = self.bpe.encode(chunks[-2]) if len(chunks) >= 2 else []
+        return tail == before + self.bpe.encode(last[:-1]) + self.bpe.encode(last[-1])
+
+    def _segments_canonical(self, ids: list[int], hashes: np.ndarray) -> bool:
         """Whether the segments before the last cut (a prompt's chat template: messages between
         special tokens) are their text's tokenization; kept per prefix."""
-        key = (len(ids), hash(tuple(ids)), b"|")
-        with self._lock:
-            known = self._prefix_checks.get(key)
+        key = ("s", len(ids), int(hashes[len(ids)]), b"")
+        known = self._known(key)
         if known is None:
             try:
                 text = b"".join(self._text_bytes[t] for t in ids).decode("utf-8")
                 known = self.bpe.encode(text) == ids
             except (UnicodeDecodeError, IndexError):
                 known = False
-            with self._lock:
-                self._prefix_checks[key] = known
-                if len(self._prefix_checks) > _CHECKS:
-                    self._prefix_checks.popitem(last=False)
+            self._keep(key, known)
         return known
 
-    def _prefix_canonical(self, segment: list[int], length: int) -> bool:
+    def _prefix_canonical(
+        self, segment: list[int], length: int, start: int, hashes: np.ndarray
+    ) -> bool:
         """Whether the segment's first ``length`` ids (up to a fixed chunk boundary) are the
         tokenization of their text, as chunked with the rest of the segment after it (a
-        whitespace run splits by what follows it); kept per prefix."""
+        whitespace run splits by what follows it). Kept per prefix (by its hash) and extended
+        from the latest fixed boundary known canonical: a step encodes only the text since."""
         if not length:
             return True
-        prefix = segment[:length]
-        next_byte = self._bytes[segment[length]][:1]
-        key = (length, hash(tuple(prefix)), next_byte)
-        with self._lock:
-            known = self._prefix_checks.get(key)
-        if known is None:
-            data = b"".join(self._bytes[t] for t in segment)
-            try:
-                known = self.bpe.encode(data.decode("utf-8"))[:length] == prefix
-            except UnicodeDecodeError:
-                known = False
-            with self._lock:
-                self._prefix_checks[key] = known
-                if len(self._prefix_checks) > _CHECKS:
-                    self._prefix_checks.popitem(last=False)
+        key = self._prefix_key(segment, length, start, hashes)
+        known = self._known(key)
+        if known is not None:
+            return known
+        since = 0
+        for boundary in range(length - 1, max(0, length - _REACH), -1):
+            if self._known(self._prefix_key(segment, boundary, start, hashes)):
+                since = boundary
+                break
+        data = b"".join(self._bytes[t] for t in segment[since:])
+        try:
+            encoded = self.bpe.encode(data.decode("utf-8"))
+            known = encoded[: length - since] == segment[since:length]
+        except UnicodeDecodeError:
+            known = False
+        self._keep(key, known)
         return known
+
+    def _prefix_key(
+        self, segment: list[int], length: int, start: int, hashes: np.ndarray
+    ) -> tuple[str, int, int, bytes]:
+        # The verdict depends on the byte after the prefix (a whitespace run splits by it).
+        return ("p", start + length, int(hashes[start + length]), self._bytes[segment[length]][:1])
+
+    def _known(self, key: tuple[str, int, int, bytes]) -> bool | None:
+        with self._lock:
+            return self._prefix_checks.get(key)
+
+    def _keep(self, key: tuple[str, int, int, bytes], known: bool) -> None:
+        with self._lock:
+            self._prefix_checks[key] = known
+            if len(self._prefix_checks) > _CHECKS:
+                self._prefix_checks.popitem(last=False)
+
+    def _hashes(self, ids: list[int]) -> np.ndarray:
+        """uint64 `(len(ids) + 1,)`: a hash of each prefix of ``ids`` (wrapping arithmetic)."""
+        if len(self._powers) < len(ids):
+            size = max(len(ids), 2 * len(self._powers))
+            self._powers = np.cumprod(np.full(size, _BASE, dtype=np.uint64))
+        hashes = np.zeros(len(ids) + 1, dtype=np.uint64)
+        values = np.asarray(ids, dtype=np.uint64) + np.uint64(1)
+        np.cumsum(values * self._powers[: len(ids)], out=hashes[1:])
+        return hashes
 
     def _kind(self, last: str, tokens: list[int], previous: str | None) -> tuple[Any, ...]:
         classes = [self.bpe.char_class(c) for c in last]
@@ -189,10 +233,10 @@ class RowStates:
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"memfree: a row's context does not end canonically ({why}), so it came from "
-                "the prompt: the output is kept canonical after the prompt's text, and the "
-                "text promise across the prompt's end needs prompt ids that are its text's "
-                "tokenization (every prompt given as text is)",
+                f"memfree: a prompt's ids are not the tokenization of its text ({why}): "
+                "canonical decoding allows only tokens that make prompt and output the "
+                "tokenization of their text, often none but end of sequence. Tokenize prompts "
+                "from their text (as generate(), vLLM and the CLI do), or pass canonical=False",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -26,7 +26,7 @@ is refused with :class:`CanonicalUnsupportedError`, never approximated.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,7 @@ class ByteLevelBpe:
     _partners: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by left: offsets, right, rank
     _members: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by symbol: offsets, token, rho
     _classes: dict[str, int]
+    _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, info: TokenizerInfo) -> ByteLevelBpe:
@@ -158,9 +159,18 @@ class ByteLevelBpe:
         return self._tokenizer.backend_tokenizer
 
     def encode(self, text: str) -> list[int]:
-        """The tokenizer's ids for ``text`` (no special tokens added)."""
+        """The tokenizer's ids for ``text`` (no special tokens added); short texts (a row's
+        last chunks, which repeat) are kept."""
+        cached = self._encoded.get(text)
+        if cached is not None:
+            return list(cached)
         backend = self._tokenizer.backend_tokenizer
-        return list(backend.encode(text, add_special_tokens=False).ids)
+        ids = list(backend.encode(text, add_special_tokens=False).ids)
+        if len(text) <= 64:
+            if len(self._encoded) >= 65536:
+                self._encoded.clear()
+            self._encoded[text] = tuple(ids)
+        return ids
 
     def chunks(self, text: str) -> list[str]:
         """The pre-tokenizer's chunks of ``text``, as text."""
