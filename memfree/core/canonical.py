@@ -133,7 +133,7 @@ class CanonicalMasker:
                 first += 1
             row = row[first:]
             if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
-                self.states.note("it holds an id past the tokenizer's vocabulary")
+                self.states.note(" (it holds an id past the tokenizer's vocabulary)")
                 continue
             banned[index, :size] = ~self.allowed(row)[:size]
         for token in self.end_token_ids:

@@ -93,7 +93,7 @@ class RowStates:
             data = b"".join(self._bytes[t] for t in window)
             text = _decode_tail(data, whole)
             if text is None:
-                self.note("it ends inside a character")
+                self.note(" (it ends inside a character)")
                 return ("broken", tuple(segment))
             chunks = self.bpe.chunks(text)
             if whole or len(chunks) >= 3:
@@ -228,12 +228,12 @@ class RowStates:
             rests.extend(self._begun.get(text[-cut:], ()))
         return tuple(sorted(rests))
 
-    def note(self, why: str = "its ids are not its text's tokenization") -> None:
+    def note(self, why: str = "") -> None:
         self.rows += 1
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"memfree: a prompt's ids are not the tokenization of its text ({why}): "
+                f"memfree: a prompt's ids are not the tokenization of its text{why}: "
                 "canonical decoding allows only tokens that make prompt and output the "
                 "tokenization of their text, often none but end of sequence. Tokenize prompts "
                 "from their text (as generate(), vLLM and the CLI do), or pass canonical=False",
