@@ -164,13 +164,15 @@ class TokenUnit:
     ) -> tuple[int, int]:
         """(stored, all) token n-grams that the output created *in its text*: the text of
         ``prompt ‖ output`` tokenized again, as anyone who stores or forwards the text does, and
-        its windows holding a token that the output created or changed (past the longest common
-        prefix with the prompt's text tokenized again). Windows holding one of
-        ``special_token_ids`` are not counted, as in the ids.
+        its windows holding a token that the output created or changed: past the longest common
+        prefix with the prompt's own ids, and with the prompt's text tokenized again (a prompt
+        cut from a longer text may end in ids its text alone would not give, say a whitespace
+        run split before the next word; windows of those ids are the prompt's, not the
+        output's). Windows holding one of ``special_token_ids`` are not counted, as in the ids.
 
-        The guard's promise is over the generated ids (:meth:`created_ngram_counts`); a model
-        that spells a stored passage with another token split keeps that promise, and this
-        count finds the passage.
+        The ids-only guard's promise is over the generated ids (:meth:`created_ngram_counts`);
+        a model that spells a stored passage with another token split keeps that promise, and
+        this count finds the passage. Canonical decoding keeps this count at 0.
 
         Raises:
             ValueError: no tokenizer (the text must be decoded and tokenized again).
@@ -182,11 +184,7 @@ class TokenUnit:
         prompt_ids = list(prompt_ids)
         before = _retokenized(tokenizer, prompt_ids)
         after = _retokenized(tokenizer, prompt_ids + list(output_ids))
-        common = 0
-        for old, new in zip(before, after, strict=False):
-            if old != new:
-                break
-            common += 1
+        common = max(_common_prefix(before, after), _common_prefix(prompt_ids, after))
         if common == len(after):  # the output's text changed no token (it decodes to nothing)
             return 0, 0
         return self.created_ngram_counts(
@@ -287,6 +285,15 @@ class _Decoded(Sequence[str]):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         return str(self._tokenizer.decode(self._windows[index].tolist()))
+
+
+def _common_prefix(first: Sequence[int], second: Sequence[int]) -> int:
+    common = 0
+    for old, new in zip(first, second, strict=False):
+        if old != new:
+            break
+        common += 1
+    return common
 
 
 __all__ = ["BatchEncoder", "TokenUnit", "TokenizerPayload"]

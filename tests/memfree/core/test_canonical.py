@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from memfree.core.canonical import CanonicalMasker
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.filterfile.native import NgramFilter
+from memfree.units import stored_ngram_counts
 from memfree.vocab.bpe import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
@@ -298,3 +299,22 @@ def test_a_special_token_does_not_hide_an_earlier_segment(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert not masker.allowed(row).any()
+
+
+def test_a_prompt_cut_before_a_word_and_the_text_count(
+    smol: tuple[Any, CanonicalMasker], tmp_path: Path
+) -> None:
+    """A prompt cut from a longer text can end in a whitespace run split as it is before the
+    next word (its text alone would not be so split). Canonical decoding allows only a word
+    that keeps that split; the text count blames the output only for windows holding one of its
+    own tokens, not for the prompt's own ids."""
+    tokenizer, masker = smol
+    ids = _encode(tokenizer, "a\n    1000")
+    prompt, output = ids[:3], ids[3:]
+    assert _encode(tokenizer, tokenizer.decode(prompt)) != prompt
+    allowed = masker.allowed(prompt)
+    assert allowed[output[0]] and not allowed[_encode(tokenizer, " ")[0]]
+    own = _filter_for(tokenizer, tmp_path / "own.memfree", [prompt])
+    assert stored_ngram_counts(own, prompt, output, tokenizer=tokenizer, text=True)[0] == 0
+    crossing = _filter_for(tokenizer, tmp_path / "crossing.memfree", [ids[1:4]])
+    assert stored_ngram_counts(crossing, prompt, output, tokenizer=tokenizer, text=True)[0] == 1
