@@ -59,7 +59,7 @@ _REGISTRY: dict[str, Defense] = {
         Defense(
             "memfree",
             "the token guard",
-            "the token guard, with canonical decoding (its ids are their text's tokenization)",
+            "the token guard with canonical decoding: its ids are their text's tokenization",
             guard_unit="token",
         ),
         Defense(

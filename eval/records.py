@@ -75,7 +75,8 @@ class MemorizationRecord(JsonView):
         ngrams: token n-grams reaching into the output.
         stored_text_ngrams: stored token n-grams of the output's text: the decoded prompt and
             output tokenized again, n-grams holding a token the output created or changed
-            (None: not counted, a run before this count existed). The token guard promises
+            (None: not counted, a run before this count existed). The token guard with
+            canonical decoding keeps it at 0 too; over the ids only (canonical=False) it promises
             nothing here: a model may spell a stored passage with another token split.
         text_ngrams: token n-grams of the output's text so counted (None: not counted).
         interventions: decoding steps where the guard removed a token.

@@ -119,8 +119,9 @@ _OPTIONAL_COLUMNS = (
 _TEXT_COLUMN_NOTE = (
     "*In its text tokenized again*: the decoded prompt and output tokenized again with the "
     "filter's tokenizer, as anyone who stores or forwards the text does; n-grams holding a token "
-    "the output created or changed. The token guard's promise is over the ids it generated: a "
-    "model may spell a stored passage with another token split, which this column finds."
+    "the output created or changed. With canonical decoding (*memfree*) the token guard keeps "
+    "this at 0 too; over the ids only (*memfree-ids*) its promise is over the ids it generated: "
+    "a model may spell a stored passage with another token split, which this column finds."
 )
 
 

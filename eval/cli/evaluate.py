@@ -199,13 +199,13 @@ def _print_summary(summary: Any, settings: Any, words: bool) -> None:
     """The summary's rows (:class:`eval.summary.Summary`) as a table (a words column when a word
     filter counted)."""
     print(
-        f"{'style':22s} {'defense':8s} {'verbatim':>9s} {'text':>5s} "
+        f"{'style':22s} {'defense':11s} {'verbatim':>9s} {'text':>5s} "
         + (f"{'words':>6s} " if words else "")
         + f"{'approx.':>8s} {'BLEU':>6s} {'edit':>6s}"
     )
     for row in summary.rows:
         print(
-            f"{row.style:22s} {row.defense:8s} {row.verbatim_rate:9.0%} "
+            f"{row.style:22s} {row.defense:11s} {row.verbatim_rate:9.0%} "
             + _cell(row.text_verbatim_rate, 5)
             + (_cell(row.word_verbatim_rate, 6) if words else "")
             + f"{row.approximate_rate:8.0%} {row.mean_bleu:6.3f} "
@@ -213,7 +213,7 @@ def _print_summary(summary: Any, settings: Any, words: bool) -> None:
         )
     print(
         "verbatim: holds a stored token n-gram in the ids generated; text: in its text tokenized "
-        "again (the token guard promises nothing there)"
+        "again (memfree keeps it at 0 too, memfree-ids promises nothing there)"
         + ("; words: holds a stored word n-gram" if words else "")
         + f"; approx.: BLEU > {settings.metrics.bleu_threshold:g} "
         f"({settings.metrics.normalize} normalization)"

@@ -24,20 +24,23 @@ from tests.conftest import MEMORIZED_DOCUMENTS
 
 
 def test_the_registry_names_each_defense_and_what_it_needs() -> None:
-    assert DEFENSE_NAMES == ("none", "censor", "memfree", "word") == DEFENSES
-    assert GUARDS == ("memfree", "word")
+    assert DEFENSE_NAMES == ("none", "censor", "memfree", "memfree-ids", "word") == DEFENSES
+    assert GUARDS == ("memfree", "memfree-ids", "word")
     assert [get_defense(name).guard_unit for name in DEFENSE_NAMES] == [
         None,
         None,
         "token",
+        "token",
         "word",
     ]
+    # Both token guards; only memfree-ids turns canonical decoding off.
+    assert [get_defense(name).canonical for name in GUARDS[:2]] == [True, False]
     assert [name for name in DEFENSE_NAMES if get_defense(name).censors] == ["censor"]
     assert [name for name in DEFENSE_NAMES if get_defense(name).needs_word_filter] == ["word"]
     assert find_defense(guard_unit=None).name == "none"
     assert find_defense(guard_unit="token").name == "memfree"
     assert not is_guarded("censor") and is_guarded("word") and not is_guarded("unknown")
-    assert [defense_order(name) for name in ("word", "none", "other")] == [3, 0, 4]
+    assert [defense_order(name) for name in ("word", "none", "other")] == [4, 0, 5]
     with pytest.raises(ValueError, match=r"unknown defense 'guard'; known: none, censor, "):
         get_defense("guard")
 
@@ -48,6 +51,10 @@ def test_the_registry_names_each_defense_and_what_it_needs() -> None:
         (("none", "censor", "memfree"), [("none", "censor"), ("memfree",)]),
         # The unguarded ones keep the settings' order (their records' order); guards report order.
         (("word", "censor", "memfree", "none"), [("censor", "none"), ("memfree",), ("word",)]),
+        (
+            ("memfree-ids", "word", "memfree"),
+            [("memfree",), ("memfree-ids",), ("word",)],
+        ),
         (("memfree",), [("memfree",)]),
         (("censor",), [("censor",)]),
     ],
@@ -61,7 +68,8 @@ def test_the_cli_help_and_the_report_describe_the_defenses_from_the_registry() -
 
     assert _defenses_help() == (
         "none; censor (reject outputs holding a stored n-gram); memfree (the token guard); "
-        "word (the word guard, needs --word-filter)"
+        "memfree-ids (the token guard over the ids only); word (the word guard, needs "
+        "--word-filter)"
     )
     from eval.report import _table_lines
     from eval.summary import Summary
@@ -69,7 +77,10 @@ def test_the_cli_help_and_the_report_describe_the_defenses_from_the_registry() -
     lines = _table_lines(Summary(settings={}, signatures=(), rows=(), buckets=()), 0)
     assert (
         "Defenses: *none* (the model as is), *censor* (a generation holding a stored n-gram is "
-        "rejected and scores as empty), *memfree* (the token guard), *word* (the word guard: "
+        "rejected and scores as empty), *memfree* (the token guard with canonical decoding: its "
+        "ids are their text's tokenization), *memfree-ids* (the token guard without canonical "
+        "decoding: its promise holds over the ids, not over their text tokenized again), "
+        "*word* (the word guard: "
         "n-grams of normalized words, whatever their case, spacing or punctuation)."
     ) in lines
 
@@ -77,7 +88,10 @@ def test_the_cli_help_and_the_report_describe_the_defenses_from_the_registry() -
 def test_an_unknown_defense_is_named_by_its_field() -> None:
     from memfree.errors import SettingError
 
-    with pytest.raises(SettingError, match=r"^defenses must be among none, censor, memfree, word"):
+    with pytest.raises(
+        SettingError,
+        match=r"^defenses must be among none, censor, memfree, memfree-ids, word, got shield$",
+    ):
         ExperimentSettings(defenses=("none", "shield"))
 
 

@@ -113,8 +113,8 @@ def test_to_dict_round_trips_through_json_values() -> None:
 EXPERIMENT_BAD_SETTINGS = [
     (
         {"defenses": ("none", "shield")},
-        "defenses must be among none, censor, memfree, word, got shield",
-        "--defenses must be among none, censor, memfree, word, got shield",
+        "defenses must be among none, censor, memfree, memfree-ids, word, got shield",
+        "--defenses must be among none, censor, memfree, memfree-ids, word, got shield",
     ),
     (
         {"styles": ("seed",)},
