@@ -269,6 +269,49 @@ def train_sentencepiece(vocab_size: int = 320) -> Any:
     )
 
 
+# Llama 3's and Qwen 2's split patterns, as their tokenizer.json files write them.
+LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def train_split_bpe(family: str, vocab_size: int = 1500) -> Any:
+    """A byte-level BPE built as Llama 3's (its split pattern, ``ignore_merges``) or Qwen 2's
+    (single digits, an NFC normalizer) are, trained on code, prose and the stdlib's text."""
+    import string
+    import textwrap
+
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    pattern = LLAMA3_PATTERN if family == "llama3" else QWEN2_PATTERN
+    backend = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    if family == "qwen2":
+        backend.normalizer = normalizers.NFC()
+    backend.decoder = decoders.ByteLevel()
+    texts = [
+        *WORD_TEXTS,
+        Path(string.__file__).read_text(),
+        Path(textwrap.__file__).read_text(),
+        "It's, we're, THEY'LL, I've, he'D: 12345678 3.14 (self) x.(bar) 日本語 a\u0301\r\n\n",
+    ]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|end_of_text|>", "<|eot_id|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    backend.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|end_of_text|>")
+
+
 def train_wordpiece(vocab_size: int = 300) -> Any:
     """A BERT-style WordPiece tokenizer (## continuations), case kept."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers

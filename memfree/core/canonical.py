@@ -33,11 +33,13 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_state import RowStates
 from memfree.vocab.bpe import (
     APOSTROPHE,
@@ -72,31 +74,32 @@ class CanonicalMasker:
         CanonicalUnsupportedError: another tokenizer family.
     """
 
-    def __init__(self, info: TokenizerInfo, end_token_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self, info: TokenizerInfo, end_token_ids: Iterable[int] = (), *, _split: bool = False
+    ) -> None:
         self.info = info
         self.bpe = bpe_tables(info)
         self.end_token_ids = tuple(sorted({int(t) for t in end_token_ids}))
-        size = self.bpe.vocab_size
-        self._cuts = frozenset(info.special_token_ids) | frozenset(self.bpe.added.values())
-        self._bytes = [b if b is not None else b"" for b in info.token_bytes]
-        self._new = self.bpe.self_ok.copy()  # starts a chunk (added tokens: their own text)
-        self._added = np.zeros(size, dtype=bool)
-        for token in self.bpe.added.values():
-            if token < size and token not in info.special_token_ids:
-                self._added[token] = True
-        self._new &= ~np.isin(np.arange(size), list(info.special_token_ids))
-        first, run = self.bpe.first, self.bpe.run
-        self._first_letter = first == LETTER
-        self._first_number = first == NUMBER
-        self._first_punct = (first == PUNCT) | (first == APOSTROPHE)
-        self._first_space = (first == SP) | (first == WS)
-        self._runs = {kind: (run == kind) & self.bpe.self_ok for kind in range(4)}
-        self._word_run = self._runs[RUN_LETTERS] | self._runs[RUN_NUMBERS] | self._runs[RUN_PUNCT]
-        self._after_apostrophe = self._contraction_heads()
+        vocabulary = _vocabulary(info, self.bpe)
+        self._cuts = vocabulary.cuts
+        self._bytes = list(self.bpe.token_bytes)
+        self._new = vocabulary.new
+        self._added = vocabulary.added
+        self._first_letter = vocabulary.first_letter
+        self._first_number = vocabulary.first_number
+        self._first_punct = vocabulary.first_punct
+        self._first_space = vocabulary.first_space
+        self._runs = vocabulary.runs
+        self._word_run = vocabulary.word_run
+        self._after_apostrophe = vocabulary.after_apostrophe
         self._masks: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self._bigrams: OrderedDict[int, np.ndarray] = OrderedDict()
         self._prefixes: dict[str, np.ndarray] = {}
-        self.states = RowStates(self.bpe, self._bytes, self._cuts)
+        self.split = vocabulary.split if (self.bpe.pattern or _split) else None
+        if _split and self.split is None:
+            special = np.isin(np.arange(self.bpe.vocab_size), list(info.special_token_ids))
+            self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
+        self.states = RowStates(self.bpe, self._bytes, self._cuts, self.split)
         self._lock = threading.Lock()
 
     def describe(self) -> dict[str, Any]:
@@ -145,6 +148,15 @@ class CanonicalMasker:
     def allowed(self, ids: list[int]) -> np.ndarray:
         """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded)."""
         key = self.states.state(ids)
+        fixes: tuple[Any, ...] = ()
+        if key[0] == "split":
+            key, fixes = key[:-1], key[-1]
+        mask = self._cached(key)
+        if fixes and self.split is not None:
+            mask = self.split.fix(key[1], fixes, mask)
+        return mask
+
+    def _cached(self, key: tuple[Any, ...]) -> np.ndarray:
         with self._lock:
             mask = self._masks.get(key)
             if mask is not None:
@@ -166,6 +178,8 @@ class CanonicalMasker:
         new = self._new
         if kind == "start" or kind == "contraction":
             mask = new.copy()
+        elif kind == "split" and self.split is not None:
+            mask = self.split.mask(key[1], self._bigram(key[1][1]))
         elif kind == "dead":
             return np.zeros_like(new)
         elif kind == "broken":
@@ -257,31 +271,112 @@ class CanonicalMasker:
             self._prefixes[prefix] = cached
         return cached
 
-    def _contraction_heads(self) -> np.ndarray:
-        """After a lone apostrophe: 1 for a token that is exactly a contraction's rest ("s",
-        "re", ...), 2 for one that starts with one and goes on (cut inside it), else 0."""
-        heads = np.zeros(self.bpe.vocab_size, dtype=np.int8)
-        for token, text in enumerate(self.bpe.texts):
-            if text is None:
-                continue
-            for rest in _CONTRACTIONS:
-                if text == rest:
-                    heads[token] = 1
-                elif text.startswith(rest):
-                    heads[token] = max(heads[token], 2)
-        return heads
+
+@dataclass(frozen=True, eq=False)
+class _Vocabulary:
+    """What the rules read of every token, derived once per tokenizer (a masker is then cheap
+    to make: one per ``generate()`` call costs no table)."""
+
+    cuts: frozenset[int]  # ids where the tokenizer cuts text (special and added tokens)
+    new: np.ndarray  # starts a chunk: the tokenizer gives it back alone (no special token)
+    added: np.ndarray  # added tokens that are not special (their own text, always cut)
+    first_letter: np.ndarray
+    first_number: np.ndarray
+    first_punct: np.ndarray
+    first_space: np.ndarray
+    runs: dict[int, np.ndarray]  # run kind -> tokens that are one such run and come back alone
+    word_run: np.ndarray
+    after_apostrophe: np.ndarray  # see _contraction_heads
+    split: SplitChunks | None  # a split pattern's chunk rules (Llama 3, Qwen 2)
 
 
-_TABLES: dict[str, ByteLevelBpe] = {}
+def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
+    with _TABLES_LOCK:
+        known = _VOCABULARIES.get(_tables_key(info))
+    if known is not None:
+        return known
+    size = bpe.vocab_size
+    special = np.isin(np.arange(size), list(info.special_token_ids))
+    added = np.zeros(size, dtype=bool)
+    for token in bpe.added.values():
+        if token < size and token not in info.special_token_ids:
+            added[token] = True
+    first, run = bpe.first, bpe.run
+    runs = {kind: (run == kind) & bpe.self_ok for kind in range(4)}
+    vocabulary = _Vocabulary(
+        cuts=frozenset(info.special_token_ids) | frozenset(bpe.added.values()),
+        new=bpe.self_ok & ~special,
+        added=added,
+        first_letter=first == LETTER,
+        first_number=first == NUMBER,
+        first_punct=(first == PUNCT) | (first == APOSTROPHE),
+        first_space=(first == SP) | (first == WS),
+        runs=runs,
+        word_run=runs[RUN_LETTERS] | runs[RUN_NUMBERS] | runs[RUN_PUNCT],
+        after_apostrophe=_contraction_heads(bpe),
+        split=SplitChunks(bpe, _written(bpe, special | added)) if bpe.pattern else None,
+    )
+    with _TABLES_LOCK:
+        _VOCABULARIES[_tables_key(info)] = vocabulary
+    return vocabulary
+
+
+def _written(bpe: ByteLevelBpe, cut: np.ndarray) -> np.ndarray:
+    """The tokens that write text of their own: whole characters, not special or added."""
+    return np.array([text is not None for text in bpe.texts]) & ~cut
+
+
+def _contraction_heads(bpe: ByteLevelBpe) -> np.ndarray:
+    """After a lone apostrophe: 1 for a token that is exactly a contraction's rest ("s",
+    "re", ...), 2 for one that starts with one and goes on (cut inside it), else 0."""
+    heads = np.zeros(bpe.vocab_size, dtype=np.int8)
+    for token, text in enumerate(bpe.texts):
+        if text is None:
+            continue
+        for rest in _CONTRACTIONS:
+            if text == rest:
+                heads[token] = 1
+            elif text.startswith(rest):
+                heads[token] = max(heads[token], 2)
+    return heads
+
+
+def _tables_key(info: TokenizerInfo) -> tuple[Any, ...]:
+    """What the tables depend on: the vocabulary and special tokens (the fingerprint), and the
+    steps around the model, which the fingerprint does not hash (two tokenizers may share a
+    vocabulary and split text differently)."""
+    backend = getattr(info.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return (info.fingerprint,)
+    model = backend.model
+    steps = (backend.normalizer, backend.pre_tokenizer)
+    return (
+        info.fingerprint,
+        *(step.__getstate__() if step is not None else None for step in steps),
+        type(model).__name__,
+        *(getattr(model, name, None) for name in _MODEL_FIELDS),
+    )
+
+
+_MODEL_FIELDS = (
+    "dropout",
+    "byte_fallback",
+    "ignore_merges",
+    "continuing_subword_prefix",
+    "end_of_word_suffix",
+)
+_TABLES: dict[tuple[Any, ...], ByteLevelBpe] = {}
+_VOCABULARIES: dict[tuple[Any, ...], _Vocabulary] = {}
 _TABLES_LOCK = threading.Lock()
 
 
 def bpe_tables(info: TokenizerInfo) -> ByteLevelBpe:
-    """The tokenizer's tables, built once per process and tokenizer (by fingerprint)."""
+    """The tokenizer's tables, built once per process and tokenizer (by its fingerprint and
+    the steps around its model)."""
     with _TABLES_LOCK:
-        tables = _TABLES.get(info.fingerprint)
+        tables = _TABLES.get(_tables_key(info))
         if tables is None:
-            tables = _TABLES[info.fingerprint] = ByteLevelBpe.of(info)
+            tables = _TABLES[_tables_key(info)] = ByteLevelBpe.of(info)
         return tables
 
 

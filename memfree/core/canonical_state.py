@@ -13,12 +13,14 @@ definition itself.
 from __future__ import annotations
 
 import threading
+import unicodedata
 import warnings
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
+from memfree.core.canonical_split import SplitChunks
 from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
 
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
@@ -41,8 +43,16 @@ class RowStates:
         rows: rows seen that were not canonical (their state came from a prompt).
     """
 
-    def __init__(self, bpe: ByteLevelBpe, token_bytes: list[bytes], cuts: frozenset[int]) -> None:
+    def __init__(
+        self,
+        bpe: ByteLevelBpe,
+        token_bytes: list[bytes],
+        cuts: frozenset[int],
+        split: SplitChunks | None = None,
+    ) -> None:
         self.bpe = bpe
+        self.split = split
+        self._tail_chunks = 2 if split is None else 3
         self._bytes = token_bytes
         self._cuts = cuts
         # Text as decode writes it: special and added tokens as their content.
@@ -96,17 +106,23 @@ class RowStates:
                 self.note(" (it ends inside a character)")
                 return ("broken", tuple(segment))
             chunks = self.bpe.chunks(text)
-            if whole or len(chunks) >= 3:
+            if whole or len(chunks) > self._tail_chunks:
                 break
             width *= 2
         # The last two chunks may change when text is appended (a contraction joins them);
         # the ones before are fixed, so they must be canonical already.
-        tail_text = "".join(chunks[-2:])
+        tail_text = "".join(chunks[-self._tail_chunks :])
         tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
         if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
             self.note()
             return ("dead", ())
         pending = self._pending_added(text)
+        if self.split is not None:
+            if self.bpe.nfc and unicodedata.normalize("NFC", tail_text) != tail_text:
+                self.note(" (its text is not NFC)")
+                return ("dead", ())
+            key, fixes = self.split.state(tail_text, tail)
+            return ("split", key, pending, fixes)
         last = chunks[-1]
         canonical = self.bpe.encode(last)
         if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:

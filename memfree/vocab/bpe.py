@@ -73,6 +73,12 @@ class ByteLevelBpe:
         run: int8 `(vocab_size,)`: the run the whole text is (NONE: it is not one run).
         added: added tokens (special or not): content -> id. The tokenizer cuts text at them.
         ids_of: text -> id, for the base vocabulary's tokens with a text.
+        token_bytes: each id's bytes (b"" for special tokens).
+        pattern: the split pattern's name when it is a ``Split`` step before ``ByteLevel``
+            (Llama 3, Qwen 2: chunks read by :mod:`memfree.core.canonical_split`); None for
+            GPT-2's pattern inside ``ByteLevel``.
+        model: the tokenizer's BPE model, as its JSON (vocabulary, merges, ``ignore_merges``).
+        nfc: the tokenizer normalizes text to NFC first (Qwen 2).
     """
 
     vocab_size: int
@@ -82,6 +88,10 @@ class ByteLevelBpe:
     run: np.ndarray
     added: dict[str, int]
     ids_of: dict[str, int]
+    token_bytes: tuple[bytes, ...]
+    pattern: str | None
+    model: dict[str, Any]
+    nfc: bool
     _tokenizer: Any
     _left: np.ndarray  # (V,) left child of each merged token (-1: none)
     _right: np.ndarray
@@ -105,7 +115,7 @@ class ByteLevelBpe:
                 + _WORD_GUARD
             )
         spec = json.loads(backend.to_str())
-        _check_family(info.name, spec)
+        pattern = _check_family(info.name, spec)
         model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
         size = info.vocab_size
@@ -141,7 +151,9 @@ class ByteLevelBpe:
         members = _left_spines(left, made_at, size)
         ids_of = {text: i for i, text in enumerate(texts) if text is not None and i not in special}
         return cls(
-            size, tuple(texts), self_ok, first, run, added, ids_of, info.tokenizer,
+            size, tuple(texts), self_ok, first, run, added, ids_of,
+            tuple(b if b is not None else b"" for b in token_bytes), pattern, model,
+            spec.get("normalizer") is not None, info.tokenizer,
             left, right, made_at, partners, members, classes,
         )  # fmt: skip
 
@@ -220,8 +232,19 @@ class ByteLevelBpe:
         return spine
 
 
-def _check_family(name: str, spec: dict[str, Any]) -> None:
-    """Raise unless every step of this tokenizer is one that canonical decoding models."""
+# Split patterns whose chunks canonical decoding reads through the pre-tokenizer itself
+# (memfree.core.canonical_split): Llama 3's, and Qwen 2's (single digits).
+SPLIT_PATTERNS = {
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Llama 3",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Qwen 2",
+}
+
+
+def _check_family(name: str, spec: dict[str, Any]) -> str | None:
+    """Raise unless every step of this tokenizer is one that canonical decoding models; the
+    name of its split pattern (None: GPT-2's, inside ByteLevel)."""
     model = spec.get("model") or {}
     problems = []
     if model.get("type") != "BPE":
@@ -233,13 +256,22 @@ def _check_family(name: str, spec: dict[str, Any]) -> None:
             problems.append("byte fallback (a SentencePiece-style BPE)")
         if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix"):
             problems.append("a subword prefix or suffix")
-        if model.get("ignore_merges"):
-            problems.append("ignore_merges (Llama 3's BPE)")
-    if spec.get("normalizer") is not None:
-        problems.append(f"a {spec['normalizer'].get('type')} normalizer")
     pre = spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    if not (
+    pattern = None
+    if len(steps) == 2 and steps[0].get("type") == "Split":
+        split, level = steps
+        pattern = SPLIT_PATTERNS.get((split.get("pattern") or {}).get("Regex", ""))
+        if not (
+            pattern
+            and split.get("behavior") == "Isolated"
+            and not split.get("invert")
+            and level.get("type") == "ByteLevel"
+            and not level.get("use_regex", True)
+            and not level.get("add_prefix_space", False)
+        ):
+            problems.append("a split pattern other than GPT-2's, Llama 3's or Qwen 2's")
+    elif not (
         len(steps) == 1
         and steps[0].get("type") == "ByteLevel"
         and steps[0].get("use_regex", True)
@@ -247,16 +279,22 @@ def _check_family(name: str, spec: dict[str, Any]) -> None:
     ):
         kinds = ", ".join(str(step.get("type")) for step in steps)
         problems.append(f"the pre-tokenizer {kinds or None} (not ByteLevel with GPT-2's pattern)")
+    normalizer = spec.get("normalizer")
+    if normalizer is not None and not (pattern and normalizer.get("type") == "NFC"):
+        problems.append(f"a {normalizer.get('type')} normalizer")
+    if model.get("ignore_merges") and not pattern:
+        problems.append("ignore_merges without Llama 3's split pattern")
     for entry in spec.get("added_tokens", []):
         if entry.get("lstrip") or entry.get("rstrip") or entry.get("single_word"):
             problems.append(f"the added token {entry.get('content')!r} strips spaces")
             break
     if problems:
         raise CanonicalUnsupportedError(
-            f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's "
-            f"pre-tokenizer (SmolLM2, GPT-2, GPT-NeoX); {name} has {'; '.join(problems)}. "
-            + _WORD_GUARD
+            f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's, Llama 3's "
+            f"or Qwen 2's split pattern (SmolLM2, GPT-2, GPT-NeoX, Llama 3, Qwen 2); {name} has "
+            f"{'; '.join(problems)}. " + _WORD_GUARD
         )
+    return pattern
 
 
 def _probe_classes(pre_tokenizer: Any, chars: set[str]) -> dict[str, int]:

@@ -1,0 +1,154 @@
+"""Canonical decoding for Llama 3's and Qwen 2's split patterns (memfree/core/canonical_split.py).
+
+Byte-level BPE tokenizers built as Llama 3's (its split pattern: a punctuation mark joins the
+word after it, digits in groups of three, contractions in any case; ``ignore_merges``) and Qwen
+2's (single digits, an NFC normalizer) are, trained here: no real Llama 3 or Qwen 2 tokenizer
+file can be fetched on this machine. Checked with Hypothesis against the definition for every
+candidate, as for GPT-2's pattern in test_canonical.py; and the same reading run over SmolLM2's
+tokenizer must agree with the definition too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memfree.core.canonical import CanonicalMasker
+from memfree.engines.transformers import MemFreeLogitsProcessor
+from memfree.vocab.bpe import CanonicalUnsupportedError
+from memfree.vocab.info import TokenizerInfo
+from tests.conftest import LLAMA3_PATTERN, train_split_bpe
+from tests.memfree.core.test_canonical import (
+    PIECES,
+    SPECIAL_PIECES,
+    _check_rows,
+    _encode,
+    _filter_for,
+    _split,
+    _texts,
+)
+
+SPLIT_PIECES = [
+    "(self",
+    "x.(bar",
+    "1234567",
+    "HE'S",
+    "don'T",
+    "'Re",
+    ".\n\n",
+    "  \r\n",
+    "),\n",
+    " ?!",
+    "_name",
+    "\u00e1",
+    "\u0301",
+]
+_SPLIT_EXAMPLES = 70
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2"])
+def family(request: pytest.FixtureRequest) -> tuple[Any, CanonicalMasker]:
+    tokenizer = train_split_bpe(request.param)
+    info = TokenizerInfo.of(tokenizer)
+    masker = CanonicalMasker(info, [info.eos_token_id])
+    assert masker.split is not None  # read through the pre-tokenizer, not GPT-2's rules
+    return tokenizer, masker
+
+
+@settings(max_examples=_SPLIT_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    text=_texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES[:2]),
+    how=st.integers(0, 2),
+    cut=st.integers(0, 10_000),
+)
+def test_split_patterns_allowed_iff_canonical_for_every_candidate(
+    family: tuple[Any, CanonicalMasker], text: str, how: int, cut: int
+) -> None:
+    tokenizer, masker = family
+    ids = _split(tokenizer, text, how, cut)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "def f(self, x):\n    return x.(bar) + 1234567\n\n",
+        "It's HE'S we'Re they'LL i'M don'T",
+        "a  \r\n\n  b\t\tc .\n\n(x",
+        "caf\u00e9 cafe\u0301 \u65e5\u672c\u8a9e",
+        "'''docstring'''",
+    ],
+)
+def test_split_patterns_every_prefix_of_hard_texts(
+    family: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    tokenizer, masker = family
+    ids = _encode(tokenizer, text)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+
+
+@pytest.fixture(scope="module")
+def smol_split(default_tokenizer: Any) -> tuple[Any, CanonicalMasker]:
+    info = TokenizerInfo.of(default_tokenizer)
+    return default_tokenizer, CanonicalMasker(info, [info.eos_token_id], _split=True)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=_texts(PIECES), how=st.integers(0, 2), cut=st.integers(0, 10_000))
+def test_the_split_reading_agrees_with_the_definition_on_smollm2(
+    smol_split: tuple[Any, CanonicalMasker], text: str, how: int, cut: int
+) -> None:
+    """GPT-2's pattern read the split way: a second, independent implementation."""
+    tokenizer, masker = smol_split
+    ids = _split(tokenizer, text, how, cut)
+    _check_rows(tokenizer, masker, [ids[: len(ids) // 2], ids])
+
+
+def test_a_split_pattern_tokenizer_is_guarded_canonically_by_default(tmp_path: Path) -> None:
+    tokenizer = train_split_bpe("llama3")
+    ids = _encode(tokenizer, "def f(self):\n    return 1234")
+    guard = MemFreeLogitsProcessor(
+        _filter_for(tokenizer, tmp_path / "f.memfree", [ids[:3]]), tokenizer
+    )
+    assert guard.canonical
+    row = torch.tensor([ids[:2]])
+    scores = guard(row, torch.zeros(1, len(tokenizer)))
+    assert scores[0, ids[2]] == float("-inf")  # the stored 3-gram
+    # "1234" is "123", "4": after "123" the tokens "4" and "45" are canonical, "234" is not.
+    info = TokenizerInfo.of(tokenizer)
+    after = _encode(tokenizer, "x = 123")
+    allowed = ~guard(torch.tensor([after]), torch.zeros(1, len(tokenizer)))[0].isinf()
+    for text, expected in (("4", True), ("1", True)):
+        token = tokenizer.convert_tokens_to_ids(text)
+        assert bool(allowed[token]) is expected, (text, info.decode([token]))
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (lambda s: s.replace("{1,3}", "{1,4}"), "a split pattern other than"),
+        (lambda s: s.replace('"ignore_merges":true', '"ignore_merges":false'), None),
+    ],
+)
+def test_only_known_split_patterns_are_read(change: Any, problem: str | None) -> None:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = train_split_bpe("llama3")
+    spec = tokenizer.backend_tokenizer.to_str()
+    assert LLAMA3_PATTERN.replace("\\", "\\\\") in spec
+    changed = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(change(spec)), eos_token="<|end_of_text|>"
+    )
+    info = TokenizerInfo.of(changed)
+    if problem is None:
+        assert CanonicalMasker(info, [info.eos_token_id]).split is not None
+        return
+    with pytest.raises(CanonicalUnsupportedError, match=problem) as error:
+        CanonicalMasker(info, [info.eos_token_id])
+    assert "Llama 3" in str(error.value) and "word filter" in str(error.value)
