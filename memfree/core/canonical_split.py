@@ -10,7 +10,7 @@ the chunks come from the tokenizer's own pre-tokenizer, over *shapes*:
   contractions) share one, found by running the pre-tokenizer over probe strings;
 - a text's shape is its classes (a letter of a contraction counts as any letter unless an
   apostrophe comes right before it; runs of a class the pattern does not count are cut at three);
-- for the shape of a row's last three chunks and the shape of every candidate, the
+- for the shape of a row's last two chunks and the shape of every candidate, the
   pre-tokenizer's chunks of the two together give each candidate its *group*: the chunk it
   lands in starts at the candidate (a new chunk), inside the row's text (it continues that
   chunk), or it crosses a chunk boundary (never canonical); and where the row's own chunks now
@@ -213,7 +213,7 @@ class SplitChunks:
     # -- a row ----------------------------------------------------------------------------------
 
     def state(self, text: str, tokens: list[int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-        """The key of a row whose last three chunks are ``text`` with ``tokens``, and what is
+        """The key of a row whose last two chunks are ``text`` with ``tokens``, and what is
         checked per row after the key's mask (``ignore_merges`` and NFC)."""
         shape, where = self._shape(text, token=False)
         groups = self.groups(shape)

@@ -52,7 +52,7 @@ class RowStates:
     ) -> None:
         self.bpe = bpe
         self.split = split
-        self._tail_chunks = 2 if split is None else 3
+        self._tail_chunks = 2
         self._bytes = token_bytes
         self._cuts = cuts
         # Text as decode writes it: special and added tokens as their content.
@@ -66,7 +66,7 @@ class RowStates:
             for cut in range(1, len(content)):
                 self._begun.setdefault(content[:cut], []).append(content[cut:])
         self._longest_begun = max(map(len, self._begun), default=0)
-        self._prefix_checks: OrderedDict[tuple[str, int, int, bytes], bool] = OrderedDict()
+        self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
@@ -106,7 +106,9 @@ class RowStates:
                 self.note(" (it ends inside a character)")
                 return ("broken", tuple(segment))
             chunks = self.bpe.chunks(text)
-            if whole or len(chunks) > self._tail_chunks:
+            if whole or (
+                len(chunks) > self._tail_chunks and not self._inside_number(segment, width, text)
+            ):
                 break
             width *= 2
         # The last two chunks may change when text is appended (a contraction joins them);
@@ -172,7 +174,9 @@ class RowStates:
             return known
         since = 0
         for boundary in range(length - 1, max(0, length - _REACH), -1):
-            if self._known(self._prefix_key(segment, boundary, start, hashes)):
+            if self._known(self._prefix_key(segment, boundary, start, hashes)) and self._hard(
+                segment, boundary
+            ):
                 since = boundary
                 break
         data = b"".join(self._bytes[t] for t in segment[since:])
@@ -186,15 +190,40 @@ class RowStates:
 
     def _prefix_key(
         self, segment: list[int], length: int, start: int, hashes: np.ndarray
-    ) -> tuple[str, int, int, bytes]:
-        # The verdict depends on the byte after the prefix (a whitespace run splits by it).
-        return ("p", start + length, int(hashes[start + length]), self._bytes[segment[length]][:1])
+    ) -> tuple[str, int, int, int]:
+        # The verdict depends on what follows the prefix (a whitespace run splits by it).
+        return ("p", start + length, int(hashes[start + length]), segment[length])
 
-    def _known(self, key: tuple[str, int, int, bytes]) -> bool | None:
+    def _inside_number(self, segment: list[int], width: int, text: str) -> bool:
+        """Whether a window starts inside a run of digits: Llama 3 groups digits by three from
+        the run's start, so every chunk of the run would be read wrong."""
+        if not text or not unicodedata.category(text[0]).startswith("N"):
+            return False
+        before = b"".join(self._bytes[t] for t in segment[-width - 4 : -width])
+        char = before[-4:].decode("utf-8", errors="ignore")[-1:]
+        return bool(char) and unicodedata.category(char).startswith("N")
+
+    def _hard(self, segment: list[int], boundary: int) -> bool:
+        """Whether a boundary known canonical in another row is a chunk boundary in this one
+        too, whatever follows: so a check may start there. Only between two ASCII characters
+        that no pattern joins or splits by what comes later: not beside whitespace (a run
+        splits by what follows it), not after an apostrophe (contractions), not a letter after
+        punctuation (Llama 3 joins one mark to the word after it)."""
+        before = self._bytes[segment[boundary - 1]][-1:]
+        after = self._bytes[segment[boundary]][:1]
+        if not (before and after and before.isascii() and after.isascii()):
+            return False
+        if before.isspace() or after.isspace() or before == b"'":
+            return False
+        if before.isdigit() and after.isdigit():  # Llama 3 groups digits from the run's start
+            return False
+        return not (after.isalpha() and not before.isalnum())
+
+    def _known(self, key: tuple[str, int, int, Any]) -> bool | None:
         with self._lock:
             return self._prefix_checks.get(key)
 
-    def _keep(self, key: tuple[str, int, int, bytes], known: bool) -> None:
+    def _keep(self, key: tuple[str, int, int, Any], known: bool) -> None:
         with self._lock:
             self._prefix_checks[key] = known
             if len(self._prefix_checks) > _CHECKS:

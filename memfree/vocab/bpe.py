@@ -17,10 +17,12 @@ with it appended are exactly the tokenizer's own tokenization of their text. Its
   leftmost pair, as in Hugging Face ``tokenizers``); no such pair, no cross merge.
 
 Only the family whose every step memfree models exactly is read: a ``tokenizers`` BPE model
-(no dropout, no byte fallback, no subword prefix or suffix, merges not ignored), no normalizer,
-the ``ByteLevel`` pre-tokenizer with GPT-2's split pattern and no prefix space, and added tokens
-that strip nothing. That is SmolLM2, GPT-2, GPT-NeoX/Pythia and StarCoder. Any other tokenizer
-is refused with :class:`CanonicalUnsupportedError`, never approximated.
+(no dropout, no byte fallback, no subword prefix or suffix) and added tokens that strip nothing,
+with either the ``ByteLevel`` pre-tokenizer on GPT-2's split pattern, no prefix space and no
+normalizer (SmolLM2, GPT-2, GPT-NeoX/Pythia, StarCoder), or a ``Split`` step on Llama 3's or
+Qwen 2's pattern before ``ByteLevel`` (``ignore_merges`` and an NFC normalizer allowed: Llama 3,
+Qwen 2 and 2.5). Any other tokenizer is refused with :class:`CanonicalUnsupportedError`, never
+approximated.
 """
 
 from __future__ import annotations

