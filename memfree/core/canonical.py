@@ -140,7 +140,7 @@ class CanonicalMasker:
             if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
                 self.states.note(" (it holds an id past the tokenizer's vocabulary)")
                 continue
-            banned[index, :size] = ~self.allowed(row)[:size]
+            np.logical_not(self.allowed(row)[:size], out=banned[index, :size])
         for token in self.end_token_ids:
             if token < vocab_width:
                 banned[:, token] = False

@@ -25,7 +25,7 @@ from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
 
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
-_WINDOW = 8  # tokens read back first; doubled while it holds fewer than 3 chunks
+_WINDOW = 16  # tokens read back first; doubled while it holds too few chunks
 _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
