@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from memfree.vocab.bpe import ByteLevelBpe
+from memfree.vocab.token_bytes import byte_level_chars
 
 # Probes: strings around a character whose chunks tell the pattern's classes apart.
 _PROBES = (
@@ -81,7 +82,7 @@ class SplitChunks:
         self._model = models.BPE(vocab, merges, ignore_merges=self.ignore_merges)
         self._merges = models.BPE(vocab, merges, ignore_merges=False)
         self._strings = {token: string for string, token in vocab.items()}
-        self._byte_char = _bytes_to_unicode()
+        self._byte_char = byte_level_chars()
         self._signatures: dict[tuple[Any, ...], int] = {}
         self._classes: dict[str, int] = {}
         self._reps: list[str] = []
@@ -338,18 +339,6 @@ def _second_halves() -> frozenset[str]:
         if len(parts) == 2 and not parts[0].startswith("<"):
             halves.add(chr(int(parts[1], 16)))
     return frozenset(halves)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> character table (what ``ByteLevel`` writes tokens in)."""
-    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
-    table = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in table:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
 
 
 __all__ = ["SplitChunks"]

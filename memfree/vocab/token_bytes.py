@@ -33,8 +33,8 @@ class UnsupportedTokenizerError(FilterError):
     """The tokenizer's decoder is not one whose token bytes memfree can read exactly."""
 
 
-def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's printable stand-in character for each byte, inverted."""
+def byte_level_chars() -> dict[int, str]:
+    """GPT-2's printable stand-in character for each byte (how ``ByteLevel`` spells tokens)."""
     printable = (
         list(range(ord("!"), ord("~") + 1))
         + list(range(ord("¡"), ord("¬") + 1))
@@ -47,7 +47,12 @@ def _byte_level_decoder() -> dict[str, int]:
             printable.append(byte)
             characters.append(256 + extra)
             extra += 1
-    return {chr(character): byte for byte, character in zip(printable, characters, strict=True)}
+    return {byte: chr(character) for byte, character in zip(printable, characters, strict=True)}
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's printable stand-in character for each byte, inverted."""
+    return {character: byte for byte, character in byte_level_chars().items()}
 
 
 def _step(spec: dict[str, Any]) -> Any:
@@ -220,4 +225,10 @@ def byte_fallback_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset(i for piece, i in vocab.items() if _BYTE_FALLBACK.fullmatch(piece))
 
 
-__all__ = ["UnsupportedTokenizerError", "byte_fallback_ids", "text_cleanup", "token_bytes"]
+__all__ = [
+    "UnsupportedTokenizerError",
+    "byte_fallback_ids",
+    "byte_level_chars",
+    "text_cleanup",
+    "token_bytes",
+]

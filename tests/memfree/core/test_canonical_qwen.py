@@ -60,9 +60,9 @@ def qwen2_tokenizer() -> Any:
     )
     from transformers import PreTrainedTokenizerFast
 
-    from memfree.core.canonical_split import _bytes_to_unicode
+    from memfree.vocab.token_bytes import byte_level_chars
 
-    table = _bytes_to_unicode()
+    table = byte_level_chars()
 
     def spelled(raw: bytes) -> str:
         return "".join(table[b] for b in raw)
