@@ -129,7 +129,8 @@ class CanonicalMasker:
         checked. Negative ids on the left are padding (they add no text). Ids past the
         tokenizer's vocabulary are banned (no text gives them)."""
         device = torch.device(device or contexts.device)
-        rows = contexts.detach().cpu().tolist()
+        arrays = contexts.detach().cpu().numpy().astype(np.int64, copy=False)
+        rows = arrays.tolist()
         banned = np.ones((len(rows), vocab_width), dtype=bool)
         size = min(vocab_width, self.bpe.vocab_size)
         for index, row in enumerate(rows):
@@ -140,16 +141,18 @@ class CanonicalMasker:
             if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
                 self.states.note(" (it holds an id past the tokenizer's vocabulary)")
                 continue
-            np.logical_not(self.allowed(row)[:size], out=banned[index, :size])
+            allowed = self.allowed(row, arrays[index, first:])
+            np.logical_not(allowed[:size], out=banned[index, :size])
         for token in self.end_token_ids:
             if token < vocab_width:
                 banned[:, token] = False
         active = torch.ones(len(rows), dtype=torch.bool, device=device)
         return torch.from_numpy(banned).to(device), active
 
-    def allowed(self, ids: list[int]) -> np.ndarray:
-        """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded)."""
-        key = self.states.state(ids)
+    def allowed(self, ids: list[int], array: np.ndarray | None = None) -> np.ndarray:
+        """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded);
+        ``array``: the same ids as int64, when the caller has them."""
+        key = self.states.state(ids, array)
         fixes: tuple[Any, ...] = ()
         if key[0] == "split":
             key, fixes = key[:-1], key[-1]

@@ -55,6 +55,8 @@ class RowStates:
         self._tail_chunks = 2
         self._bytes = token_bytes
         self._cuts = cuts
+        self._is_cut = np.zeros(bpe.vocab_size + 1, dtype=bool)  # the last: ids past the end
+        self._is_cut[[t for t in cuts if t < bpe.vocab_size]] = True
         # Text as decode writes it: special and added tokens as their content.
         self._text_bytes = list(token_bytes)
         for content, token in bpe.added.items():
@@ -66,6 +68,7 @@ class RowStates:
             for cut in range(1, len(content)):
                 self._begun.setdefault(content[:cut], []).append(content[cut:])
         self._longest_begun = max(map(len, self._begun), default=0)
+        self._first_chars = sorted({content[0] for content in bpe.added if content})
         self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
@@ -82,14 +85,16 @@ class RowStates:
         self.__dict__.update(state)
         self._lock = threading.Lock()
 
-    def state(self, ids: list[int]) -> tuple[Any, ...]:
+    def state(self, ids: list[int], array: np.ndarray | None = None) -> tuple[Any, ...]:
         """What the answer depends on: the kind of the row's last chunk, its last token, and
         the facts the rules read; plus the added-token contents its text has begun. Rows that
-        are not canonical get an exact answer by other means (``tail``, ``broken``, ``dead``)."""
-        start = len(ids)
-        while start > 0 and ids[start - 1] not in self._cuts:
-            start -= 1
-        hashes = self._hashes(ids)
+        are not canonical get an exact answer by other means (``tail``, ``broken``, ``dead``).
+        ``array``: the same ids as int64, when the caller has them."""
+        if array is None:
+            array = np.asarray(ids, dtype=np.int64)
+        cut_at = np.flatnonzero(np.take(self._is_cut, array, mode="clip"))
+        start = int(cut_at[-1]) + 1 if cut_at.size else 0
+        hashes = self._hashes(array)
         if start and not self._segments_canonical(ids[:start], hashes):
             self.note()
             return ("dead", ())
@@ -229,13 +234,13 @@ class RowStates:
             if len(self._prefix_checks) > _CHECKS:
                 self._prefix_checks.popitem(last=False)
 
-    def _hashes(self, ids: list[int]) -> np.ndarray:
+    def _hashes(self, ids: np.ndarray) -> np.ndarray:
         """uint64 `(len(ids) + 1,)`: a hash of each prefix of ``ids`` (wrapping arithmetic)."""
         if len(self._powers) < len(ids):
             size = max(len(ids), 2 * len(self._powers))
             self._powers = np.cumprod(np.full(size, _BASE, dtype=np.uint64))
         hashes = np.zeros(len(ids) + 1, dtype=np.uint64)
-        values = np.asarray(ids, dtype=np.uint64) + np.uint64(1)
+        values = ids.astype(np.uint64) + np.uint64(1)
         np.cumsum(values * self._powers[: len(ids)], out=hashes[1:])
         return hashes
 
@@ -269,8 +274,12 @@ class RowStates:
     def _pending_added(self, text: str) -> tuple[str, ...]:
         """The rests of added tokens' contents that the text's end has begun."""
         rests: list[str] = []
-        for cut in range(1, min(len(text), self._longest_begun) + 1):
-            rests.extend(self._begun.get(text[-cut:], ()))
+        tail = text[-self._longest_begun :] if self._longest_begun else ""
+        for first in self._first_chars:  # a begun content starts with one of these
+            at = tail.find(first)
+            while at != -1:
+                rests.extend(self._begun.get(tail[at:], ()))
+                at = tail.find(first, at + 1)
         return tuple(sorted(rests))
 
     def note(self, why: str = "") -> None:
