@@ -210,19 +210,18 @@ class RowStates:
 
     def _hard(self, segment: list[int], boundary: int) -> bool:
         """Whether a boundary known canonical in another row is a chunk boundary in this one
-        too, whatever follows: so a check may start there. Only between two ASCII characters
-        that no pattern joins or splits by what comes later: not beside whitespace (a run
-        splits by what follows it), not after an apostrophe (contractions), not a letter after
-        punctuation (Llama 3 joins one mark to the word after it)."""
+        too, whatever follows: so a check may start there. Only a chunk that looks past the
+        next character can end differently with the same prefix and next token: a whitespace
+        run (it gives its last character to what follows it), a contraction (an apostrophe
+        then one or two letters). So not inside a run of whitespace, not after an apostrophe,
+        not inside a run of digits, and only between ASCII characters (whose class is plain)."""
         before = self._bytes[segment[boundary - 1]][-1:]
         after = self._bytes[segment[boundary]][:1]
         if not (before and after and before.isascii() and after.isascii()):
             return False
-        if before.isspace() or after.isspace() or before == b"'":
+        if (before.isspace() and after.isspace()) or before == b"'":
             return False
-        if before.isdigit() and after.isdigit():  # Llama 3 groups digits from the run's start
-            return False
-        return not (after.isalpha() and not before.isalnum())
+        return not (before.isdigit() and after.isdigit())
 
     def _known(self, key: tuple[str, int, int, Any]) -> bool | None:
         with self._lock:

@@ -82,6 +82,9 @@ def test_split_patterns_allowed_iff_canonical_for_every_candidate(
         "a  \r\n\n  b\t\tc .\n\n(x",
         "caf\u00e9 cafe\u0301 \u65e5\u672c\u8a9e",
         "'''docstring'''",
+        # A window of the row's last tokens that starts inside a run of digits would group them
+        # from the wrong place (found by a long soak): every prefix of a long run.
+        ".\n\n 4212345671234567890123456789012345678901234567890123 x",
     ],
 )
 def test_split_patterns_every_prefix_of_hard_texts(
@@ -90,6 +93,22 @@ def test_split_patterns_every_prefix_of_hard_texts(
     tokenizer, masker = family
     ids = _encode(tokenizer, text)
     _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+
+
+def test_a_boundary_known_in_one_row_is_not_trusted_inside_a_whitespace_run(
+    family: tuple[Any, CanonicalMasker],
+) -> None:
+    """Found by a long soak: the prefix check restarted from a boundary found canonical in an
+    earlier row ("  1" is " ", " ", "1": a boundary after the first space) inside this row's
+    whitespace run ("   def" is "  ", " def", not " ", " ", " def")."""
+    tokenizer, masker = family
+    space = _encode(tokenizer, " ")
+    first = _encode(tokenizer, "  1")
+    assert first == space + space + _encode(tokenizer, "1")
+    second = space + _encode(tokenizer, "  def f(x)")
+    assert second[:2] == space + space and _encode(tokenizer, "   def f(x)") != second
+    _check_rows(tokenizer, masker, [first[:end] for end in range(len(first) + 1)])
+    _check_rows(tokenizer, masker, [second[:end] for end in range(len(second) + 1)])
 
 
 @pytest.fixture(scope="module")
