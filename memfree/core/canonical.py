@@ -61,6 +61,8 @@ from memfree.vocab.info import TokenizerInfo
 
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
+# States of rows that are canonical as they stand (an added token may follow them).
+_ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
 _CACHE = 512
 
 
@@ -232,7 +234,9 @@ class CanonicalMasker:
                 mask = new & ~self._first_space
         else:  # pragma: no cover - every state above
             raise AssertionError(key)
-        mask = mask | self._added
+        # An added token cuts the text: allowed where the row's text ending here is its tokens.
+        if kind in _ENDS_CANONICAL or (kind == "split" and key[1][3]):
+            mask = mask | self._added
         for rest in pending:
             mask &= ~self._starting_with(rest)
         return mask

@@ -72,6 +72,7 @@ class SplitChunks:
         from tokenizers import models
 
         self.bpe = bpe
+        self._class_lock = threading.RLock()
         self._pre = bpe.tokenizer_backend.pre_tokenizer
         model = bpe.model
         vocab, merges = (
@@ -123,6 +124,21 @@ class SplitChunks:
         self._completions: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with empty caches (and their own lock)."""
+        state = self.__dict__.copy()
+        for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._groups = OrderedDict()
+        self._bpe_cache = {}
+        self._completions = OrderedDict()
+        self._lock = threading.Lock()
+        self._class_lock = threading.RLock()
+
     # -- classes and shapes ---------------------------------------------------------------------
 
     def char_class(self, char: str) -> int:
@@ -132,11 +148,12 @@ class SplitChunks:
                 tuple(span for _, span in self._pre.pre_tokenize_str(probe.replace("{}", char)))
                 for probe in _PROBES
             )
-            known = self._signatures.get(signature)
-            if known is None:
-                known = self._signatures[signature] = len(self._reps)
-                self._reps.append(char)
-            self._classes[char] = known
+            with self._class_lock:
+                known = self._signatures.get(signature)
+                if known is None:
+                    known = self._signatures[signature] = len(self._reps)
+                    self._reps.append(char)
+                self._classes[char] = known
         return known
 
     def _generic_class(self, cls: int) -> int:
@@ -234,7 +251,8 @@ class SplitChunks:
             facts.append(fact)
         if self.bpe.nfc:
             fixes.append((-1, text))
-        return (shape, tokens[-1], tuple(facts)), tuple(fixes)
+        ends = self.bpe.encode(text) == tokens  # the row's text ending here is its tokens
+        return (shape, tokens[-1], tuple(facts), ends), tuple(fixes)
 
     def _chunks_ok(
         self, text: str, tokens: list[int], ends: list[int], offsets: list[int], cuts: list[int]
@@ -267,7 +285,7 @@ class SplitChunks:
 
     def mask(self, key: tuple[Any, ...], bigram: np.ndarray) -> np.ndarray:
         """The candidates a key allows (before the per-row fixes)."""
-        shape, _, facts = key
+        shape, _, facts, _ = key
         groups = self.groups(shape)
         allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
         for number, ((start, _), fact) in enumerate(zip(groups.groups, facts, strict=True)):

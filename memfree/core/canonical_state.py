@@ -179,8 +179,8 @@ class RowStates:
             return known
         since = 0
         for boundary in range(length - 1, max(0, length - _REACH), -1):
-            if self._known(self._prefix_key(segment, boundary, start, hashes)) and self._hard(
-                segment, boundary
+            if self._hard(segment, boundary) and self._known(
+                self._prefix_key(segment, boundary, start, hashes)
             ):
                 since = boundary
                 break
@@ -195,18 +195,36 @@ class RowStates:
 
     def _prefix_key(
         self, segment: list[int], length: int, start: int, hashes: np.ndarray
-    ) -> tuple[str, int, int, int]:
-        # The verdict depends on what follows the prefix (a whitespace run splits by it).
-        return ("p", start + length, int(hashes[start + length]), segment[length])
+    ) -> tuple[str, int, int, Any]:
+        # The verdict depends on what follows the prefix: its next character (a token may hold
+        # only its first bytes) and the marks after it (NFC composes them with the prefix).
+        return ("p", start + length, int(hashes[start + length]), self._follows(segment, length))
+
+    def _follows(self, segment: list[int], at: int) -> Any:
+        """What comes after ``segment[:at]`` as far as a prefix check can see: the next token
+        when it is one ASCII character and no mark follows, else the next character with the
+        combining marks after it."""
+        first = self._bytes[segment[at]]
+        if first.isascii() and len(first) == 1 and not self.bpe.nfc:
+            return segment[at]
+        data = b"".join(self._bytes[t] for t in segment[at : at + 8])
+        text = data[:32].decode("utf-8", errors="ignore")
+        end = 1
+        while end < len(text) and unicodedata.combining(text[end]):
+            end += 1
+        return text[:end]
 
     def _inside_number(self, segment: list[int], width: int, text: str) -> bool:
         """Whether a window starts inside a run of digits: Llama 3 groups digits by three from
-        the run's start, so every chunk of the run would be read wrong."""
+        the run's start, so every chunk of the run would be read wrong. The character before
+        the window's text may be one whose first bytes lie before the window."""
         if not text or not unicodedata.category(text[0]).startswith("N"):
             return False
-        before = b"".join(self._bytes[t] for t in segment[-width - 4 : -width])
-        char = before[-4:].decode("utf-8", errors="ignore")[-1:]
-        return bool(char) and unicodedata.category(char).startswith("N")
+        data = b"".join(self._bytes[t] for t in segment[-width - 4 :])
+        before = data.decode("utf-8", errors="ignore")
+        if not before.endswith(text) or len(before) == len(text):
+            return True  # cannot tell: read a wider window
+        return unicodedata.category(before[-len(text) - 1]).startswith("N")
 
     def _hard(self, segment: list[int], boundary: int) -> bool:
         """Whether a boundary known canonical in another row is a chunk boundary in this one

@@ -171,3 +171,50 @@ def test_only_known_split_patterns_are_read(change: Any, problem: str | None) ->
     with pytest.raises(CanonicalUnsupportedError, match=problem) as error:
         CanonicalMasker(info, [info.eos_token_id])
     assert "Llama 3" in str(error.value) and "word filter" in str(error.value)
+
+
+# Found by an independent review (each fails without its fix).
+
+
+def test_a_window_that_starts_inside_a_multibyte_digit_is_widened(
+    family: tuple[Any, CanonicalMasker],
+) -> None:
+    tokenizer, masker = family
+    ids = _encode(tokenizer, "x\u0663" + "1" * 15)  # an Arabic-Indic three, then ones
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+
+
+def test_a_prefix_verdict_is_kept_per_next_character_not_per_next_byte() -> None:
+    """Two rows share a prefix and the next token (the first byte of a 3-byte character) but
+    not the character: the verdict of one must not answer the other, in either order."""
+    from memfree.vocab.token_bytes import byte_level_chars
+
+    tokenizer = train_split_bpe("llama3")
+    spelled = byte_level_chars()
+    first = _encode(tokenizer, "a  \u3000b.")
+    byte_ids = [tokenizer.convert_tokens_to_ids(spelled[b]) for b in "\u3007".encode()]
+    assert first[2] == byte_ids[0]  # "\u3000" and "\u3007" are written byte by byte here
+    second = first[:2] + byte_ids + _encode(tokenizer, ".")
+    for order in ((first, second), (second, first)):
+        info = TokenizerInfo.of(tokenizer)
+        masker = CanonicalMasker(info, [info.eos_token_id])
+        _check_rows(tokenizer, masker, list(order))
+
+
+def test_an_added_token_follows_only_a_row_that_is_its_own_tokenization() -> None:
+    tokenizer = train_split_bpe("llama3")
+    tokenizer.add_tokens(["<file_sep>"])  # added, not special: the tokenizer cuts text at it
+    info = TokenizerInfo.of(tokenizer)
+    masker = CanonicalMasker(info, [info.eos_token_id])
+    split = _encode(tokenizer, "it") + _encode(tokenizer, "'") + _encode(tokenizer, "s")
+    assert split != _encode(tokenizer, "it's")
+    _check_rows(tokenizer, masker, [_encode(tokenizer, "it's"), split])
+
+
+def test_split_maskers_pickle_with_empty_caches(family: tuple[Any, CanonicalMasker]) -> None:
+    import pickle
+
+    tokenizer, masker = family
+    ids = _encode(tokenizer, "def f(x):\n    return 1234")
+    copy = pickle.loads(pickle.dumps(masker))
+    assert (copy.allowed(ids) == masker.allowed(ids)).all()
