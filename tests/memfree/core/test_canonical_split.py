@@ -138,13 +138,19 @@ def test_a_split_pattern_tokenizer_is_guarded_canonically_by_default(tmp_path: P
     row = torch.tensor([ids[:2]])
     scores = guard(row, torch.zeros(1, len(tokenizer)))
     assert scores[0, ids[2]] == float("-inf")  # the stored 3-gram
-    # "1234" is "123", "4": after "123" the tokens "4" and "45" are canonical, "234" is not.
+    # Llama 3 groups digits by three: after "12", "3" completes the group, but "00" would
+    # cross into the next one ("1200" is "120", "0"); after "123", "00" starts a new group.
     info = TokenizerInfo.of(tokenizer)
-    after = _encode(tokenizer, "x = 123")
-    allowed = ~guard(torch.tensor([after]), torch.zeros(1, len(tokenizer)))[0].isinf()
-    for text, expected in (("4", True), ("1", True)):
-        token = tokenizer.convert_tokens_to_ids(text)
-        assert bool(allowed[token]) is expected, (text, info.decode([token]))
+    for text, candidate, expected in (
+        ("x = 12", "3", True),
+        ("x = 12", "00", False),
+        ("x = 123", "00", True),
+        ("x = 123", "4", True),
+    ):
+        row = torch.tensor([_encode(tokenizer, text)])
+        allowed = ~guard(row, torch.zeros(1, len(tokenizer)))[0].isinf()
+        token = tokenizer.convert_tokens_to_ids(candidate)
+        assert bool(allowed[token]) is expected, (text, candidate, info.decode([token]))
 
 
 @pytest.mark.parametrize(
