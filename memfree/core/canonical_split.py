@@ -144,10 +144,7 @@ class SplitChunks:
     def char_class(self, char: str) -> int:
         known = self._classes.get(char)
         if known is None:
-            signature = tuple(
-                tuple(span for _, span in self._pre.pre_tokenize_str(probe.replace("{}", char)))
-                for probe in _PROBES
-            )
+            signature = tuple(self._probe(char))
             with self._class_lock:
                 known = self._signatures.get(signature)
                 if known is None:

@@ -26,6 +26,7 @@ from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
 _WINDOW = 16  # tokens read back first; doubled while it holds too few chunks
+_TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
 _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
@@ -52,7 +53,6 @@ class RowStates:
     ) -> None:
         self.bpe = bpe
         self.split = split
-        self._tail_chunks = 2
         self._bytes = token_bytes
         self._cuts = cuts
         self._is_cut = np.zeros(bpe.vocab_size + 1, dtype=bool)  # the last: ids past the end
@@ -112,13 +112,13 @@ class RowStates:
                 return ("broken", tuple(segment))
             chunks = self.bpe.chunks(text)
             if whole or (
-                len(chunks) > self._tail_chunks and not self._inside_number(segment, width, text)
+                len(chunks) > _TAIL_CHUNKS and not self._inside_number(segment, width, text)
             ):
                 break
             width *= 2
         # The last two chunks may change when text is appended (a contraction joins them);
         # the ones before are fixed, so they must be canonical already.
-        tail_text = "".join(chunks[-self._tail_chunks :])
+        tail_text = "".join(chunks[-_TAIL_CHUNKS:])
         tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
         if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
             self.note()
