@@ -6,6 +6,8 @@
 - :mod:`~memfree.filterfile.header` (with ``header_fields``, ``header_bits``): the layout and its
   validation; :mod:`~memfree.filterfile.filewatch`: an open file's identity.
 - :mod:`~memfree.filterfile.native` / ``native_open`` / ``writer``: memfree's own format.
+- :mod:`~memfree.filterfile.index_layout` / ``index_header`` / ``index_file``: the prefix-keyed
+  index (one lookup per row).
 - :mod:`~memfree.filterfile.pybloom` (with ``pybloom_format``, ``pybloom_hash``,
   ``pybloom_writer``): pybloomfiltermmap3 0.6 interchange.
 - :mod:`~memfree.filterfile.protocol`: :class:`NgramSet`, what every format answers.
@@ -36,7 +38,8 @@ def open_filter(
         **kwargs: passed to the pybloomfiltermmap3 reader (``ngram_size``).
 
     Returns:
-        A :class:`~memfree.filterfile.native.NgramFilter`, or a
+        A :class:`~memfree.filterfile.native.NgramFilter` (Bloom layout), an
+        :class:`~memfree.filterfile.index_file.IndexFilter` (prefix-keyed index), or a
         :class:`~memfree.filterfile.pybloom.PybloomNgramFilter`.
 
     Raises:
@@ -47,7 +50,7 @@ def open_filter(
     # Imported here: importing one part of this package (the builder imports hashing) loads no
     # reader, and the interchange reader loads only for its own files.
     from memfree.filterfile import pybloom
-    from memfree.filterfile.header import read_preamble
+    from memfree.filterfile.header import INDEX_FORMAT_VERSION, MAGIC, format_version, read_preamble
     from memfree.filterfile.native import NgramFilter
     from memfree.filterfile.protocol import NgramSet
 
@@ -66,6 +69,10 @@ def open_filter(
         return pybloom.open_pybloom(path, verify=verify, **kwargs)
     if kwargs:
         raise TypeError(f"unexpected arguments for a memfree filter: {sorted(kwargs)}")
+    if head.startswith(MAGIC) and format_version(head) == INDEX_FORMAT_VERSION:
+        from memfree.filterfile.index_file import open_index
+
+        return open_index(path, verify)
     return NgramFilter._open_native(path, verify)
 
 

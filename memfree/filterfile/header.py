@@ -52,6 +52,8 @@ from memfree.filterfile.header_fields import LAYOUT, MAX_BLOCKS, MAX_NGRAM_SIZE,
 
 MAGIC = b"MEMFREE\x00"
 FORMAT_VERSION = 1
+#: The prefix-keyed index layout (:mod:`memfree.filterfile.index_file`).
+INDEX_FORMAT_VERSION = 2
 PAGE_BYTES = 4096
 # magic, format version, metadata length, xxh3-64 of the metadata bytes (little-endian)
 PREAMBLE = struct.Struct("<8sIIQ")
@@ -113,17 +115,50 @@ def read_header(
     Raises:
         DamagedFilterError: any problem, named.
     """
+    metadata, data_offset = read_metadata(path, head, file_size, handle, FORMAT_VERSION)
+    problem = check_metadata(metadata)
+    if problem:
+        raise damaged_error(path, problem)
+    prefix = metadata.get("prefix")
+    num_words = int(metadata["num_bits"]) // 64 + (int(prefix["num_bits"]) // 64 if prefix else 0)
+    expected_size = data_offset + num_words * 8
+    if file_size != expected_size:
+        raise damaged_error(
+            path, f"size {file_size} bytes, expected {expected_size} from its header"
+        )
+    return metadata, data_offset
+
+
+def format_version(head: bytes) -> int | None:
+    """The format version a native file's preamble states (None: too short to say)."""
+    if len(head) < PREAMBLE.size:
+        return None
+    return int(PREAMBLE.unpack(head)[1])
+
+
+def read_metadata(
+    path: Path, head: bytes, file_size: int, handle: BinaryIO | None, version: int
+) -> tuple[dict[str, Any], int]:
+    """The preamble checked (magic, ``version``, metadata length and checksum) and the JSON
+    metadata decoded, not yet validated field by field.
+
+    Returns:
+        (the metadata, the byte offset after the header's pages).
+
+    Raises:
+        DamagedFilterError: any problem, named.
+    """
     if len(head) < PREAMBLE.size:
         raise damaged_error(
             path, f"only {len(head)} bytes, shorter than the {PREAMBLE.size}-byte preamble"
         )
-    magic, version, metadata_bytes, metadata_hash = PREAMBLE.unpack(head)
+    magic, found_version, metadata_bytes, metadata_hash = PREAMBLE.unpack(head)
     if magic != MAGIC:
         raise damaged_error(path, f"bad magic bytes {magic!r}")
-    if version != FORMAT_VERSION:
+    if found_version != version:
         raise DamagedFilterError(
-            f"{path}: format version {version}, this memfree reads version {FORMAT_VERSION}; "
-            "rebuild the filter or upgrade memfree"
+            f"{path}: format version {found_version}, this memfree reads versions "
+            f"{FORMAT_VERSION} and {INDEX_FORMAT_VERSION}; rebuild the filter or upgrade memfree"
         )
     if metadata_bytes > MAX_METADATA_BYTES or PREAMBLE.size + metadata_bytes > file_size:
         raise damaged_error(
@@ -141,18 +176,9 @@ def read_header(
         metadata = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise damaged_error(path, f"unreadable metadata ({error})") from None
-    problem = check_metadata(metadata)
-    if problem:
-        raise damaged_error(path, problem)
-    data_offset = page_round(PREAMBLE.size + metadata_bytes)
-    prefix = metadata.get("prefix")
-    num_words = int(metadata["num_bits"]) // 64 + (int(prefix["num_bits"]) // 64 if prefix else 0)
-    expected_size = data_offset + num_words * 8
-    if file_size != expected_size:
-        raise damaged_error(
-            path, f"size {file_size} bytes, expected {expected_size} from its header"
-        )
-    return metadata, data_offset
+    if not isinstance(metadata, dict):
+        raise damaged_error(path, "metadata is not a JSON object")
+    return metadata, page_round(PREAMBLE.size + metadata_bytes)
 
 
 def verify_bits(
@@ -192,6 +218,7 @@ def check_hashing_binding(path: Path, metadata: dict[str, Any]) -> None:
 # memfree.filterfile.header_bits keep their old import path.
 __all__ = [
     "FORMAT_VERSION",
+    "INDEX_FORMAT_VERSION",
     "LAYOUT",
     "MAGIC",
     "MAX_BLOCKS",
@@ -205,9 +232,11 @@ __all__ = [
     "count_set_bits",
     "damaged_error",
     "fill_problem",
+    "format_version",
     "hashing_digest",
     "page_round",
     "read_header",
+    "read_metadata",
     "read_preamble",
     "verify_bits",
 ]

@@ -254,6 +254,10 @@ class NgramFilter:
             self.prefix_num_probes,
         )
 
+    def prefix_index(self) -> None:
+        """None: this layout is not the prefix-keyed index."""
+        return None
+
     @property
     def has_prefix_section(self) -> bool:
         return self._prefix_bit_words is not None

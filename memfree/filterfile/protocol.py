@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from memfree.filterfile.index_layout import IndexArrays
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,8 @@ class BlockedBits:
 class NgramSet(Protocol):
     """What every filter format answers when read: the guard and the evaluation need no more.
 
-    :class:`NgramFilter` (memfree's own file) and
+    :class:`NgramFilter` (memfree's Bloom layout), :class:`~memfree.filterfile.index_file.IndexFilter`
+    (the prefix-keyed index) and
     :class:`~memfree.filterfile.pybloom.PybloomNgramFilter` (pybloomfiltermmap3 interchange files) implement
     it; neither subclasses the other.
     """
@@ -54,6 +58,7 @@ class NgramSet(Protocol):
     def expected_false_positive_rate(self) -> float: ...
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray: ...
     def blocked_bits(self) -> BlockedBits | None: ...
+    def prefix_index(self) -> IndexArrays | None: ...
     def __len__(self) -> int: ...
     def close(self) -> None: ...
 

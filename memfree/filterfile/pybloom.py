@@ -89,6 +89,10 @@ class PybloomNgramFilter:
         result = np.asarray((found & 1).astype(bool).all(axis=1))
         return result[0] if single else result
 
+    def prefix_index(self) -> None:
+        """None: this layout is not the prefix-keyed index."""
+        return None
+
     def blocked_bits(self) -> None:
         """None: the library's k-seed probes are not memfree's blocked layout."""
         return None

@@ -116,7 +116,8 @@ class TokenUnit:
         special_token_ids: Iterable[int],
         options: MaskerOptions | None = None,
     ) -> Masker:
-        """A :class:`~memfree.core.token.TokenMasker` (the tokenizer was checked by the caller:
+        """A :class:`~memfree.core.token.TokenMasker`, or an
+        :class:`~memfree.core.token_index.IndexMasker` for a prefix-keyed index (the tokenizer was checked by the caller:
         its fingerprint must match the filter's, see :func:`memfree.vocab.tokenizer.check_tokenizer`).
 
         Raises:
@@ -125,6 +126,10 @@ class TokenUnit:
         from memfree.core.token import TokenMasker
 
         check_filter_unit(ngram_filter, self.name, "`memfree build` (--unit token)")
+        if ngram_filter.prefix_index() is not None:
+            from memfree.core.token_index import IndexMasker
+
+            return IndexMasker(ngram_filter, special_token_ids, options)
         return TokenMasker(ngram_filter, special_token_ids, options)
 
     def created_ngram_counts(

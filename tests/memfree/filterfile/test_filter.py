@@ -214,9 +214,13 @@ def test_extra_bytes_are_refused(tmp_path: Path, good_file: tuple[Path, bytes]) 
 
 def test_wrong_version_is_refused(tmp_path: Path, good_file: tuple[Path, bytes]) -> None:
     _, data = good_file
-    damaged = tmp_path / "v2.memfree"
+    damaged = tmp_path / "v9.memfree"
+    damaged.write_bytes(data[:8] + struct.pack("<I", 9) + data[12:])
+    with pytest.raises(DamagedFilterError, match="version 9"):
+        NgramFilter.open(damaged)
+    # Version 2 is the prefix-keyed index: a Bloom header under it is refused as damaged.
     damaged.write_bytes(data[:8] + struct.pack("<I", 2) + data[12:])
-    with pytest.raises(DamagedFilterError, match="version 2"):
+    with pytest.raises(DamagedFilterError, match="unknown layout 'blocked-512'"):
         NgramFilter.open(damaged)
 
 

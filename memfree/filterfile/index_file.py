@@ -1,0 +1,267 @@
+"""Reading and writing prefix-index filter files (``prefix-index-v1``; the records in
+:mod:`memfree.filterfile.index_layout`, the header in :mod:`memfree.filterfile.index_header`).
+
+:class:`IndexFilter` answers the :class:`~memfree.filterfile.protocol.NgramSet` protocol and hands
+the guard core its arrays (:meth:`IndexFilter.prefix_index`); :func:`open_index` opens and
+validates a file. Writing is in :mod:`memfree.filterfile.index_writer`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memfree.filterfile.filewatch import FileIdentity, FileWatch
+from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np
+from memfree.filterfile.header import (
+    INDEX_FORMAT_VERSION,
+    PREAMBLE,
+    damaged_error,
+    read_metadata,
+)
+from memfree.filterfile.index_header import (
+    check_index_metadata,
+    index_offsets,
+    sections_problem,
+    shape_of,
+)
+from memfree.filterfile.index_layout import (
+    INDEX_LAYOUT,
+    IndexArrays,
+    choose_shape,
+    encode_section,
+    index_keys,
+    lookup,
+    token_bits_for,
+)
+
+#: The index's default target: false bans per candidate (the Bloom layout's default is 1e-3).
+DEFAULT_INDEX_FALSE_POSITIVE_RATE = 1e-5
+
+
+class IndexFilter:
+    """A read-only set of token n-grams in the prefix-keyed index layout, memory-mapped.
+
+    Open with :func:`memfree.filterfile.open_filter` (or :meth:`NgramFilter.open`); write a small
+    one with :meth:`from_ngrams`. Queries never produce false negatives.
+    """
+
+    def __init__(self, path: Path, metadata: dict[str, Any], arrays: IndexArrays) -> None:
+        self.path = path
+        self._metadata = metadata
+        self._arrays = arrays
+        self.n: int = int(metadata["n"])
+        self.hash_seed: int = int(metadata["hash_seed"])
+        self.num_ngrams: int = int(metadata["num_ngrams"])
+        self.file_watch: FileWatch | None = None
+
+    @classmethod
+    def from_ngrams(
+        cls,
+        path: str | os.PathLike[str],
+        ngrams: np.ndarray | list[list[int]],
+        *,
+        vocab_size: int,
+        false_positive_rate: float = DEFAULT_INDEX_FALSE_POSITIVE_RATE,
+        hash_seed: int = DEFAULT_HASH_SEED,
+        section_bits: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> IndexFilter:
+        """Write an index holding exactly the given n-grams (ids below ``vocab_size``) and open it."""
+        from memfree.filterfile.index_writer import IndexFileWriter
+
+        array = np.asarray(ngrams, dtype=np.int64)
+        if array.ndim != 2 or array.shape[1] < 1:
+            raise ValueError(f"ngrams must be a 2-D (N, n) array, got shape {array.shape}")
+        if array.size and (array.min() < 0 or array.max() >= vocab_size):
+            raise ValueError(f"ngrams must hold token ids in [0, {vocab_size})")
+        token_bits = token_bits_for(vocab_size)
+        keys = np.unique(
+            index_keys(fingerprints_np(array[:, :-1], hash_seed), array[:, -1], token_bits)
+        )
+        shape = choose_shape(keys.size, token_bits, section_bits, vocab_size, false_positive_rate)
+        sections = (keys >> np.uint64(64 - section_bits)) if section_bits else keys * 0
+        counts = np.bincount(sections.astype(np.int64), minlength=shape.num_sections)
+        by_section = np.concatenate([[0], np.cumsum(counts)])
+        header = {
+            **(metadata or {}),
+            "n": int(array.shape[1]),
+            "hash_seed": hash_seed,
+            "vocab_size": int(vocab_size),
+            "target_false_positive_rate": false_positive_rate,
+        }
+        writer = IndexFileWriter(path, header, shape, counts.tolist())
+        try:
+            written = [
+                writer.target(section).write(
+                    encode_section(
+                        keys[by_section[section] : by_section[section + 1]], section, shape
+                    )
+                )
+                for section in range(shape.num_sections)
+            ]
+        except BaseException:
+            writer.abort()
+            raise
+        return open_index(writer.commit(written, check=verify_written), verify=False)
+
+    # -- queries ----------------------------------------------------------------------------------
+
+    def next_tokens(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The stored next tokens of each (n-1)-token prefix: (row, token) int64 arrays."""
+        array = np.asarray(prefixes, dtype=np.int64)
+        return lookup(self._arrays, fingerprints_np(array, self.hash_seed))
+
+    def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
+        """Whether each n-gram is (probably) stored; never a false negative."""
+        array = np.asarray(ngrams)
+        single = array.ndim == 1
+        if single:
+            array = array[None, :]
+        if array.ndim != 2 or array.shape[1] != self.n:
+            raise ValueError(
+                f"ngrams must have shape (N, {self.n}) for this {self.n}-gram filter, "
+                f"got {np.asarray(ngrams).shape}"
+            )
+        if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
+            raise ValueError("ngrams must hold non-negative integer token ids")
+        array = array.astype(np.int64)
+        rows, tokens = self.next_tokens(array[:, :-1])
+        result = np.zeros(array.shape[0], dtype=bool)
+        result[rows[tokens == array[rows, -1]]] = True
+        return result[0] if single else result
+
+    def prefix_index(self) -> IndexArrays:
+        """The arrays and widths, for the guard core."""
+        return self._arrays
+
+    def blocked_bits(self) -> None:
+        """None: this layout holds no Bloom bits."""
+        return None
+
+    # -- properties -------------------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self._metadata))
+
+    @property
+    def special_token_ids(self) -> tuple[int, ...] | None:
+        ids = self._metadata.get("special_token_ids")
+        return None if ids is None else tuple(int(i) for i in ids)
+
+    @property
+    def unit(self) -> str:
+        return str(self._metadata.get("unit", "token"))
+
+    @property
+    def layout(self) -> str:
+        return INDEX_LAYOUT
+
+    @property
+    def size_bytes(self) -> int:
+        return self.path.stat().st_size
+
+    @property
+    def expected_false_positive_rate(self) -> float:
+        return float(self._metadata["expected_false_positive_rate"])
+
+    def __len__(self) -> int:
+        return self.num_ngrams
+
+    def __repr__(self) -> str:
+        shape = self._arrays.shape
+        return (
+            f"IndexFilter({str(self.path)!r}, n={self.n}, num_ngrams={self.num_ngrams}, "
+            f"record_bits={shape.record_bits}, expected_fpr={self.expected_false_positive_rate:.3g})"
+        )
+
+    def close(self) -> None:
+        """Drop the mapping (queries after this fail)."""
+        for array in (self._arrays.directory, self._arrays.words):
+            mapping = getattr(array, "_mmap", None)
+            if mapping is not None:
+                try:
+                    mapping.close()
+                except BufferError:
+                    return  # a view still uses it; it closes with that view
+        if self.file_watch is not None:
+            self.file_watch.close()
+
+    def __enter__(self) -> IndexFilter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def open_index(path: Path, verify: bool) -> IndexFilter:
+    """Open, map and validate a prefix-index file.
+
+    Args:
+        path: the file (its preamble names format version 2).
+        verify: check every section against its checksum and directory (reads the whole file).
+
+    Raises:
+        DamagedFilterError: the file is truncated, damaged, edited or not a filter.
+    """
+    handle = open(path, "rb")  # noqa: SIM115 - kept open by the watch while mapped
+    try:
+        identity = FileIdentity.of(os.fstat(handle.fileno()))
+        head = os.pread(handle.fileno(), PREAMBLE.size, 0)
+        metadata, data_offset = read_metadata(
+            path, head, identity.size_bytes, handle, INDEX_FORMAT_VERSION
+        )
+        problem = check_index_metadata(metadata)
+        if problem:
+            raise damaged_error(path, problem)
+        shape = shape_of(metadata)
+        records = [entry[0] for entry in metadata["sections"]]
+        words_offset, starts, size = index_offsets(data_offset, shape, records)
+        if identity.size_bytes != size:
+            raise damaged_error(
+                path, f"size {identity.size_bytes} bytes, expected {size} from its header"
+            )
+        header = os.pread(handle.fileno(), data_offset, 0)
+        directory = np.memmap(
+            handle, dtype="<u4", mode="c", offset=data_offset, shape=(shape.directory_entries,)
+        )
+        words = np.memmap(
+            handle, dtype="<u8", mode="c", offset=words_offset, shape=((size - words_offset) // 8,)
+        )
+        if verify:
+            problem = sections_problem(metadata, directory, words, starts)
+            if problem:
+                raise damaged_error(path, problem)
+    except BaseException:
+        handle.close()
+        raise
+    arrays = IndexArrays(
+        shape, directory, words, starts, int(metadata["hash_seed"]), int(metadata["max_bucket"])
+    )
+
+    def intact() -> str | None:
+        if os.pread(handle.fileno(), len(header), 0) != header:
+            return "its header changed"
+        return sections_problem(metadata, directory, words, starts)
+
+    filt = IndexFilter(path, metadata, arrays)
+    filt.file_watch = FileWatch(path, handle, identity, intact)
+    return filt
+
+
+def verify_written(temporary: Path) -> None:
+    """Open a just-written index as every reader will, verified (a writer's last check).
+
+    Raises:
+        DamagedFilterError: the file fails its own check.
+    """
+    open_index(temporary, verify=True).close()
+
+
+__all__ = ["DEFAULT_INDEX_FALSE_POSITIVE_RATE", "IndexFilter", "open_index", "verify_written"]

@@ -1,0 +1,319 @@
+"""The prefix-keyed index layout (``prefix-index-v1``): for each stored n-gram, a fingerprint of
+its (n-1)-prefix and its next token, sorted by prefix and packed, so that a guard answers a row
+with one lookup that returns the tokens to ban instead of testing every vocabulary token.
+
+Keys. An n-gram's key is ``(prefix_fingerprint with its low t bits cleared) | next_token``: the
+prefix's 64-bit fingerprint (:func:`~memfree.filterfile.hashing.fingerprints_np` of its n-1 ids)
+above a t-bit token id (t bits hold every id of the vocabulary). Sorting keys sorts by prefix;
+a range of the key space is a range of prefixes, so the builder's reduce partitions are the
+file's sections and each writes its own slice.
+
+Buckets and records. The top ``b`` bits of a key pick its bucket (``2**b`` buckets, about
+:data:`BUCKET_TARGET` records each); a section holds ``2**(b - p)`` consecutive buckets (``2**p``
+sections). Each record keeps the next ``R`` bits of the prefix fingerprint (its remainder) and the
+token, ``R + t`` bits packed end to end in little-endian uint64 words. A row's prefix picks its
+bucket; the records of that bucket whose remainder equals the row's are the tokens it bans.
+
+No false negatives: every stored n-gram's record sits in its prefix's bucket with its prefix's
+remainder. A false positive needs another prefix with the same top ``b + R`` bits: a candidate is
+banned falsely with probability about ``records_per_bucket * 2**-R / vocabulary`` (R is chosen
+from the target rate), and then only that prefix's few tokens are.
+
+The directory holds, for each section, ``2**(b - p) + 1`` uint32 record offsets (each bucket's
+first record, local to its section, then the section's record count); a section's records start
+at a word boundary, so every section is a contiguous slice of the directory and one of the
+records, written by its own task.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+INDEX_LAYOUT = "prefix-index-v1"
+#: Records per bucket the builder aims for (the directory then costs 2 bits per record).
+BUCKET_TARGET = 16
+#: A record is read from two adjacent words; a field of up to 57 bits always fits.
+MAX_RECORD_BITS = 57
+#: A section's records are counted in uint32 directory entries.
+MAX_SECTION_RECORDS = (1 << 32) - 1
+
+_U1 = np.uint64(1)
+_U6 = np.uint64(6)
+_U63 = np.uint64(63)
+
+
+def token_bits_for(vocab_size: int) -> int:
+    """Bits that hold every token id below ``vocab_size`` (at least 1)."""
+    return max(1, (int(vocab_size) - 1).bit_length())
+
+
+def index_keys(prefix_fingerprints: np.ndarray, tokens: np.ndarray, token_bits: int) -> np.ndarray:
+    """The index keys (uint64) of n-grams given their prefixes' fingerprints and next tokens."""
+    low = np.uint64((1 << token_bits) - 1)
+    prefix = np.asarray(prefix_fingerprints, dtype=np.uint64) & ~low
+    return prefix | (np.asarray(tokens).astype(np.uint64) & low)
+
+
+@dataclass(frozen=True)
+class IndexShape:
+    """The bit widths of an index file.
+
+    Attributes:
+        token_bits: t, bits of a token id.
+        bucket_bits: b, bits of a key that pick its bucket.
+        section_bits: p (<= b), bits that pick its section.
+        remainder_bits: R, prefix bits a record keeps below the bucket's.
+    """
+
+    token_bits: int
+    bucket_bits: int
+    section_bits: int
+    remainder_bits: int
+
+    @property
+    def record_bits(self) -> int:
+        return self.remainder_bits + self.token_bits
+
+    @property
+    def num_sections(self) -> int:
+        return 1 << self.section_bits
+
+    @property
+    def buckets_per_section(self) -> int:
+        return 1 << (self.bucket_bits - self.section_bits)
+
+    @property
+    def directory_entries(self) -> int:
+        return self.num_sections * (self.buckets_per_section + 1)
+
+    def section_words(self, records: int) -> int:
+        """uint64 words that hold ``records`` packed records."""
+        return (records * self.record_bits + 63) // 64
+
+    def problem(self) -> str | None:
+        """The first inconsistency of these widths, or None."""
+        t, b, p, r = self.token_bits, self.bucket_bits, self.section_bits, self.remainder_bits
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (t, b, p, r)):
+            return "index widths must be integers"
+        if not 1 <= t <= 40:
+            return f"token_bits is {t}, must be in [1, 40]"
+        if not 0 <= p <= b or p > 12:
+            return f"section_bits {p} and bucket_bits {b} must satisfy 0 <= p <= b, p <= 12"
+        if b - p > 31:
+            return f"bucket_bits {b} gives more than 2**31 buckets per section"
+        if r < 0 or b + r + t > 64 or r + t > MAX_RECORD_BITS:
+            return (
+                f"remainder_bits {r} with bucket_bits {b} and token_bits {t} do not fit a 64-bit "
+                f"key and a {MAX_RECORD_BITS}-bit record"
+            )
+        return None
+
+
+def choose_shape(
+    num_records: int, token_bits: int, section_bits: int, vocab_size: int, rate: float
+) -> IndexShape:
+    """The widths for ``num_records`` records: about :data:`BUCKET_TARGET` records a bucket,
+    and the fewest remainder bits whose expected false-positive rate per candidate is at most
+    ``rate`` (:func:`expected_rate`)."""
+    wanted = round(math.log2(max(num_records, 1) / BUCKET_TARGET)) if num_records else 0
+    bucket_bits = min(max(section_bits, wanted), section_bits + 31, 64 - token_bits)
+    room = min(64 - token_bits - bucket_bits, MAX_RECORD_BITS - token_bits)
+    per_bucket = num_records / 2**bucket_bits
+    remainder = 0
+    if per_bucket > 0:
+        remainder = max(0, math.ceil(math.log2(per_bucket / (rate * max(vocab_size, 1)))))
+    return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room))
+
+
+def expected_rate(num_records: int, shape: IndexShape, vocab_size: int) -> float:
+    """Expected share of candidates banned by a prefix that no stored n-gram has: a bucket's
+    records whose remainder matches by chance, spread over the vocabulary."""
+    per_bucket = num_records / 2 ** (shape.bucket_bits + shape.remainder_bits)
+    return min(1.0, per_bucket / max(vocab_size, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing one section.
+
+
+@dataclass(frozen=True)
+class EncodedSection:
+    """One section's slice of the file.
+
+    Attributes:
+        directory: uint32 `(buckets_per_section + 1,)` first record of each bucket, then the count.
+        words: uint64 packed records.
+        records: how many.
+        max_bucket: most records in one of its buckets.
+    """
+
+    directory: np.ndarray
+    words: np.ndarray
+    records: int
+    max_bucket: int
+
+
+def encode_section(keys: np.ndarray, section: int, shape: IndexShape) -> EncodedSection:
+    """Encode the sorted keys of one section.
+
+    Args:
+        keys: uint64 `(records,)` index keys, ascending, all in this section's key range.
+        section: the section's number.
+        shape: the file's widths.
+
+    Raises:
+        ValueError: keys out of order or outside the section, or more than a section holds.
+    """
+    keys = np.asarray(keys, dtype=np.uint64)
+    count = int(keys.shape[0])
+    per_section = shape.buckets_per_section
+    if count > MAX_SECTION_RECORDS:
+        raise ValueError(f"section {section} holds {count:,} records, more than 2**32 - 1")
+    if count and np.any(keys[1:] < keys[:-1]):
+        raise ValueError(f"section {section}: keys are not sorted")
+    buckets = _top_bits(keys, shape.bucket_bits).astype(np.int64) - section * per_section
+    if count and (buckets[0] < 0 or buckets[-1] >= per_section):
+        raise ValueError(f"section {section}: a key lies outside the section's range")
+    counts = np.bincount(buckets, minlength=per_section)
+    directory = np.zeros(per_section + 1, dtype=np.uint32)
+    directory[1:] = np.cumsum(counts)
+    values = keys & np.uint64((1 << shape.token_bits) - 1)
+    if shape.remainder_bits:
+        remainders = keys >> np.uint64(64 - shape.bucket_bits - shape.remainder_bits)
+        remainders &= np.uint64((1 << shape.remainder_bits) - 1)
+        values |= remainders << np.uint64(shape.token_bits)
+    return EncodedSection(
+        directory=directory,
+        words=pack_fields(values, shape.record_bits),
+        records=count,
+        max_bucket=int(counts.max()) if count else 0,
+    )
+
+
+def _top_bits(keys: np.ndarray, bits: int) -> np.ndarray:
+    """The top ``bits`` bits of each key (zeros when ``bits`` is 0)."""
+    if bits == 0:
+        return np.zeros(keys.shape[0], dtype=np.uint64)
+    return keys >> np.uint64(64 - bits)
+
+
+def pack_fields(values: np.ndarray, width: int) -> np.ndarray:
+    """Pack uint64 values of ``width`` bits end to end into little-endian uint64 words."""
+    count = int(values.shape[0])
+    words = np.zeros((count * width + 63) // 64 + 1, dtype=np.uint64)
+    if count:
+        offsets = np.arange(count, dtype=np.uint64) * np.uint64(width)
+        index = (offsets >> _U6).astype(np.int64)
+        shifts = offsets & _U63
+        starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]])
+        words[index[starts]] = np.bitwise_or.reduceat(values << shifts, starts)
+        crossing = np.flatnonzero(shifts + np.uint64(width) > np.uint64(64))
+        if crossing.size:  # at most one field crosses into each word: plain fancy indexing
+            spill = (values[crossing] >> _U1) >> (np.uint64(63) - shifts[crossing])
+            words[index[crossing] + 1] |= spill
+    return words[:-1]
+
+
+def read_fields(words: np.ndarray, first_bits: np.ndarray, width: int) -> np.ndarray:
+    """The ``width``-bit fields starting at bit offsets ``first_bits`` (uint64) of ``words``,
+    which must hold one word past the last field's (the file's records end with a zero word)."""
+    index = (first_bits >> _U6).astype(np.int64)
+    np.clip(index, 0, words.shape[0] - 2, out=index)  # a damaged directory never reads outside
+    shifts = first_bits & _U63
+    low = words[index] >> shifts
+    high = (words[index + 1] << _U1) << (np.uint64(63) - shifts)
+    return (low | high) & np.uint64((1 << width) - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading: one lookup per row.
+
+
+@dataclass(frozen=True)
+class IndexArrays:
+    """An index file's arrays and widths: what the guard core looks rows up in.
+
+    Attributes:
+        shape: the widths.
+        directory: uint32 `(shape.directory_entries,)`, memory-mapped: never write.
+        words: uint64 records of every section, then one zero word, memory-mapped.
+        section_words: int64 `(num_sections,)` the first word of each section's records.
+        hash_seed: the seed of the prefix fingerprints.
+        max_bucket: most records in one bucket (the header's, checked when verified).
+    """
+
+    shape: IndexShape
+    directory: np.ndarray
+    words: np.ndarray
+    section_words: np.ndarray
+    hash_seed: int
+    max_bucket: int
+
+
+def bucket_ranges(
+    index: IndexArrays, prefix_fingerprints: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each prefix's bucket: (first local record, end, section, remainder), all int64 but the
+    uint64 remainders."""
+    shape = index.shape
+    fingerprints = np.asarray(prefix_fingerprints, dtype=np.uint64)
+    buckets = _top_bits(fingerprints, shape.bucket_bits).astype(np.int64)
+    sections = buckets >> (shape.bucket_bits - shape.section_bits)
+    entry = buckets + sections  # each section's directory has one entry more than buckets
+    directory = index.directory
+    np.clip(entry, 0, directory.shape[0] - 2, out=entry)
+    first = directory[entry].astype(np.int64)
+    end = np.maximum(directory[entry + 1].astype(np.int64), first)
+    remainders = np.zeros(fingerprints.shape[0], dtype=np.uint64)
+    if shape.remainder_bits:
+        remainders = fingerprints >> np.uint64(64 - shape.bucket_bits - shape.remainder_bits)
+        remainders &= np.uint64((1 << shape.remainder_bits) - 1)
+    return first, end, sections, remainders
+
+
+def lookup(index: IndexArrays, prefix_fingerprints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stored next tokens of each prefix: (row of each, token id), int64 arrays.
+
+    Every stored (prefix, token) is returned for its rows; a pair that is not stored is returned
+    only through a prefix whose top ``b + R`` fingerprint bits match another's.
+    """
+    first, end, sections, remainders = bucket_ranges(index, prefix_fingerprints)
+    lengths = end - first
+    total = int(lengths.sum())
+    if total == 0:
+        empty = np.empty(0, dtype=np.int64)
+        return empty, empty
+    rows = np.repeat(np.arange(first.shape[0]), lengths)
+    starts = np.cumsum(lengths) - lengths
+    local = np.arange(total, dtype=np.int64) + np.repeat(first - starts, lengths)
+    width = index.shape.record_bits
+    bit_offsets = (index.section_words[sections[rows]] * 64).astype(np.uint64)
+    bit_offsets += local.astype(np.uint64) * np.uint64(width)
+    values = read_fields(index.words, bit_offsets, width)
+    token_bits = np.uint64(index.shape.token_bits)
+    keep = (values >> token_bits) == remainders[rows]
+    tokens = (values[keep] & np.uint64((1 << index.shape.token_bits) - 1)).astype(np.int64)
+    return rows[keep], tokens
+
+
+__all__ = [
+    "BUCKET_TARGET",
+    "INDEX_LAYOUT",
+    "MAX_RECORD_BITS",
+    "MAX_SECTION_RECORDS",
+    "EncodedSection",
+    "IndexArrays",
+    "IndexShape",
+    "bucket_ranges",
+    "choose_shape",
+    "encode_section",
+    "expected_rate",
+    "index_keys",
+    "lookup",
+    "pack_fields",
+    "read_fields",
+    "token_bits_for",
+]

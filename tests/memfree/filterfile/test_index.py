@@ -1,0 +1,240 @@
+"""The prefix-keyed index layout: exact against a reference set (every stored n-gram found, every
+other answer explained by a fingerprint collision), its widths, and damaged or edited files
+refused."""
+
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from memfree.errors import DamagedFilterError
+from memfree.filterfile import open_filter
+from memfree.filterfile.hashing import fingerprints_np
+from memfree.filterfile.header import PREAMBLE
+from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index_header import index_digest
+from memfree.filterfile.index_layout import (
+    choose_shape,
+    encode_section,
+    index_keys,
+    pack_fields,
+    read_fields,
+    token_bits_for,
+)
+
+
+def collides(index: IndexFilter, prefix: np.ndarray, other: np.ndarray) -> bool:
+    """Whether two prefixes share the top b + R fingerprint bits (the index cannot tell them
+    apart)."""
+    shape = index.prefix_index().shape
+    bits = shape.bucket_bits + shape.remainder_bits
+    if bits == 0:
+        return True
+    seed = index.hash_seed
+    first, second = fingerprints_np(np.stack([prefix, other]), seed) >> np.uint64(64 - bits)
+    return bool(first == second)
+
+
+@st.composite
+def stored_sets(draw: st.DrawFn) -> tuple[int, int, np.ndarray, int, float]:
+    vocab = draw(st.integers(2, 3000))
+    n = draw(st.integers(1, 5))
+    alphabet = draw(st.integers(1, min(vocab, 12)))
+    count = draw(st.integers(0, 400))
+    seed = draw(st.integers(0, 2**32))
+    rng = np.random.default_rng(seed)
+    ngrams = rng.integers(0, alphabet, size=(count, n))
+    if count and draw(st.booleans()):  # next tokens from the whole vocabulary
+        ngrams[:, -1] = rng.integers(0, vocab, size=count)
+    sections = draw(st.integers(0, 3))
+    rate = draw(st.sampled_from([1e-2, 1e-5, 1e-9]))
+    return vocab, n, ngrams, sections, rate
+
+
+@settings(max_examples=120, deadline=None)
+@given(case=stored_sets(), probe_seed=st.integers(0, 2**32))
+def test_exact_against_a_reference_set(
+    case: tuple[int, int, np.ndarray, int, float], probe_seed: int
+) -> None:
+    vocab, n, ngrams, sections, rate = case
+    reference = {tuple(row) for row in ngrams.tolist()}
+    with tempfile.TemporaryDirectory() as directory:
+        filt = IndexFilter.from_ngrams(
+            Path(directory) / "f.memfree",
+            ngrams,
+            vocab_size=vocab,
+            section_bits=sections,
+            false_positive_rate=rate,
+        )
+        assert len(filt) <= len(reference)  # two prefixes whose fingerprints collide merge
+        if ngrams.size:
+            assert filt.contains(ngrams).all()  # no false negatives
+        rng = np.random.default_rng(probe_seed)
+        probes = rng.integers(0, max(2, min(vocab, 14)), size=(300, n))
+        prefixes = np.unique(probes[:, : n - 1], axis=0)
+        rows, tokens = filt.next_tokens(prefixes)
+        for row, token in zip(rows.tolist(), tokens.tolist(), strict=True):
+            ngram = (*prefixes[row].tolist(), token)
+            if ngram in reference:
+                continue
+            # A token reported for a prefix that does not store it: a stored n-gram with this
+            # token whose prefix collides with this one.
+            assert any(
+                stored[-1] == token and collides(filt, prefixes[row], np.array(stored[:-1]))
+                for stored in reference
+            ), ngram
+        # Every stored next token of a probed prefix is reported for it.
+        reported = set(zip(rows.tolist(), tokens.tolist(), strict=True))
+        for row, prefix in enumerate(prefixes.tolist()):
+            for stored in reference:
+                if list(stored[:-1]) == prefix:
+                    assert (row, stored[-1]) in reported
+        stored = np.array([tuple(p) in reference for p in probes.tolist()], dtype=bool)
+        assert filt.contains(probes)[stored].all()
+        filt.close()
+
+
+def test_a_prefix_with_thousands_of_next_tokens(tmp_path: Path) -> None:
+    vocab = 70_000
+    heavy = np.stack([np.full(5000, 7), np.full(5000, 9), np.arange(5000) * 13], axis=1)
+    rng = np.random.default_rng(1)
+    others = rng.integers(0, vocab, size=(3000, 3))
+    filt = IndexFilter.from_ngrams(
+        tmp_path / "f.memfree", np.concatenate([heavy, others]), vocab_size=vocab, section_bits=2
+    )
+    _, tokens = filt.next_tokens(np.array([[7, 9]]))
+    assert set(tokens.tolist()) >= set((np.arange(5000) * 13).tolist())
+    assert filt.prefix_index().max_bucket >= 5000
+    assert filt.prefix_index().shape.token_bits == 17
+
+
+def test_empty_and_unigram_filters(tmp_path: Path) -> None:
+    empty = IndexFilter.from_ngrams(tmp_path / "e.memfree", np.zeros((0, 4), int), vocab_size=9)
+    assert len(empty) == 0 and not empty.contains([[1, 2, 3, 4]])
+    assert empty.next_tokens(np.array([[1, 2, 3]]))[0].size == 0
+    unigrams = IndexFilter.from_ngrams(tmp_path / "u.memfree", [[5], [7]], vocab_size=9)
+    assert unigrams.contains([[5], [6], [7]]).tolist() == [True, False, True]
+    assert type(open_filter(tmp_path / "u.memfree")) is IndexFilter
+
+
+def test_widths_follow_the_target_rate() -> None:
+    loose = choose_shape(4_000_000, 16, 4, 49_152, 1e-5)
+    tight = choose_shape(4_000_000, 16, 4, 49_152, 1e-9)
+    assert loose.bucket_bits == 18  # about 16 records a bucket
+    assert tight.remainder_bits > loose.remainder_bits
+    # 15.3 records a bucket, 5 remainder bits: 15.3 / 32 / 49,152 = 9.7e-6 false bans per
+    # candidate; 2.9 bytes per n-gram (a 21-bit record, 2 bits of directory).
+    assert loose.record_bits == 21
+    assert token_bits_for(49_152) == 16 and token_bits_for(2) == 1 and token_bits_for(1) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    width=st.integers(1, 57),
+    values=st.lists(st.integers(0, 2**57 - 1), max_size=50),
+)
+def test_packed_fields_read_back(width: int, values: list[int]) -> None:
+    array = np.array([value & ((1 << width) - 1) for value in values], dtype=np.uint64)
+    words = np.concatenate([pack_fields(array, width), np.zeros(1, np.uint64)])
+    offsets = np.arange(array.size, dtype=np.uint64) * np.uint64(width)
+    assert np.array_equal(read_fields(words, offsets, width), array)
+
+
+def test_encoding_refuses_unsorted_or_foreign_keys() -> None:
+    shape = choose_shape(10, 8, 1, 200, 1e-5)
+    keys = np.sort(index_keys(np.array([1, 2, 3], np.uint64) << np.uint64(60), [1, 2, 3], 8))
+    with pytest.raises(ValueError, match="outside"):
+        encode_section(keys[::-1][:1] | np.uint64(1 << 63), 0, shape)
+    with pytest.raises(ValueError, match="not sorted"):
+        encode_section(keys[::-1], 0, shape)
+
+
+# ------------------------------------------------------------------------------------------------
+# Damaged and edited files
+
+
+@pytest.fixture
+def index_file(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(3)
+    path = tmp_path / "f.memfree"
+    IndexFilter.from_ngrams(
+        path, rng.integers(0, 500, size=(2000, 4)), vocab_size=500, section_bits=2
+    ).close()
+    return path
+
+
+def rewrite_metadata(path: Path, edit: dict[str, object], rebind: bool) -> None:
+    data = bytearray(path.read_bytes())
+    _, version, length, _ = PREAMBLE.unpack_from(data)
+    metadata = json.loads(data[PREAMBLE.size : PREAMBLE.size + length])
+    metadata.update(edit)
+    if rebind:
+        metadata["hashing_xxh3"] = index_digest(metadata)
+    raw = json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode()
+    assert len(raw) <= length + 40
+    header = struct.pack("<8sIIQ", b"MEMFREE\x00", version, len(raw), xxhash.xxh3_64_intdigest(raw))
+    data[: PREAMBLE.size + len(raw)] = header + raw
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["directory", "records", "last word"])
+def test_a_flipped_byte_is_refused(index_file: Path, where: str) -> None:
+    data = bytearray(index_file.read_bytes())
+    offset = {"directory": 4096 + 9, "records": len(data) - 100, "last word": len(data) - 3}[where]
+    data[offset] ^= 0x10
+    index_file.write_bytes(bytes(data))
+    with pytest.raises(DamagedFilterError, match=r"checksum|zero word|directory"):
+        open_filter(index_file)
+
+
+def test_truncated_and_extended_files_are_refused(index_file: Path) -> None:
+    data = index_file.read_bytes()
+    for damaged in (data[:-8], data + b"\x00" * 8, data[:20], data[:5000]):
+        index_file.write_bytes(damaged)
+        with pytest.raises(DamagedFilterError):
+            open_filter(index_file, verify=False)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"hash_seed": 7}, "edited"),
+        ({"remainder_bits": 0}, "expected_false_positive_rate|edited"),
+        ({"n": 3}, "edited"),
+        ({"token_bits": 30}, "vocab_size"),
+        ({"max_bucket": 1}, "max_bucket|edited"),
+        ({"unit": "word"}, "token n-grams"),
+        ({"sections": [[0, "0" * 16]]}, "sections"),
+    ],
+)
+def test_edited_headers_are_refused(
+    index_file: Path, edit: dict[str, object], message: str
+) -> None:
+    rewrite_metadata(index_file, edit, rebind=False)
+    with pytest.raises(DamagedFilterError, match=message):
+        open_filter(index_file, verify=False)
+
+
+def test_an_edit_rebound_is_still_caught_when_verified(index_file: Path) -> None:
+    # Lowering max_bucket with the binding recomputed: the fixed-shape step would read too few
+    # slots; verification compares every bucket with it.
+    metadata = open_filter(index_file).metadata
+    rewrite_metadata(index_file, {"max_bucket": metadata["max_bucket"] - 1}, rebind=True)
+    with pytest.raises(DamagedFilterError, match="max_bucket"):
+        open_filter(index_file)
+
+
+def test_a_newer_version_names_the_fix(index_file: Path) -> None:
+    data = bytearray(index_file.read_bytes())
+    data[8:12] = struct.pack("<I", 3)
+    index_file.write_bytes(bytes(data))
+    with pytest.raises(DamagedFilterError, match=r"version 3.*upgrade memfree"):
+        open_filter(index_file)
