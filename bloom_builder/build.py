@@ -36,6 +36,7 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.summary import BuildSummary
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
+from memfree.filterfile.index_layout import token_bits_for
 from memfree.filterfile.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
 
@@ -173,14 +174,33 @@ def _run(
     setup = partial(init_worker, parts.payload)
     executor_kind, address = settings.executor, settings.ray_address
     with make_executor(settings.workers, setup, executor_kind, address) as executor:
-        map_results = _map_step(
-            executor, plan, settings, work, budget, parts.progress_label, progress
-        )
+        map_results = _map_step(executor, plan, settings, work, budget, parts, progress)
         stats = _merge_stats(map_results, plan.problems)
         if stats.documents == 0:
             raise BuildError(nothing_usable(plan.problems, "no usable document in the corpus"))
         reduced = _reduce_step(executor, map_results, settings, work, plan, budget, progress)
-    corpus = {
+        metadata = filter_metadata(
+            parts.header_fields,
+            settings,
+            reduced.kept("ngrams"),
+            _corpus(paths, plan, stats, reduced),
+        )
+        if settings.uses_index:
+            from bloom_builder.write_index import write_index
+
+            index = write_index(output, metadata, settings, reduced, executor, work)
+            size = output.stat().st_size
+            shape = FilterShape(size * 8, 0, index.expected_false_positive_rate)
+            return _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+    shape = write_filter(
+        output, metadata, settings, plan, reduced, parts.payload, budget.batch_bytes
+    )
+    return _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+
+
+def _corpus(paths: list[str], plan: BuildPlan, stats: MapStats, reduced: Reduced) -> dict[str, Any]:
+    """The header's corpus summary."""
+    return {
         "documents": stats.documents,
         "tokens": stats.tokens,
         "ngrams": stats.ngrams,
@@ -189,12 +209,6 @@ def _run(
         "input_units": len(plan.units),
         "skipped": plan.problems.to_dict()["counts"],
     }
-    kept = reduced.kept("ngrams")
-    metadata = filter_metadata(parts.header_fields, settings, kept, corpus)
-    shape = write_filter(
-        output, metadata, settings, plan, reduced, parts.payload, budget.batch_bytes
-    )
-    return _summary(output, settings, plan, stats, map_results, reduced, shape, started)
 
 
 def _map_step(
@@ -203,10 +217,11 @@ def _map_step(
     settings: BuildSettings,
     work: Path,
     budget: _Budget,
-    stage_name: str,
+    parts: BuildParts,
     progress: bool,
 ) -> dict[int, MapResult]:
     """Run one map task per shard; returns each task's result by shard index."""
+    vocab_size = parts.header_fields.get("vocab_size", 0)
     tasks = [
         MapTask(
             index=index,
@@ -219,12 +234,13 @@ def _map_step(
             options=plan.options,
             prefixes=plan.use_prefixes,
             batch_bytes=budget.batch_bytes,
+            index_token_bits=token_bits_for(int(vocab_size)) if settings.uses_index else 0,
         )
         for index, shard in enumerate(plan.shards)
     ]
     results: dict[int, MapResult] = {}
     total_bytes = sum(max(unit.size_bytes, 1) for unit in plan.units)
-    with _progress(total_bytes, stage_name, "B", progress) as bar:
+    with _progress(total_bytes, parts.progress_label, "B", progress) as bar:
         for task, result in executor.run(map_shard, tasks):
             results[task.index] = result
             bar.update(sum(max(unit.size_bytes, 1) for unit in task.units))
@@ -254,7 +270,12 @@ def _reduce_step(
         runs["prefixes"] = [stem for done in in_order for stem in done.prefix_runs]
     reduce_dir = work / f"reduce-min{settings.min_count}"
     tasks = reduce_tasks(
-        runs, settings.num_partitions, settings.min_count, budget.max_entries, reduce_dir
+        runs,
+        settings.num_partitions,
+        settings.min_count,
+        budget.max_entries,
+        reduce_dir,
+        histogram=settings.uses_index,
     )
     reduced = Reduced(tasks)
     with _progress(len(tasks), "count", "part", progress) as bar:
@@ -291,7 +312,7 @@ def _summary(
         num_probes=shape.num_probes,
         expected_false_positive_rate=shape.expected_false_positive_rate,
         size_bytes=output.stat().st_size,
-        theoretical_minimum_bytes=theoretical_minimum_bits(kept, settings.false_positive_rate) / 8,
+        theoretical_minimum_bytes=theoretical_minimum_bits(kept, settings.target_rate) / 8,
         seconds=seconds,
         tokens_per_second=stats.tokens / seconds if seconds > 0 else 0.0,
         seconds_tokenizing=stats.seconds_tokenizing,
@@ -301,6 +322,7 @@ def _summary(
         reused_tasks=sum(result.reused for result in map_results.values()),
         workers=settings.workers,
         skipped=plan.problems.to_dict(),
+        layout=settings.layout if settings.uses_index else "blocked-512",
     )
 
 

@@ -13,9 +13,21 @@ UnitName = Literal["token", "word"]
 ExecutorName = Literal["local", "ray"]
 #: The filter file written: memfree's native format, or pybloomfiltermmap3's (interchange).
 OutputFormat = Literal["memfree", "pybloomfiltermmap3"]
+#: The native format's layouts: the blocked Bloom filter, or the prefix-keyed index.
+LayoutName = Literal["blocked-512", "prefix-index"]
 
 UNITS: tuple[UnitName, ...] = get_args(UnitName)
 EXECUTORS: tuple[ExecutorName, ...] = get_args(ExecutorName)
 FORMATS: tuple[OutputFormat, ...] = get_args(OutputFormat)
+LAYOUTS: tuple[LayoutName, ...] = get_args(LayoutName)
 
-__all__ = ["EXECUTORS", "FORMATS", "UNITS", "ExecutorName", "OutputFormat", "UnitName"]
+__all__ = [
+    "EXECUTORS",
+    "FORMATS",
+    "LAYOUTS",
+    "UNITS",
+    "ExecutorName",
+    "LayoutName",
+    "OutputFormat",
+    "UnitName",
+]

@@ -9,7 +9,7 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from bloom_builder.choices import EXECUTORS, FORMATS, UNITS
+from bloom_builder.choices import EXECUTORS, FORMATS, LAYOUTS, UNITS
 from memfree.cli.common import fail, interrupted
 from memfree.errors import SettingError, in_flag_terms
 
@@ -37,6 +37,7 @@ FLAGS = {
     "include": "--include",
     "exclude": "--exclude",
     "output_format": "--format",
+    "layout": "--layout",
 }
 #: Fields whose None the command line spells otherwise: ``--prefix-fpr 0`` is no prefix section.
 NONE_SPELLED = {"prefix_false_positive_rate": "0"}
@@ -120,7 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--fpr",
         type=float,
         default=defaults.false_positive_rate,
-        help="target false-positive rate (default %(default)s)",
+        help="target false-positive rate (default: 1e-3 for the Bloom layout, one n-gram test; "
+        "1e-5 false bans per candidate token for --layout prefix-index)",
     )
     parser.add_argument(
         "--prefix-fpr",
@@ -208,6 +210,14 @@ def _add_reading_and_output_options(
         help="output format (default %(default)s)",
     )
     parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default=defaults.layout,
+        help="layout of a memfree filter: blocked-512, a blocked Bloom filter with a prefix "
+        "section (default), or prefix-index, which answers a guarded row with one lookup "
+        "(token unit only; docs/index.md)",
+    )
+    parser.add_argument(
         "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"
     )
     parser.add_argument(
@@ -252,6 +262,7 @@ def settings_from_args(args: argparse.Namespace) -> BuildSettings:
         include=tuple(args.include),
         exclude=tuple(args.exclude),
         output_format=args.format,
+        layout=args.layout,
         workers=args.workers,
         executor=args.executor,
         ray_address=args.ray_address,

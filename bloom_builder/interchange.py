@@ -49,7 +49,7 @@ def write_pybloom_filter(
 
     parts = [np.asarray(read_kept(task)) for task in reduce_tasks]
     kept = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)  # sorted
-    writer = PybloomWriter(max(int(kept.size), 1), settings.false_positive_rate, settings.hash_seed)
+    writer = PybloomWriter(max(int(kept.size), 1), settings.target_rate, settings.hash_seed)
     encoder = payload.encoder()
     for shard in shards:
         for unit in shard:

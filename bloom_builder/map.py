@@ -10,11 +10,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
+
 from bloom_builder.counting import FileRecord, RunWriter, files_intact
 from bloom_builder.encode import Encoder, EncodeSeconds, encoded_batches, worker_encoder
+from bloom_builder.errors import BuildError
 from bloom_builder.segments import SEGMENT_BYTES
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit
-from bloom_builder.windows import batch_windows
+from bloom_builder.windows import Windows, batch_windows
+from memfree.filterfile.hashing import fingerprints_np
+from memfree.filterfile.index_layout import index_keys
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,9 @@ class MapTask:
         options: how the units are read.
         prefixes: also write runs of each window's (n-1)-id prefix (for the prefix section).
         batch_bytes: text encoded at once (the memory it may take).
+        index_token_bits: for the prefix-keyed index, the bits of a token id: the runs then
+            hold each window's index key (its prefix's fingerprint above its last id) instead
+            of its fingerprint; 0 for the Bloom layout.
     """
 
     result_type: ClassVar[type[MapResult]] = MapResult
@@ -146,6 +154,7 @@ class MapTask:
     options: SourceOptions
     prefixes: bool = True
     batch_bytes: int = 4 * SEGMENT_BYTES
+    index_token_bits: int = 0
 
     @property
     def marker(self) -> Path:
@@ -176,7 +185,7 @@ def map_shard(task: MapTask) -> MapResult:
     """
     encoder = worker_encoder()
     shutil.rmtree(task.run_dir, ignore_errors=True)  # what an interrupted attempt left
-    prefixes = task.prefixes and task.ngram_size > 1
+    prefixes = task.prefixes and task.ngram_size > 1 and not task.index_token_bits
     share = task.buffer_entries // 2 if prefixes else task.buffer_entries
     writer = RunWriter(task.run_dir / "ngrams", max(share, 1))
     prefix_writer = RunWriter(task.run_dir / "prefixes", max(share, 1)) if prefixes else None
@@ -229,10 +238,13 @@ def _map_unit(
             task.ngram_size,
             task.hash_seed,
             encoder.special_ids,
-            prefix_writer is not None,
+            prefix_writer is not None or bool(task.index_token_bits),
         )
         ngrams += windows.fingerprints.size
-        writer.add(windows.fingerprints)
+        if task.index_token_bits:
+            writer.add(window_index_keys(windows, task, unit))
+        else:
+            writer.add(windows.fingerprints)
         if prefix_writer is not None and windows.prefix_fingerprints is not None:
             prefix_writer.add(windows.prefix_fingerprints)
         carry = windows.carry
@@ -248,3 +260,28 @@ def _map_unit(
         seconds_hashing=hashing,
         cpu_seconds_hashing=cpu_hashing,
     )
+
+
+def window_index_keys(windows: Windows, task: MapTask, unit: WorkUnit) -> np.ndarray:
+    """The prefix-keyed index keys of a batch's stored windows (their prefixes' fingerprints
+    above their last ids).
+
+    Raises:
+        BuildError: an id does not fit the index's token field (a pre-tokenized corpus holding
+            ids beyond the tokenizer's vocabulary); storing it truncated would lose it.
+    """
+    last = windows.sequence[task.ngram_size - 1 :]
+    if windows.clean is not None:
+        last = last[windows.clean]
+    last = last.astype(np.uint64)
+    if last.size and int(last.max()) >> task.index_token_bits:
+        raise BuildError(
+            f"{unit.path}: holds token id {int(last.max())}, beyond the tokenizer's vocabulary "
+            f"({task.index_token_bits}-bit ids); rebuild with the tokenizer these ids are of"
+        )
+    if windows.prefix_fingerprints is not None:
+        prefixes = windows.prefix_fingerprints
+    else:  # n = 1: every window's prefix is empty
+        empty = fingerprints_np(np.zeros((1, 0), np.int64), task.hash_seed)[0]
+        prefixes = np.full(last.size, empty)
+    return index_keys(prefixes, last, task.index_token_bits)

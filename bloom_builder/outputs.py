@@ -19,7 +19,7 @@ from memfree.fileio import LockHeld, atomic_write, take_lock
 
 WORK_MARKER = ".memfree-work.json"
 # Entries a build creates inside its work directory; nothing else there is ever deleted.
-_WORK_ENTRIES = ("map", "reduce-min*")
+_WORK_ENTRIES = ("map", "reduce-min*", "sections")
 
 
 class OutputError(ValueError):

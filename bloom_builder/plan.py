@@ -105,6 +105,7 @@ def plan_build(
         settings.prefix_false_positive_rate is not None
         and settings.ngram_size > 1
         and settings.output_format == "memfree"
+        and not settings.uses_index
     )
     stamps: dict[str, list[Any]] = {}
     config = {
@@ -121,6 +122,8 @@ def plan_build(
         "num_partitions": settings.num_partitions,
         "options": asdict(options),
         "prefixes": use_prefixes,
+        # The index's runs hold (prefix, next token) keys, not n-gram fingerprints.
+        **({"layout": settings.layout} if settings.uses_index else {}),
     }
     shards = plan_shards(units, settings.shard_bytes)
     return BuildPlan(units, shards, problems, options, use_prefixes, config)

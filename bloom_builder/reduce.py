@@ -40,6 +40,8 @@ class ReduceResult:
         seconds: wall time of the count.
         cpu_seconds: CPU time of the count, in the task's thread.
         reused: the result comes from the marker of an earlier build, not from running.
+        histogram: kept keys by their top 12 bits, over the partition's range (the
+            prefix-keyed index sizes its sections from it).
     """
 
     distinct: int
@@ -48,6 +50,7 @@ class ReduceResult:
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     reused: bool = False
+    histogram: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The marker's payload: ``distinct``, ``kept``, ``kept_file``, the times, ``reused``."""
@@ -58,6 +61,8 @@ class ReduceResult:
             "seconds": self.seconds,
             "cpu_seconds": self.cpu_seconds,
             "reused": self.reused,
+            # Only written when counted (markers of earlier builds have none).
+            **({"histogram": list(self.histogram)} if self.histogram else {}),
         }
 
     @classmethod
@@ -74,7 +79,12 @@ class ReduceResult:
             seconds=float(payload.get("seconds", 0.0)),
             cpu_seconds=float(payload.get("cpu_seconds", 0.0)),
             reused=bool(payload.get("reused", False)),
+            histogram=tuple(int(count) for count in payload.get("histogram", ())),
         )
+
+
+#: The top bits of a key that :attr:`ReduceResult.histogram` counts by.
+HISTOGRAM_BITS = 12
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +100,7 @@ class ReduceTask:
         max_entries: most run entries loaded at once.
         out_dir: where the kept file and the marker go.
         kind: "ngrams" or "prefixes".
+        histogram: also count the kept keys by their top bits (for the prefix-keyed index).
     """
 
     result_type: ClassVar[type[ReduceResult]] = ReduceResult
@@ -102,6 +113,7 @@ class ReduceTask:
     max_entries: int
     out_dir: str
     kind: RunKind = "ngrams"
+    histogram: bool = False
 
     @property
     def marker(self) -> Path:
@@ -157,6 +169,7 @@ def reduce_tasks(
     min_count: int,
     max_entries: int,
     out_dir: Path,
+    histogram: bool = False,
 ) -> list[ReduceTask]:
     """The reduce tasks of every kind that has runs: one per partition, n-grams first.
 
@@ -170,6 +183,7 @@ def reduce_tasks(
         min_count: keep fingerprints counted at least this many times.
         max_entries: most run entries a task loads at once.
         out_dir: where kept files and markers go (created).
+        histogram: count each partition's kept keys by their top bits (the index's sections).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     bounds = partition_bounds(num_partitions)
@@ -183,6 +197,7 @@ def reduce_tasks(
             max_entries=max_entries,
             out_dir=str(out_dir),
             kind=kind,
+            histogram=histogram,
         )
         for kind in KINDS
         if kind in runs
@@ -197,6 +212,8 @@ def reduce_partition(task: ReduceTask) -> ReduceResult:
         The fingerprints it counted and kept, the record of its kept file, and its times.
     """
     distinct = kept = 0
+    first_bin = task.low >> (64 - HISTOGRAM_BITS)
+    histogram = np.zeros(max(1, (task.high - task.low) >> (64 - HISTOGRAM_BITS)), dtype=np.int64)
     digest = xxhash.xxh3_64()
     started, started_cpu = time.perf_counter(), time.thread_time()
     with atomic_file(task.kept_path) as out:
@@ -208,6 +225,9 @@ def reduce_partition(task: ReduceTask) -> ReduceResult:
             task.max_entries,
         ):
             data = fingerprints.astype("<u8").data.cast("B")
+            if task.histogram:
+                bins = (fingerprints >> np.uint64(64 - HISTOGRAM_BITS)).astype(np.int64)
+                histogram += np.bincount(bins - first_bin, minlength=histogram.size)
             out.write(data)
             digest.update(data)
             distinct += counted.distinct
@@ -218,6 +238,7 @@ def reduce_partition(task: ReduceTask) -> ReduceResult:
         kept_file=file_record(task.kept_path, digest.hexdigest()),
         seconds=time.perf_counter() - started,
         cpu_seconds=time.thread_time() - started_cpu,
+        histogram=tuple(histogram.tolist()) if task.histogram else (),
     )
 
 

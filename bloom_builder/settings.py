@@ -10,7 +10,16 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bloom_builder.choices import EXECUTORS, FORMATS, UNITS, ExecutorName, OutputFormat, UnitName
+from bloom_builder.choices import (
+    EXECUTORS,
+    FORMATS,
+    LAYOUTS,
+    UNITS,
+    ExecutorName,
+    LayoutName,
+    OutputFormat,
+    UnitName,
+)
 from memfree.errors import SettingError
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED
 from memfree.units import get_unit
@@ -28,7 +37,9 @@ class BuildSettings:
         unit: "token" (n-grams of the tokenizer's ids) or "word" (n-grams of normalized words,
             no tokenizer: one filter for every model; see :mod:`memfree.vocab.words`).
         min_count: keep n-grams seen at least this many times in the corpus.
-        false_positive_rate: target false-positive rate the filter is sized for.
+        false_positive_rate: target false-positive rate the filter is sized for (None: the
+            layout's default, :attr:`target_rate`): for the Bloom layout the rate of one n-gram
+            test, for the prefix-keyed index the expected false bans per candidate token.
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
         text_field: JSONL field / Parquet column / dataset column holding the text.
         executor: "local" (a process pool on this machine) or "ray" (Ray Core tasks with
@@ -40,6 +51,9 @@ class BuildSettings:
         include: fnmatch patterns selecting files inside walked directories.
         exclude: fnmatch patterns excluding files inside walked directories.
         output_format: "memfree" (native) or "pybloomfiltermmap3" (interchange).
+        layout: the native format's layout: "blocked-512" (a blocked Bloom filter with a prefix
+            section) or "prefix-index" (the prefix-keyed index: one lookup per guarded row;
+            token unit only).
         workers: parallel map/reduce processes (1 = in this process).
         memory_limit_bytes: budget across all workers for what the build sizes itself: each
             worker's share goes half to tokenization batches, half to counting buffers (the
@@ -58,7 +72,7 @@ class BuildSettings:
     ngram_size: int = 10
     unit: UnitName = "token"
     min_count: int = 1
-    false_positive_rate: float = 1e-3
+    false_positive_rate: float | None = None
     tokenizer: str | None = None
     text_field: str = "text"
     ids_field: str | None = None
@@ -67,6 +81,7 @@ class BuildSettings:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     output_format: OutputFormat = "memfree"
+    layout: LayoutName = "blocked-512"
     workers: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     memory_limit_bytes: int = 2 << 30
     num_partitions: int = 16
@@ -114,11 +129,26 @@ class BuildSettings:
         if not isinstance(self.min_count, int) or self.min_count < 1:
             return "min_count", f"min_count must be an integer >= 1, got {self.min_count!r}"
         rate = self.false_positive_rate
-        if not 0.0 < float(rate) < 1.0:
+        if rate is None:
+            return None
+        if not isinstance(rate, (int, float)) or not 0.0 < float(rate) < 1.0:
             return "false_positive_rate", f"false_positive_rate must be in (0, 1), got {rate!r}"
-        if self.output_format == "memfree":
+        if self.output_format == "memfree" and self.layout == "blocked-512":
             return _unreachable_rate("false_positive_rate", rate)
         return None
+
+    @property
+    def target_rate(self) -> float:
+        """The false-positive rate the filter is sized for: the setting, or the layout's default
+        (1e-3 for a Bloom filter; 1e-5 false bans per candidate for the prefix-keyed index)."""
+        if self.false_positive_rate is not None:
+            return float(self.false_positive_rate)
+        return 1e-5 if self.uses_index else 1e-3
+
+    @property
+    def uses_index(self) -> bool:
+        """Whether the build writes the prefix-keyed index."""
+        return self.output_format == "memfree" and self.layout == "prefix-index"
 
     def _format_problem(self) -> Problem | None:
         """The output format, and what the unit can write and take."""
@@ -133,6 +163,16 @@ class BuildSettings:
                 "output_format",
                 f"unit {self.unit} writes the {' or '.join(unit.output_formats)} format only "
                 "(pybloomfiltermmap3 files hash token ids)",
+            )
+        if self.layout not in LAYOUTS:
+            return "layout", f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}"
+        if self.layout == "prefix-index" and (
+            self.output_format != "memfree" or self.unit != "token"
+        ):
+            return (
+                "layout",
+                "the prefix-index layout is written in the memfree format for the token unit only "
+                f"(got format {self.output_format}, unit {self.unit}); use layout blocked-512",
             )
         problem = unit.tokenizer_problem(self.tokenizer)
         return ("tokenizer", problem) if problem else None

@@ -35,22 +35,34 @@ class BuildSummary:
     reused_tasks: int
     workers: int
     skipped: dict[str, Any] = field(default_factory=dict)
+    layout: str = "blocked-512"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def to_text(self) -> str:
         counts = self.skipped.get("counts", {})
+        if self.layout == "prefix-index":
+            shape_lines = [
+                f"wrote {self.output} (memfree prefix-index, {self.size_bytes:,} bytes; "
+                f"{self.size_bytes / max(self.kept_ngrams, 1):.2f} bytes per n-gram)",
+                f"  expected false bans per candidate token {self.expected_false_positive_rate:.3g}",
+            ]
+        else:
+            shape_lines = [
+                f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes; n-gram "
+                f"bits {self.num_bits / 8 / max(self.theoretical_minimum_bytes, 1):.2f}x the "
+                "theoretical minimum)",
+                f"  bits {self.num_bits:,}   probes {self.num_probes}   "
+                f"expected false-positive rate {self.expected_false_positive_rate:.3g}",
+            ]
         lines = [
-            f"wrote {self.output} ({self.output_format}, {self.size_bytes:,} bytes; n-gram bits "
-            f"{self.num_bits / 8 / max(self.theoretical_minimum_bytes, 1):.2f}x the theoretical "
-            "minimum)",
+            shape_lines[0],
             f"  documents {self.documents:,}   {self.unit}s {self.tokens:,}   "
             f"n-grams {self.ngrams:,}",
             f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}   "
             f"prefixes {self.kept_prefixes:,}",
-            f"  bits {self.num_bits:,}   probes {self.num_probes}   "
-            f"expected false-positive rate {self.expected_false_positive_rate:.3g}",
+            shape_lines[1],
             f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} {self.unit}s/s   "
             f"workers {self.workers}   tasks {self.map_tasks} ({self.reused_tasks} reused)",
         ]

@@ -41,7 +41,7 @@ def filter_metadata(
         "min_count": settings.min_count,
         "hash_seed": settings.hash_seed,
         "num_ngrams": kept,
-        "target_false_positive_rate": settings.false_positive_rate,
+        "target_false_positive_rate": settings.target_rate,
         "corpus": corpus,
         "builder_version": BUILDER_VERSION,
     }
@@ -100,7 +100,7 @@ def write_native(
             prefix section).
     """
     kept = int(metadata["num_ngrams"])
-    size = _size_for(kept, settings.false_positive_rate, "false_positive_rate", "n-grams")
+    size = _size_for(kept, settings.target_rate, "false_positive_rate", "n-grams")
     metadata = {**metadata, "num_probes": size.num_probes}
     prefix_tasks, kept_prefixes = prefixes
     prefix_section = None

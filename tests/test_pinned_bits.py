@@ -100,3 +100,37 @@ def test_filter_bits_are_pinned(tmp_path: Path, tokenizer_dir: Path, key: Any) -
             _build(tmp_path / str(workers), tokenizer_dir, unit, fmt, min_count, workers)
             == PINNED[key]
         )
+
+
+# min_count -> (section_table_xxh3, num_ngrams): the prefix-keyed index, recorded when the
+# layout was added (issue 26); the table holds each section's checksum. Workers and partitions
+# never change a byte of the file.
+PINNED_INDEX: dict[int, tuple[str, int]] = {
+    1: ("433e091c4aaa02f8", 522),
+    2: ("ebe95d4bb174c470", 462),
+}
+
+
+@pytest.mark.parametrize("min_count", sorted(PINNED_INDEX))
+def test_index_bytes_are_pinned(tmp_path: Path, tokenizer_dir: Path, min_count: int) -> None:
+    import xxhash
+
+    corpus = _corpus(tmp_path / "corpus")
+    files = set()
+    for workers, partitions in ((1, 16), (2, 2), (2, 64)):
+        output = tmp_path / f"index-{workers}-{partitions}.memfree"
+        settings = BuildSettings(
+            ngram_size=4,
+            tokenizer=str(tokenizer_dir),
+            min_count=min_count,
+            layout="prefix-index",
+            workers=workers,
+            num_partitions=partitions,
+            shard_bytes=3000,
+        )
+        build_filter([str(corpus)], output, settings, progress=False)
+        metadata = NgramFilter.open(output).metadata
+        found = (metadata["section_table_xxh3"], metadata["num_ngrams"])
+        assert found == PINNED_INDEX[min_count], (workers, partitions)
+        files.add(xxhash.xxh3_64_hexdigest(output.read_bytes()))
+    assert len(files) == 1

@@ -25,6 +25,11 @@ _SHOWN_FIRST = frozenset(
         "tokenizer",
         "tokenizer_fingerprint",
         "expected_false_positive_rate",
+        "token_bits",
+        "bucket_bits",
+        "section_bits",
+        "remainder_bits",
+        "max_bucket",
     }
 )
 
@@ -115,9 +120,24 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
     lines = [
         f"{filt.path}",
         f"  layout {metadata.get('layout')}   n {filt.n}   n-grams {filt.num_ngrams:,}",
-        f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes",
-        f"  expected false-positive rate {describe_rate(filt.expected_false_positive_rate)}",
     ]
+    index = filt.prefix_index()
+    if index is not None:
+        shape = index.shape
+        per_ngram = filt.size_bytes / max(filt.num_ngrams, 1)
+        lines += [
+            f"  records {shape.record_bits} bits (token {shape.token_bits}, prefix remainder "
+            f"{shape.remainder_bits})   buckets 2**{shape.bucket_bits}   sections "
+            f"{shape.num_sections}   largest bucket {index.max_bucket}",
+            f"  size {filt.size_bytes:,} bytes ({per_ngram:.2f} per n-gram)",
+            "  expected false bans per candidate token "
+            f"{describe_rate(filt.expected_false_positive_rate)}",
+        ]
+    else:
+        lines += [
+            f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes",
+            f"  expected false-positive rate {describe_rate(filt.expected_false_positive_rate)}",
+        ]
     if "tokenizer" in metadata:
         lines.append(
             f"  tokenizer {metadata['tokenizer']} (fingerprint {metadata.get('tokenizer_fingerprint')})"

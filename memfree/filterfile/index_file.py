@@ -25,16 +25,18 @@ from memfree.filterfile.header import (
     read_metadata,
 )
 from memfree.filterfile.index_header import (
+    TABLE_ENTRY,
     check_index_metadata,
     index_offsets,
     sections_problem,
     shape_of,
+    table_problem,
 )
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
     IndexArrays,
     choose_shape,
-    encode_section,
+    encode_sections,
     index_keys,
     lookup,
     token_bits_for,
@@ -69,7 +71,6 @@ class IndexFilter:
         vocab_size: int,
         false_positive_rate: float = DEFAULT_INDEX_FALSE_POSITIVE_RATE,
         hash_seed: int = DEFAULT_HASH_SEED,
-        section_bits: int = 0,
         metadata: Mapping[str, Any] | None = None,
     ) -> IndexFilter:
         """Write an index holding exactly the given n-grams (ids below ``vocab_size``) and open it."""
@@ -84,10 +85,8 @@ class IndexFilter:
         keys = np.unique(
             index_keys(fingerprints_np(array[:, :-1], hash_seed), array[:, -1], token_bits)
         )
-        shape = choose_shape(keys.size, token_bits, section_bits, vocab_size, false_positive_rate)
-        sections = (keys >> np.uint64(64 - section_bits)) if section_bits else keys * 0
-        counts = np.bincount(sections.astype(np.int64), minlength=shape.num_sections)
-        by_section = np.concatenate([[0], np.cumsum(counts)])
+        shape = choose_shape(keys.size, token_bits, vocab_size, false_positive_rate)
+        encoded = encode_sections(keys, 0, shape.num_sections, shape)
         header = {
             **(metadata or {}),
             "n": int(array.shape[1]),
@@ -95,20 +94,13 @@ class IndexFilter:
             "vocab_size": int(vocab_size),
             "target_false_positive_rate": false_positive_rate,
         }
-        writer = IndexFileWriter(path, header, shape, counts.tolist())
+        writer = IndexFileWriter(path, header, shape, encoded.records)
         try:
-            written = [
-                writer.target(section).write(
-                    encode_section(
-                        keys[by_section[section] : by_section[section + 1]], section, shape
-                    )
-                )
-                for section in range(shape.num_sections)
-            ]
+            written = writer.target(0, shape.num_sections).write(encoded)
         except BaseException:
             writer.abort()
             raise
-        return open_index(writer.commit(written, check=verify_written), verify=False)
+        return open_index(writer.commit([written], check=verify_written), verify=False)
 
     # -- queries ----------------------------------------------------------------------------------
 
@@ -203,9 +195,8 @@ class IndexFilter:
 def open_index(path: Path, verify: bool) -> IndexFilter:
     """Open, map and validate a prefix-index file.
 
-    Args:
-        path: the file (its preamble names format version 2).
-        verify: check every section against its checksum and directory (reads the whole file).
+    The header and the section table (16 bytes a section) are always checked; with ``verify``
+    every section too, against its checksum and directory (reads the whole file).
 
     Raises:
         DamagedFilterError: the file is truncated, damaged, edited or not a filter.
@@ -221,34 +212,54 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         if problem:
             raise damaged_error(path, problem)
         shape = shape_of(metadata)
-        records = [entry[0] for entry in metadata["sections"]]
-        words_offset, starts, size = index_offsets(data_offset, shape, records)
-        if identity.size_bytes != size:
+        table_bytes = shape.num_sections * TABLE_ENTRY.itemsize
+        raw_table = os.pread(handle.fileno(), table_bytes, data_offset)
+        if len(raw_table) < table_bytes:
+            raise damaged_error(path, f"only {identity.size_bytes} bytes, no room for its sections")
+        table = np.frombuffer(raw_table, dtype=TABLE_ENTRY)
+        problem = table_problem(metadata, table)
+        if problem:
+            raise damaged_error(path, problem)
+        offsets = index_offsets(data_offset, shape, table["records"])
+        if identity.size_bytes != offsets.size:
             raise damaged_error(
-                path, f"size {identity.size_bytes} bytes, expected {size} from its header"
+                path, f"size {identity.size_bytes} bytes, expected {offsets.size} from its header"
             )
-        header = os.pread(handle.fileno(), data_offset, 0)
+        header = os.pread(handle.fileno(), offsets.words, 0)
         directory = np.memmap(
-            handle, dtype="<u4", mode="c", offset=data_offset, shape=(shape.directory_entries,)
+            handle,
+            dtype="<u4",
+            mode="c",
+            offset=offsets.directory,
+            shape=(shape.directory_entries,),
         )
         words = np.memmap(
-            handle, dtype="<u8", mode="c", offset=words_offset, shape=((size - words_offset) // 8,)
+            handle,
+            dtype="<u8",
+            mode="c",
+            offset=offsets.words,
+            shape=((offsets.size - offsets.words) // 8,),
         )
         if verify:
-            problem = sections_problem(metadata, directory, words, starts)
+            problem = sections_problem(metadata, table, directory, words, offsets.word_starts)
             if problem:
                 raise damaged_error(path, problem)
     except BaseException:
         handle.close()
         raise
     arrays = IndexArrays(
-        shape, directory, words, starts, int(metadata["hash_seed"]), int(metadata["max_bucket"])
+        shape,
+        directory,
+        words,
+        offsets.word_starts,
+        int(metadata["hash_seed"]),
+        int(metadata["max_bucket"]),
     )
 
     def intact() -> str | None:
         if os.pread(handle.fileno(), len(header), 0) != header:
-            return "its header changed"
-        return sections_problem(metadata, directory, words, starts)
+            return "its header or section table changed"
+        return sections_problem(metadata, table, directory, words, offsets.word_starts)
 
     filt = IndexFilter(path, metadata, arrays)
     filt.file_watch = FileWatch(path, handle, identity, intact)

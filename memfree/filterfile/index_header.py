@@ -6,21 +6,23 @@ Layout (all integers little-endian)::
 
     offset 0   the preamble of every native file (magic, format version 2, metadata length and
                its xxh3-64), then the UTF-8 JSON metadata, zero padding to a multiple of 4096
+    then       the section table: for each of the 2**p sections, uint64 records and the uint64
+               xxh3-64 of its directory slice and words
     then       uint32 directory: for each section, 2**(b-p) + 1 record offsets; padded to a page
     then       uint64 words: each section's packed records from a word boundary, section after
                section, then one zero word
 
-The metadata records each section's record count and the xxh3-64 of its directory slice and
-words, and ``hashing_xxh3`` binds those to the widths, seed and n that placed the records, as in
-the Bloom layout: an edited header with its checksum recomputed is refused, never read as a
-filter that finds less.
+The metadata records the section table's xxh3-64, and ``hashing_xxh3`` binds it to the widths,
+seed and n that placed the records, as in the Bloom layout: an edited header with its checksum
+recomputed is refused, never read as a filter that finds less. The table is read and checked at
+every open (16 bytes a section, at most 64 KiB); the sections themselves when verified.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -32,11 +34,13 @@ from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
     IndexShape,
     expected_rate,
+    section_words,
     token_bits_for,
 )
 
 INDEX_HASH_SCHEME = "horner-fmix64-prefix-index-v1"
 _HEX16 = re.compile(r"[0-9a-f]{16}\Z")
+TABLE_ENTRY = np.dtype([("records", "<u8"), ("digest", "<u8")])
 _INTS = (
     "n",
     "hash_seed",
@@ -47,8 +51,9 @@ _INTS = (
     "section_bits",
     "remainder_bits",
     "max_bucket",
+    "sections",
 )
-_BOUND = (*_INTS, "layout", "hash_scheme", "unit", "sections")
+_BOUND = (*_INTS, "layout", "hash_scheme", "unit", "section_table_xxh3")
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -95,23 +100,12 @@ def check_index_metadata(metadata: dict[str, Any]) -> str | None:
     problem = shape.problem()
     if problem:
         return problem
-    sections = metadata.get("sections")
-    if not isinstance(sections, list) or len(sections) != shape.num_sections:
-        return f"'sections' must list {shape.num_sections} [records, xxh3] pairs"
-    for entry in sections:
-        if (
-            not isinstance(entry, list)
-            or len(entry) != 2
-            or not _is_int(entry[0])
-            or not 0 <= entry[0] < 1 << 32
-            or not isinstance(entry[1], str)
-            or not _HEX16.match(entry[1])
-        ):
-            return f"a section entry is {entry!r}, expected [records, 16 hex digits]"
-    if sum(entry[0] for entry in sections) != metadata["num_ngrams"]:
-        return "the sections' record counts do not add up to num_ngrams"
-    if metadata["max_bucket"] > max((entry[0] for entry in sections), default=0):
-        return "max_bucket exceeds every section's records"
+    if metadata["sections"] != shape.num_sections:
+        return f"sections is {metadata['sections']}, the widths make {shape.num_sections}"
+    if not isinstance(metadata.get("section_table_xxh3"), str) or not _HEX16.match(
+        metadata["section_table_xxh3"]
+    ):
+        return "section_table_xxh3 is not 16 hex digits"
     stated = metadata.get("expected_false_positive_rate")
     rate = expected_rate(metadata["num_ngrams"], shape, metadata["vocab_size"])
     if not isinstance(stated, (int, float)) or abs(stated - rate) > 1e-9 + 1e-6 * rate:
@@ -124,45 +118,86 @@ def check_index_metadata(metadata: dict[str, Any]) -> str | None:
     return None
 
 
-def index_offsets(
-    data_offset: int, shape: IndexShape, records: Sequence[int]
-) -> tuple[int, np.ndarray, int]:
-    """(offset of the words, each section's first word, the file's size)."""
-    words_offset = data_offset + page_round(shape.directory_entries * 4)
-    counts = np.array([shape.section_words(count) for count in records], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-    size = words_offset + (int(counts.sum()) + 1) * 8
-    return words_offset, starts, size
+@dataclass(frozen=True)
+class IndexOffsets:
+    """Where an index file's parts start, and its size."""
+
+    table: int
+    directory: int
+    words: int
+    word_starts: np.ndarray  # int64 (sections,) each section's first word
+    size: int
 
 
-def section_digest(directory: np.ndarray, words: np.ndarray) -> str:
-    """The xxh3-64 a header records for one section: its directory slice, then its words."""
+def index_offsets(data_offset: int, shape: IndexShape, records: np.ndarray) -> IndexOffsets:
+    """The offsets of a file whose header ends at ``data_offset``, sections of ``records``."""
+    directory = data_offset + shape.num_sections * TABLE_ENTRY.itemsize
+    words_offset = data_offset + page_round(
+        shape.num_sections * TABLE_ENTRY.itemsize + shape.directory_entries * 4
+    )
+    words = section_words(records, shape.record_bits)
+    starts = (np.cumsum(words) - words).astype(np.int64)
+    size = words_offset + (int(words.sum()) + 1) * 8
+    return IndexOffsets(data_offset, directory, words_offset, starts, size)
+
+
+def section_table(records: np.ndarray, digests: np.ndarray) -> np.ndarray:
+    """The section table's entries (structured ``TABLE_ENTRY`` array)."""
+    table = np.zeros(len(records), dtype=TABLE_ENTRY)
+    table["records"] = records
+    table["digest"] = digests
+    return table
+
+
+def table_problem(metadata: dict[str, Any], table: np.ndarray) -> str | None:
+    """Why a section table read from a file disagrees with its header, or None."""
+    if xxhash.xxh3_64_hexdigest(table.tobytes()) != metadata["section_table_xxh3"]:
+        return "section table checksum mismatch"
+    records = table["records"]
+    if records.size and int(records.max()) >= 1 << 32:
+        return "a section counts more records than a section holds"
+    if int(records.sum(dtype=np.uint64)) != metadata["num_ngrams"]:
+        return "the sections' record counts do not add up to num_ngrams"
+    return None
+
+
+def section_digest(directory: np.ndarray, words: np.ndarray) -> int:
+    """The xxh3-64 the section table records for one section: its directory slice, its words."""
     digest = xxhash.xxh3_64()
     digest.update(np.ascontiguousarray(directory, dtype="<u4").data.cast("B"))
     digest.update(np.ascontiguousarray(words, dtype="<u8").data.cast("B"))
-    return digest.hexdigest()
+    return digest.intdigest()
 
 
 def sections_problem(
-    metadata: dict[str, Any], directory: np.ndarray, words: np.ndarray, starts: np.ndarray
+    metadata: dict[str, Any],
+    table: np.ndarray,
+    directory: np.ndarray,
+    words: np.ndarray,
+    starts: np.ndarray,
 ) -> str | None:
-    """The first section whose bytes disagree with the header, or None: checksum, directory
-    shape (from 0, never decreasing, ending at its record count, buckets within max_bucket),
-    records inside their buckets' remainders, and the final zero word."""
+    """The first section whose bytes disagree with the table and header, or None: checksum, and
+    directory shape (from 0, never decreasing, ending at its record count, no bucket above
+    max_bucket); then the final zero word."""
     shape = shape_of(metadata)
     per_section = shape.buckets_per_section + 1
-    for section, (records, recorded) in enumerate(metadata["sections"]):
+    records = table["records"].astype(np.int64)
+    counts = section_words(records, shape.record_bits)
+    for section in range(shape.num_sections):
         dir_slice = directory[section * per_section : (section + 1) * per_section]
         first = int(starts[section])
-        word_slice = words[first : first + shape.section_words(records)]
-        if section_digest(dir_slice, word_slice) != recorded:
+        if section_digest(dir_slice, words[first : first + counts[section]]) != int(
+            table["digest"][section]
+        ):
             return f"section {section}: checksum mismatch"
-        offsets = dir_slice.astype(np.int64)
-        sizes = np.diff(offsets)
-        if offsets[0] != 0 or offsets[-1] != records or (sizes < 0).any():
-            return f"section {section}: its directory does not count its {records} records"
-        if sizes.size and int(sizes.max()) > metadata["max_bucket"]:
-            return f"section {section}: a bucket holds more than max_bucket records"
+    offsets = np.asarray(directory, dtype=np.int64).reshape(shape.num_sections, per_section)
+    sizes = np.diff(offsets, axis=1)
+    bad = (offsets[:, 0] != 0) | (offsets[:, -1] != records) | (sizes < 0).any(axis=1)
+    if bad.any():
+        section = int(np.flatnonzero(bad)[0])
+        return f"section {section}: its directory does not count its {records[section]} records"
+    if sizes.size and int(sizes.max()) > metadata["max_bucket"]:
+        return "a bucket holds more than max_bucket records"
     if words[-1] != 0:
         return "the records do not end with a zero word"
     return None
@@ -170,10 +205,14 @@ def sections_problem(
 
 __all__ = [
     "INDEX_HASH_SCHEME",
+    "TABLE_ENTRY",
+    "IndexOffsets",
     "check_index_metadata",
     "index_digest",
     "index_offsets",
     "section_digest",
+    "section_table",
     "sections_problem",
     "shape_of",
+    "table_problem",
 ]

@@ -10,7 +10,8 @@ file's sections and each writes its own slice.
 
 Buckets and records. The top ``b`` bits of a key pick its bucket (``2**b`` buckets, about
 :data:`BUCKET_TARGET` records each); a section holds ``2**(b - p)`` consecutive buckets (``2**p``
-sections). Each record keeps the next ``R`` bits of the prefix fingerprint (its remainder) and the
+sections, ``p = min(b, 12)``: fixed by the number of records, so the file does not depend on how
+the builder partitioned its work). Each record keeps the next ``R`` bits of the prefix fingerprint (its remainder) and the
 token, ``R + t`` bits packed end to end in little-endian uint64 words. A row's prefix picks its
 bucket; the records of that bucket whose remainder equals the row's are the tokens it bans.
 
@@ -21,8 +22,8 @@ from the target rate), and then only that prefix's few tokens are.
 
 The directory holds, for each section, ``2**(b - p) + 1`` uint32 record offsets (each bucket's
 first record, local to its section, then the section's record count); a section's records start
-at a word boundary, so every section is a contiguous slice of the directory and one of the
-records, written by its own task.
+at a word boundary, so every run of sections is a contiguous slice of the directory and one of
+the records, which one task encodes and writes.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ BUCKET_TARGET = 16
 MAX_RECORD_BITS = 57
 #: A section's records are counted in uint32 directory entries.
 MAX_SECTION_RECORDS = (1 << 32) - 1
+#: At most 2**12 sections (the builder's largest partition count).
+MAX_SECTION_BITS = 12
 
 _U1 = np.uint64(1)
 _U6 = np.uint64(6)
@@ -64,7 +67,7 @@ class IndexShape:
     Attributes:
         token_bits: t, bits of a token id.
         bucket_bits: b, bits of a key that pick its bucket.
-        section_bits: p (<= b), bits that pick its section.
+        section_bits: p = min(b, 12), bits that pick its section.
         remainder_bits: R, prefix bits a record keeps below the bucket's.
     """
 
@@ -100,8 +103,10 @@ class IndexShape:
             return "index widths must be integers"
         if not 1 <= t <= 40:
             return f"token_bits is {t}, must be in [1, 40]"
-        if not 0 <= p <= b or p > 12:
-            return f"section_bits {p} and bucket_bits {b} must satisfy 0 <= p <= b, p <= 12"
+        if b < 0 or p != min(b, MAX_SECTION_BITS):
+            return (
+                f"section_bits is {p}, must be min(bucket_bits, {MAX_SECTION_BITS}) = {min(b, 12)}"
+            )
         if b - p > 31:
             return f"bucket_bits {b} gives more than 2**31 buckets per section"
         if r < 0 or b + r + t > 64 or r + t > MAX_RECORD_BITS:
@@ -112,19 +117,18 @@ class IndexShape:
         return None
 
 
-def choose_shape(
-    num_records: int, token_bits: int, section_bits: int, vocab_size: int, rate: float
-) -> IndexShape:
+def choose_shape(num_records: int, token_bits: int, vocab_size: int, rate: float) -> IndexShape:
     """The widths for ``num_records`` records: about :data:`BUCKET_TARGET` records a bucket,
     and the fewest remainder bits whose expected false-positive rate per candidate is at most
     ``rate`` (:func:`expected_rate`)."""
-    wanted = round(math.log2(max(num_records, 1) / BUCKET_TARGET)) if num_records else 0
-    bucket_bits = min(max(section_bits, wanted), section_bits + 31, 64 - token_bits)
+    wanted = round(math.log2(num_records / BUCKET_TARGET)) if num_records else 0
+    bucket_bits = min(max(0, wanted), MAX_SECTION_BITS + 31, 64 - token_bits)
     room = min(64 - token_bits - bucket_bits, MAX_RECORD_BITS - token_bits)
     per_bucket = num_records / 2**bucket_bits
     remainder = 0
     if per_bucket > 0:
         remainder = max(0, math.ceil(math.log2(per_bucket / (rate * max(vocab_size, 1)))))
+    section_bits = min(bucket_bits, MAX_SECTION_BITS)
     return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room))
 
 
@@ -140,56 +144,68 @@ def expected_rate(num_records: int, shape: IndexShape, vocab_size: int) -> float
 
 
 @dataclass(frozen=True)
-class EncodedSection:
-    """One section's slice of the file.
+class EncodedSections:
+    """A run of consecutive sections, encoded: one contiguous slice of the directory, one of the
+    words, and each section's entry of the section table.
 
     Attributes:
-        directory: uint32 `(buckets_per_section + 1,)` first record of each bucket, then the count.
-        words: uint64 packed records.
-        records: how many.
-        max_bucket: most records in one of its buckets.
+        first: the first section's number.
+        directory: uint32 `(count * (buckets_per_section + 1),)`.
+        words: uint64 packed records, each section's from a word boundary.
+        records: int64 `(count,)` records of each section.
+        max_bucket: most records in one of their buckets.
     """
 
+    first: int
     directory: np.ndarray
     words: np.ndarray
-    records: int
+    records: np.ndarray
     max_bucket: int
 
 
-def encode_section(keys: np.ndarray, section: int, shape: IndexShape) -> EncodedSection:
-    """Encode the sorted keys of one section.
+def section_words(records: np.ndarray, width: int) -> np.ndarray:
+    """uint64 words of each section (int64): its records packed, rounded up to a word."""
+    return (np.asarray(records, dtype=np.int64) * width + 63) // 64
 
-    Args:
-        keys: uint64 `(records,)` index keys, ascending, all in this section's key range.
-        section: the section's number.
-        shape: the file's widths.
+
+def encode_sections(keys: np.ndarray, first: int, count: int, shape: IndexShape) -> EncodedSections:
+    """Encode the sorted keys of sections ``first`` to ``first + count - 1``.
 
     Raises:
-        ValueError: keys out of order or outside the section, or more than a section holds.
+        ValueError: keys out of order or outside those sections, or a section of more than
+            2**32 - 1 records.
     """
     keys = np.asarray(keys, dtype=np.uint64)
-    count = int(keys.shape[0])
     per_section = shape.buckets_per_section
-    if count > MAX_SECTION_RECORDS:
-        raise ValueError(f"section {section} holds {count:,} records, more than 2**32 - 1")
-    if count and np.any(keys[1:] < keys[:-1]):
-        raise ValueError(f"section {section}: keys are not sorted")
-    buckets = _top_bits(keys, shape.bucket_bits).astype(np.int64) - section * per_section
-    if count and (buckets[0] < 0 or buckets[-1] >= per_section):
-        raise ValueError(f"section {section}: a key lies outside the section's range")
-    counts = np.bincount(buckets, minlength=per_section)
-    directory = np.zeros(per_section + 1, dtype=np.uint32)
-    directory[1:] = np.cumsum(counts)
+    if keys.size and np.any(keys[1:] < keys[:-1]):
+        raise ValueError(f"sections {first}+: keys are not sorted")
+    buckets = _top_bits(keys, shape.bucket_bits).astype(np.int64) - first * per_section
+    if keys.size and (buckets[0] < 0 or buckets[-1] >= count * per_section):
+        raise ValueError(f"sections {first}+: a key lies outside their range")
+    counts = np.bincount(buckets, minlength=count * per_section).reshape(count, per_section)
+    records = counts.sum(axis=1)
+    if records.size and int(records.max()) > MAX_SECTION_RECORDS:
+        raise ValueError(f"sections {first}+: a section holds more than 2**32 - 1 records")
+    directory = np.zeros((count, per_section + 1), dtype=np.uint32)
+    directory[:, 1:] = np.cumsum(counts, axis=1)
+    width = shape.record_bits
     values = keys & np.uint64((1 << shape.token_bits) - 1)
     if shape.remainder_bits:
         remainders = keys >> np.uint64(64 - shape.bucket_bits - shape.remainder_bits)
         remainders &= np.uint64((1 << shape.remainder_bits) - 1)
         values |= remainders << np.uint64(shape.token_bits)
-    return EncodedSection(
-        directory=directory,
-        words=pack_fields(values, shape.record_bits),
-        records=count,
-        max_bucket=int(counts.max()) if count else 0,
+    words = section_words(records, width)
+    word_starts = np.cumsum(words) - words
+    record_starts = np.cumsum(records) - records
+    sections = buckets // per_section
+    local = np.arange(keys.size, dtype=np.int64) - record_starts[sections]
+    offsets = (word_starts[sections] * 64 + local * width).astype(np.uint64)
+    return EncodedSections(
+        first=first,
+        directory=directory.reshape(-1),
+        words=pack_fields(values, width, offsets, int(words.sum())),
+        records=records.astype(np.int64),
+        max_bucket=int(counts.max()) if counts.size else 0,
     )
 
 
@@ -200,12 +216,18 @@ def _top_bits(keys: np.ndarray, bits: int) -> np.ndarray:
     return keys >> np.uint64(64 - bits)
 
 
-def pack_fields(values: np.ndarray, width: int) -> np.ndarray:
-    """Pack uint64 values of ``width`` bits end to end into little-endian uint64 words."""
+def pack_fields(
+    values: np.ndarray, width: int, offsets: np.ndarray | None = None, num_words: int = -1
+) -> np.ndarray:
+    """Pack uint64 values of ``width`` bits into little-endian uint64 words, at increasing bit
+    ``offsets`` (default: end to end); ``num_words`` words (default: as few as hold them)."""
     count = int(values.shape[0])
-    words = np.zeros((count * width + 63) // 64 + 1, dtype=np.uint64)
-    if count:
+    if offsets is None:
         offsets = np.arange(count, dtype=np.uint64) * np.uint64(width)
+    if num_words < 0:
+        num_words = (count * width + 63) // 64
+    words = np.zeros(num_words + 1, dtype=np.uint64)
+    if count:
         index = (offsets >> _U6).astype(np.int64)
         shifts = offsets & _U63
         starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]])
@@ -303,17 +325,19 @@ __all__ = [
     "BUCKET_TARGET",
     "INDEX_LAYOUT",
     "MAX_RECORD_BITS",
+    "MAX_SECTION_BITS",
     "MAX_SECTION_RECORDS",
-    "EncodedSection",
+    "EncodedSections",
     "IndexArrays",
     "IndexShape",
     "bucket_ranges",
     "choose_shape",
-    "encode_section",
+    "encode_sections",
     "expected_rate",
     "index_keys",
     "lookup",
     "pack_fields",
     "read_fields",
+    "section_words",
     "token_bits_for",
 ]

@@ -21,60 +21,100 @@ from memfree.filterfile.index_header import (
     index_digest,
     index_offsets,
     section_digest,
+    section_table,
 )
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
-    EncodedSection,
+    EncodedSections,
     IndexShape,
     expected_rate,
+    section_words,
 )
 from memfree.filterfile.writer import json_bytes
 
 
 @dataclass(frozen=True)
-class WrittenSection:
-    """What a section task wrote: its checksum and its largest bucket."""
+class WrittenSections:
+    """What one target's task wrote: its sections' records and checksums, its largest bucket."""
 
-    digest: str
+    first: int
+    records: tuple[int, ...]
+    digests: tuple[int, ...]
     max_bucket: int
 
 
 @dataclass(frozen=True)
 class SectionTarget:
-    """Where one section's bytes go in a file being written (picklable: any process writes it)."""
+    """Where a run of sections goes in a file being written (picklable: any process writes it).
+
+    Attributes:
+        temporary: the file being written.
+        first: the first section.
+        count: how many sections.
+        directory_offset: byte offset of their directory slice.
+        words_offset: byte offset of their first word.
+        records: each section's record count, as the file was sized for.
+        shape: the file's widths.
+    """
 
     temporary: str
-    section: int
+    first: int
+    count: int
     directory_offset: int
     words_offset: int
-    records: int
+    records: tuple[int, ...]
     shape: IndexShape
 
-    def write(self, encoded: EncodedSection) -> WrittenSection:
-        """Write the section's directory slice and words in place; returns their checksum.
+    def write(self, encoded: EncodedSections) -> WrittenSections:
+        """Write the sections' directory slice and words in place, read them back, and return
+        their checksums.
 
         Raises:
-            ValueError: the section does not hold the records counted for it.
+            ValueError: they do not hold the records the file was sized for.
+            OSError: the bytes did not reach the file.
         """
-        if encoded.records != self.records:
+        if encoded.first != self.first or tuple(encoded.records.tolist()) != self.records:
             raise ValueError(
-                f"section {self.section} encodes {encoded.records} records, {self.records} counted"
+                f"sections {self.first}-{self.first + self.count - 1} encode other record counts "
+                "than the file was sized for"
             )
         directory = np.ascontiguousarray(encoded.directory, dtype="<u4")
         words = np.ascontiguousarray(encoded.words, dtype="<u8")
-        descriptor = os.open(self.temporary, os.O_WRONLY)
+        descriptor = os.open(self.temporary, os.O_RDWR)
         try:
             os.pwrite(descriptor, directory.data.cast("B"), self.directory_offset)
             if words.size:
                 os.pwrite(descriptor, words.data.cast("B"), self.words_offset)
+            os.fsync(descriptor)
+            # Read back: bytes that did not reach the file fail here, in this task, so the
+            # driver need not read the whole file again.
+            directory = np.frombuffer(
+                os.pread(descriptor, directory.nbytes, self.directory_offset), dtype="<u4"
+            )
+            words = np.frombuffer(
+                os.pread(descriptor, words.nbytes, self.words_offset), dtype="<u8"
+            )
         finally:
             os.close(descriptor)
-        return WrittenSection(section_digest(directory, words), encoded.max_bucket)
+        if directory.nbytes != encoded.directory.nbytes or words.size != encoded.words.size:
+            raise OSError(f"{self.temporary}: sections {self.first}+ did not read back whole")
+        per_section = self.shape.buckets_per_section + 1
+        counts = section_words(encoded.records, self.shape.record_bits)
+        starts = np.cumsum(counts) - counts
+        digests = tuple(
+            section_digest(
+                directory[i * per_section : (i + 1) * per_section],
+                words[starts[i] : starts[i] + counts[i]],
+            )
+            for i in range(self.count)
+        )
+        return WrittenSections(self.first, self.records, digests, encoded.max_bucket)
 
 
 class IndexFileWriter:
-    """A prefix-index file being written: sized from its sections' record counts, filled section
-    by section (:meth:`target`), then given its header and renamed into place (:meth:`commit`).
+    """A prefix-index file being written: sized from its sections' record counts, filled by runs
+    of sections (:meth:`target`, from any process), then given its section table and header and
+    renamed into place (:meth:`commit`).
 
     Args:
         path: final output path (never left half-written).
@@ -88,13 +128,14 @@ class IndexFileWriter:
         path: str | os.PathLike[str],
         metadata: Mapping[str, Any],
         shape: IndexShape,
-        section_records: Sequence[int],
+        section_records: Sequence[int] | np.ndarray,
     ) -> None:
         self.path = Path(path)
+        records = np.asarray(section_records, dtype=np.int64)
         problem = shape.problem()
-        if problem or len(section_records) != shape.num_sections:
+        if problem or records.shape != (shape.num_sections,):
             raise ValueError(f"cannot write {self.path}: {problem or 'one count per section'}")
-        total = int(sum(section_records))
+        total = int(records.sum())
         self.metadata = {
             **metadata,
             "format_version": INDEX_FORMAT_VERSION,
@@ -106,66 +147,76 @@ class IndexFileWriter:
             "bucket_bits": shape.bucket_bits,
             "section_bits": shape.section_bits,
             "remainder_bits": shape.remainder_bits,
+            "sections": shape.num_sections,
             "expected_false_positive_rate": expected_rate(
                 total, shape, int(metadata["vocab_size"])
             ),
             # Placeholders as wide as any final value: the header's length is fixed here.
             "max_bucket": (1 << 32) - 1,
-            "sections": [[int(count), "f" * 16] for count in section_records],
+            "section_table_xxh3": "0" * 16,
             "hashing_xxh3": "0" * 16,
         }
         self.shape = shape
-        self._data_offset = page_round(PREAMBLE.size + len(json_bytes(self.metadata)))
-        self._words_offset, self._starts, size = index_offsets(
-            self._data_offset, shape, section_records
-        )
+        self.records = records
+        data_offset = page_round(PREAMBLE.size + len(json_bytes(self.metadata)))
+        self.offsets = index_offsets(data_offset, shape, records)
         self._pending = PendingFile(self.path)
         try:
             with open(self._pending.temporary, "r+b") as out:
-                out.truncate(size)
+                out.truncate(self.offsets.size)
         except BaseException:
             self.abort()
             raise
 
-    def target(self, section: int) -> SectionTarget:
-        """Where section ``section`` goes."""
+    def target(self, first: int, count: int) -> SectionTarget:
+        """Where sections ``first`` to ``first + count - 1`` go."""
         per_section = self.shape.buckets_per_section + 1
         return SectionTarget(
             str(self._pending.temporary),
-            section,
-            self._data_offset + section * per_section * 4,
-            self._words_offset + int(self._starts[section]) * 8,
-            int(self.metadata["sections"][section][0]),
+            first,
+            count,
+            self.offsets.directory + first * per_section * 4,
+            self.offsets.words + int(self.offsets.word_starts[first]) * 8,
+            tuple(self.records[first : first + count].tolist()),
             self.shape,
         )
 
     def commit(
-        self, written: Sequence[WrittenSection], check: Callable[[Path], None] | None = None
+        self, written: Sequence[WrittenSections], check: Callable[[Path], None] | None = None
     ) -> Path:
-        """Write the header from the sections' results, fsync and rename into place.
+        """Write the section table and the header from the targets' results, fsync and rename.
 
         Args:
-            written: each section's result, in order.
+            written: every target's result (together, every section once).
             check: called with the complete temporary file before the rename (to open it as
                 readers will: :func:`memfree.filterfile.index_file.verify_written`); an exception
                 from it discards the file.
         """
         try:
-            if len(written) != self.shape.num_sections:
-                raise ValueError("one written result per section is needed")
-            for entry, result in zip(self.metadata["sections"], written, strict=True):
-                entry[1] = result.digest
-            self.metadata["max_bucket"] = max((result.max_bucket for result in written), default=0)
+            digests = np.zeros(self.shape.num_sections, dtype=np.uint64)
+            seen = np.zeros(self.shape.num_sections, dtype=bool)
+            for result in written:
+                span = slice(result.first, result.first + len(result.digests))
+                if seen[span].any() or tuple(self.records[span].tolist()) != result.records:
+                    raise ValueError(f"sections {result.first}+ were written twice or otherwise")
+                seen[span] = True
+                digests[span] = result.digests
+            if not seen.all():
+                raise ValueError(f"{int((~seen).sum())} sections were never written")
+            table = section_table(self.records, digests)
+            self.metadata["section_table_xxh3"] = xxhash.xxh3_64_hexdigest(table.tobytes())
+            self.metadata["max_bucket"] = max((r.max_bucket for r in written), default=0)
             self.metadata["hashing_xxh3"] = index_digest(self.metadata)
             raw = json_bytes(self.metadata)
-            header = (
-                PREAMBLE.pack(MAGIC, INDEX_FORMAT_VERSION, len(raw), xxhash.xxh3_64_intdigest(raw))
-                + raw
+            header = PREAMBLE.pack(
+                MAGIC, INDEX_FORMAT_VERSION, len(raw), xxhash.xxh3_64_intdigest(raw)
             )
-            if len(header) > self._data_offset:
+            header += raw
+            if len(header) > self.offsets.table:
                 raise RuntimeError("index header grew while writing")
+            header += b"\x00" * (self.offsets.table - len(header))
             with open(self._pending.temporary, "r+b") as out:
-                out.write(header + b"\x00" * (self._data_offset - len(header)))
+                out.write(header + table.tobytes())
             if check is not None:
                 check(self._pending.temporary)
         except BaseException:
@@ -179,4 +230,4 @@ class IndexFileWriter:
         self._pending.discard()
 
 
-__all__ = ["IndexFileWriter", "SectionTarget", "WrittenSection"]
+__all__ = ["IndexFileWriter", "SectionTarget", "WrittenSections"]

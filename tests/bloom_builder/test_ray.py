@@ -74,8 +74,9 @@ def always_fail(task: ToyTask) -> dict[str, Any]:
     raise ValueError(f"task {task.index} cannot be done")
 
 
+@pytest.mark.parametrize("layout", ["blocked-512", "prefix-index"])
 def test_ray_builds_the_same_bytes_as_the_local_pool(
-    local_ray: Any, tmp_path: Path, tokenizer_dir: Path
+    local_ray: Any, tmp_path: Path, tokenizer_dir: Path, layout: str
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -93,6 +94,7 @@ def test_ray_builds_the_same_bytes_as_the_local_pool(
             executor=executor,
             shard_bytes=2000,
             num_partitions=4 if workers == 2 else 16,
+            layout=layout,  # type: ignore[arg-type]
         )
         build_filter([str(corpus)], output, settings, progress=False)
         outputs[executor, workers] = output.read_bytes()

@@ -62,7 +62,6 @@ def test_masks_are_the_reference_set_plus_explained_collisions(
             stored_array,
             vocab_size=vocab,
             false_positive_rate=rate,
-            section_bits=int(rng.integers(0, 3)),
         )
         lookup = IndexMasker(filt, special)
         fixed = IndexMasker(filt, special, MaskerOptions(skip_rows=False))
@@ -153,7 +152,7 @@ def test_cuda_matches_cpu_without_host_synchronisation(tmp_path: Path) -> None:
     stored = rng.integers(0, 50, size=(500, 4))
     stored[:300, :3] = [1, 2, 3]  # one prefix with many next tokens
     stored[:300, 3] = rng.integers(0, 60, size=300)
-    filt = IndexFilter.from_ngrams(tmp_path / "f.memfree", stored, vocab_size=64, section_bits=1)
+    filt = IndexFilter.from_ngrams(tmp_path / "f.memfree", stored, vocab_size=64)
     special = list(range(60, 64))
     cpu = IndexMasker(filt, special)
     cuda = IndexMasker(filt, special)

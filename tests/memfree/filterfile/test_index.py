@@ -23,7 +23,7 @@ from memfree.filterfile.index_file import IndexFilter
 from memfree.filterfile.index_header import index_digest
 from memfree.filterfile.index_layout import (
     choose_shape,
-    encode_section,
+    encode_sections,
     index_keys,
     pack_fields,
     read_fields,
@@ -44,7 +44,7 @@ def collides(index: IndexFilter, prefix: np.ndarray, other: np.ndarray) -> bool:
 
 
 @st.composite
-def stored_sets(draw: st.DrawFn) -> tuple[int, int, np.ndarray, int, float]:
+def stored_sets(draw: st.DrawFn) -> tuple[int, int, np.ndarray, float]:
     vocab = draw(st.integers(2, 3000))
     n = draw(st.integers(1, 5))
     alphabet = draw(st.integers(1, min(vocab, 12)))
@@ -54,24 +54,22 @@ def stored_sets(draw: st.DrawFn) -> tuple[int, int, np.ndarray, int, float]:
     ngrams = rng.integers(0, alphabet, size=(count, n))
     if count and draw(st.booleans()):  # next tokens from the whole vocabulary
         ngrams[:, -1] = rng.integers(0, vocab, size=count)
-    sections = draw(st.integers(0, 3))
     rate = draw(st.sampled_from([1e-2, 1e-5, 1e-9]))
-    return vocab, n, ngrams, sections, rate
+    return vocab, n, ngrams, rate
 
 
 @settings(max_examples=120, deadline=None)
 @given(case=stored_sets(), probe_seed=st.integers(0, 2**32))
 def test_exact_against_a_reference_set(
-    case: tuple[int, int, np.ndarray, int, float], probe_seed: int
+    case: tuple[int, int, np.ndarray, float], probe_seed: int
 ) -> None:
-    vocab, n, ngrams, sections, rate = case
+    vocab, n, ngrams, rate = case
     reference = {tuple(row) for row in ngrams.tolist()}
     with tempfile.TemporaryDirectory() as directory:
         filt = IndexFilter.from_ngrams(
             Path(directory) / "f.memfree",
             ngrams,
             vocab_size=vocab,
-            section_bits=sections,
             false_positive_rate=rate,
         )
         assert len(filt) <= len(reference)  # two prefixes whose fingerprints collide merge
@@ -108,7 +106,7 @@ def test_a_prefix_with_thousands_of_next_tokens(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     others = rng.integers(0, vocab, size=(3000, 3))
     filt = IndexFilter.from_ngrams(
-        tmp_path / "f.memfree", np.concatenate([heavy, others]), vocab_size=vocab, section_bits=2
+        tmp_path / "f.memfree", np.concatenate([heavy, others]), vocab_size=vocab
     )
     _, tokens = filt.next_tokens(np.array([[7, 9]]))
     assert set(tokens.tolist()) >= set((np.arange(5000) * 13).tolist())
@@ -126,9 +124,10 @@ def test_empty_and_unigram_filters(tmp_path: Path) -> None:
 
 
 def test_widths_follow_the_target_rate() -> None:
-    loose = choose_shape(4_000_000, 16, 4, 49_152, 1e-5)
-    tight = choose_shape(4_000_000, 16, 4, 49_152, 1e-9)
+    loose = choose_shape(4_000_000, 16, 49_152, 1e-5)
+    tight = choose_shape(4_000_000, 16, 49_152, 1e-9)
     assert loose.bucket_bits == 18  # about 16 records a bucket
+    assert loose.section_bits == 12 and choose_shape(100, 16, 49_152, 1e-5).section_bits == 3
     assert tight.remainder_bits > loose.remainder_bits
     # 15.3 records a bucket, 5 remainder bits: 15.3 / 32 / 49,152 = 9.7e-6 false bans per
     # candidate; 2.9 bytes per n-gram (a 21-bit record, 2 bits of directory).
@@ -149,12 +148,14 @@ def test_packed_fields_read_back(width: int, values: list[int]) -> None:
 
 
 def test_encoding_refuses_unsorted_or_foreign_keys() -> None:
-    shape = choose_shape(10, 8, 1, 200, 1e-5)
+    shape = choose_shape(64, 8, 200, 1e-5)  # 4 buckets, 4 sections
     keys = np.sort(index_keys(np.array([1, 2, 3], np.uint64) << np.uint64(60), [1, 2, 3], 8))
     with pytest.raises(ValueError, match="outside"):
-        encode_section(keys[::-1][:1] | np.uint64(1 << 63), 0, shape)
+        encode_sections(keys | np.uint64(1 << 63), 0, 2, shape)
     with pytest.raises(ValueError, match="not sorted"):
-        encode_section(keys[::-1], 0, shape)
+        encode_sections(keys[::-1], 0, 4, shape)
+    encoded = encode_sections(keys, 0, 1, shape)
+    assert encoded.records.tolist() == [3]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,9 +166,7 @@ def test_encoding_refuses_unsorted_or_foreign_keys() -> None:
 def index_file(tmp_path: Path) -> Path:
     rng = np.random.default_rng(3)
     path = tmp_path / "f.memfree"
-    IndexFilter.from_ngrams(
-        path, rng.integers(0, 500, size=(2000, 4)), vocab_size=500, section_bits=2
-    ).close()
+    IndexFilter.from_ngrams(path, rng.integers(0, 500, size=(2000, 4)), vocab_size=500).close()
     return path
 
 
@@ -185,10 +184,16 @@ def rewrite_metadata(path: Path, edit: dict[str, object], rebind: bool) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("where", ["directory", "records", "last word"])
+@pytest.mark.parametrize("where", ["table", "directory", "records", "last word"])
 def test_a_flipped_byte_is_refused(index_file: Path, where: str) -> None:
     data = bytearray(index_file.read_bytes())
-    offset = {"directory": 4096 + 9, "records": len(data) - 100, "last word": len(data) - 3}[where]
+    sections = open_filter(index_file).metadata["sections"]
+    offset = {
+        "table": 4096 + 17,
+        "directory": 4096 + sections * 16 + 9,
+        "records": len(data) - 100,
+        "last word": len(data) - 3,
+    }[where]
     data[offset] ^= 0x10
     index_file.write_bytes(bytes(data))
     with pytest.raises(DamagedFilterError, match=r"checksum|zero word|directory"):
@@ -212,7 +217,8 @@ def test_truncated_and_extended_files_are_refused(index_file: Path) -> None:
         ({"token_bits": 30}, "vocab_size"),
         ({"max_bucket": 1}, "max_bucket|edited"),
         ({"unit": "word"}, "token n-grams"),
-        ({"sections": [[0, "0" * 16]]}, "sections"),
+        ({"sections": 2}, "sections"),
+        ({"section_table_xxh3": "0" * 16}, "edited"),
     ],
 )
 def test_edited_headers_are_refused(
