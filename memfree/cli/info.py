@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
                 )
         else:
             filt = NgramFilter.open(args.filter, verify=not args.no_verify, **kwargs)
+        if not args.no_verify and filt.prefix_index() is not None:
+            filt.verify()  # type: ignore[attr-defined]  # an index checks its sections now
     except (FileNotFoundError, FilterError, ValueError) as error:
         return fail(in_flag_terms(str(error), INFO_FLAGS))
     metadata = filt.metadata

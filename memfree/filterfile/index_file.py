@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from memfree.errors import DamagedFilterError
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np
 from memfree.filterfile.header import (
@@ -28,6 +29,7 @@ from memfree.filterfile.index_header import (
     TABLE_ENTRY,
     check_index_metadata,
     index_offsets,
+    section_problem,
     sections_problem,
     shape_of,
     table_problem,
@@ -53,8 +55,15 @@ class IndexFilter:
     one with :meth:`from_ngrams`. Queries never produce false negatives.
     """
 
-    def __init__(self, path: Path, metadata: dict[str, Any], arrays: IndexArrays) -> None:
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        arrays: IndexArrays,
+        checks: SectionChecks | None = None,
+    ) -> None:
         self.path = path
+        self._checks = checks
         self._metadata = metadata
         self._arrays = arrays
         self.n: int = int(metadata["n"])
@@ -128,6 +137,17 @@ class IndexFilter:
         result[rows[tokens == array[rows, -1]]] = True
         return result[0] if single else result
 
+    def verify(self) -> None:
+        """Check every section now (opening checks only the header and the section table; each
+        section is otherwise checked before its first read).
+
+        Raises:
+            DamagedFilterError: a section's bytes disagree with the header.
+        """
+        if self._checks is None:
+            raise DamagedFilterError(f"{self.path}: closed, or a copy with no file to verify")
+        self._checks.all()
+
     def prefix_index(self) -> IndexArrays:
         """The arrays and widths, for the guard core."""
         return self._arrays
@@ -192,11 +212,53 @@ class IndexFilter:
         self.close()
 
 
+class SectionChecks:
+    """Verifies each section of an open index before its first read (then never again).
+
+    Opening reads only the header and the section table, whatever the file's size; a lookup
+    reads a few sections, and each is checked against its checksum and directory the first time
+    (``memfree info`` and writers check them all). A damaged section is refused when first
+    touched, with :class:`~memfree.errors.DamagedFilterError`: never read as a filter that finds
+    less.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        table: np.ndarray,
+        directory: np.ndarray,
+        words: np.ndarray,
+        starts: np.ndarray,
+    ) -> None:
+        self.path = path
+        self._arrays = (metadata, table, directory, words, starts)
+        self.done = np.zeros(int(metadata["sections"]), dtype=bool)
+
+    def __call__(self, sections: np.ndarray) -> None:
+        """Check the sections not yet checked among ``sections`` (int array)."""
+        sections = np.asarray(sections, dtype=np.int64)
+        if not sections.size:
+            return
+        sections = np.clip(sections, 0, self.done.size - 1)
+        pending = sections[~self.done[sections]]
+        for section in np.unique(pending).tolist():
+            problem = section_problem(*self._arrays, section)
+            if problem:
+                raise damaged_error(self.path, problem)
+            self.done[section] = True
+
+    def all(self) -> None:
+        """Check every section not yet checked."""
+        self(np.arange(self.done.size))
+
+
 def open_index(path: Path, verify: bool) -> IndexFilter:
     """Open, map and validate a prefix-index file.
 
-    The header and the section table (16 bytes a section) are always checked; with ``verify``
-    every section too, against its checksum and directory (reads the whole file).
+    The header, the section table (16 bytes a section) and the final word are always checked;
+    with ``verify`` each section too, before its first read (:class:`SectionChecks`), so opening
+    costs the same for any size of file and no unchecked byte is ever read.
 
     Raises:
         DamagedFilterError: the file is truncated, damaged, edited or not a filter.
@@ -240,10 +302,9 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
             offset=offsets.words,
             shape=((offsets.size - offsets.words) // 8,),
         )
-        if verify:
-            problem = sections_problem(metadata, table, directory, words, offsets.word_starts)
-            if problem:
-                raise damaged_error(path, problem)
+        if words[-1] != 0:
+            raise damaged_error(path, "the records do not end with a zero word")
+        checks = SectionChecks(path, metadata, table, directory, words, offsets.word_starts)
     except BaseException:
         handle.close()
         raise
@@ -254,6 +315,7 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         offsets.word_starts,
         int(metadata["hash_seed"]),
         int(metadata["max_bucket"]),
+        checks if verify else None,
     )
 
     def intact() -> str | None:
@@ -261,7 +323,7 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
             return "its header or section table changed"
         return sections_problem(metadata, table, directory, words, offsets.word_starts)
 
-    filt = IndexFilter(path, metadata, arrays)
+    filt = IndexFilter(path, metadata, arrays, checks)
     filt.file_watch = FileWatch(path, handle, identity, intact)
     return filt
 
@@ -272,7 +334,11 @@ def verify_written(temporary: Path) -> None:
     Raises:
         DamagedFilterError: the file fails its own check.
     """
-    open_index(temporary, verify=True).close()
+    written = open_index(temporary, verify=True)
+    try:
+        written.verify()
+    finally:
+        written.close()
 
 
 __all__ = ["DEFAULT_INDEX_FALSE_POSITIVE_RATE", "IndexFilter", "open_index", "verify_written"]

@@ -169,6 +169,34 @@ def section_digest(directory: np.ndarray, words: np.ndarray) -> int:
     return digest.intdigest()
 
 
+def section_problem(
+    metadata: dict[str, Any],
+    table: np.ndarray,
+    directory: np.ndarray,
+    words: np.ndarray,
+    starts: np.ndarray,
+    section: int,
+) -> str | None:
+    """Why one section's bytes disagree with the table and header, or None: its checksum, then
+    its directory's shape (from 0, never decreasing, ending at its record count, no bucket above
+    max_bucket)."""
+    shape = shape_of(metadata)
+    per_section = shape.buckets_per_section + 1
+    records = int(table["records"][section])
+    dir_slice = directory[section * per_section : (section + 1) * per_section]
+    first = int(starts[section])
+    count = (records * shape.record_bits + 63) // 64
+    if section_digest(dir_slice, words[first : first + count]) != int(table["digest"][section]):
+        return f"section {section}: checksum mismatch"
+    offsets = np.asarray(dir_slice, dtype=np.int64)
+    sizes = np.diff(offsets)
+    if offsets[0] != 0 or offsets[-1] != records or (sizes < 0).any():
+        return f"section {section}: its directory does not count its {records} records"
+    if sizes.size and int(sizes.max()) > metadata["max_bucket"]:
+        return f"section {section}: a bucket holds more than max_bucket records"
+    return None
+
+
 def sections_problem(
     metadata: dict[str, Any],
     table: np.ndarray,
@@ -176,28 +204,12 @@ def sections_problem(
     words: np.ndarray,
     starts: np.ndarray,
 ) -> str | None:
-    """The first section whose bytes disagree with the table and header, or None: checksum, and
-    directory shape (from 0, never decreasing, ending at its record count, no bucket above
-    max_bucket); then the final zero word."""
-    shape = shape_of(metadata)
-    per_section = shape.buckets_per_section + 1
-    records = table["records"].astype(np.int64)
-    counts = section_words(records, shape.record_bits)
-    for section in range(shape.num_sections):
-        dir_slice = directory[section * per_section : (section + 1) * per_section]
-        first = int(starts[section])
-        if section_digest(dir_slice, words[first : first + counts[section]]) != int(
-            table["digest"][section]
-        ):
-            return f"section {section}: checksum mismatch"
-    offsets = np.asarray(directory, dtype=np.int64).reshape(shape.num_sections, per_section)
-    sizes = np.diff(offsets, axis=1)
-    bad = (offsets[:, 0] != 0) | (offsets[:, -1] != records) | (sizes < 0).any(axis=1)
-    if bad.any():
-        section = int(np.flatnonzero(bad)[0])
-        return f"section {section}: its directory does not count its {records[section]} records"
-    if sizes.size and int(sizes.max()) > metadata["max_bucket"]:
-        return "a bucket holds more than max_bucket records"
+    """The first section whose bytes disagree with the table and header (:func:`section_problem`),
+    then the final zero word, or None."""
+    for section in range(int(metadata["sections"])):
+        problem = section_problem(metadata, table, directory, words, starts, section)
+        if problem:
+            return problem
     if words[-1] != 0:
         return "the records do not end with a zero word"
     return None
@@ -211,6 +223,7 @@ __all__ = [
     "index_digest",
     "index_offsets",
     "section_digest",
+    "section_problem",
     "section_table",
     "sections_problem",
     "shape_of",

@@ -29,7 +29,8 @@ the records, which one task encodes and writes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -265,6 +266,9 @@ class IndexArrays:
         section_words: int64 `(num_sections,)` the first word of each section's records.
         hash_seed: the seed of the prefix fingerprints.
         max_bucket: most records in one bucket (the header's, checked when verified).
+        ensure: called with the sections a lookup is about to read; raises when one of them is
+            damaged (verifies each section on its first read), or None (the file is not
+            verified, or was verified whole).
     """
 
     shape: IndexShape
@@ -273,6 +277,7 @@ class IndexArrays:
     section_words: np.ndarray
     hash_seed: int
     max_bucket: int
+    ensure: Callable[[np.ndarray], None] | None = field(default=None, compare=False)
 
 
 def bucket_ranges(
@@ -284,6 +289,8 @@ def bucket_ranges(
     fingerprints = np.asarray(prefix_fingerprints, dtype=np.uint64)
     buckets = _top_bits(fingerprints, shape.bucket_bits).astype(np.int64)
     sections = buckets >> (shape.bucket_bits - shape.section_bits)
+    if index.ensure is not None:
+        index.ensure(sections)
     entry = buckets + sections  # each section's directory has one entry more than buckets
     directory = index.directory
     np.clip(entry, 0, directory.shape[0] - 2, out=entry)

@@ -167,3 +167,23 @@ def test_cuda_matches_cpu_without_host_synchronisation(tmp_path: Path) -> None:
         torch.cuda.set_sync_debug_mode("default")
     expected, expected_active = cpu.banned_mask(contexts, 64)
     assert torch.equal(on_gpu.cpu(), expected) and torch.equal(active.cpu(), expected_active)
+
+
+def test_a_filter_rewritten_in_place_stops_the_guard(tmp_path: Path) -> None:
+    from memfree.errors import FilterChangedError
+
+    rng = np.random.default_rng(5)
+    first = rng.integers(0, 50, size=(300, 3))
+    second = first.copy()
+    second[:, -1] = (second[:, -1] + 1) % 50  # same prefixes and counts: same size, other bytes
+    path, other = tmp_path / "live.memfree", tmp_path / "other.memfree"
+    filt = IndexFilter.from_ngrams(path, first, vocab_size=64)
+    IndexFilter.from_ngrams(other, second, vocab_size=64).close()
+    assert path.stat().st_size == other.stat().st_size
+    guard = MemFreeLogitsProcessor(filt, eos_token_id=63)
+    ids = torch.from_numpy(first[:4, :2].copy())
+    guard(ids, torch.zeros(4, 64))
+    with open(path, "r+b") as handle:  # `cp other live`: the same inode, other bytes
+        handle.write(other.read_bytes())
+    with pytest.raises(FilterChangedError, match="changed in place"):
+        guard(ids, torch.zeros(4, 64))

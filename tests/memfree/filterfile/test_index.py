@@ -8,6 +8,7 @@ import json
 import struct
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -184,10 +185,9 @@ def rewrite_metadata(path: Path, edit: dict[str, object], rebind: bool) -> None:
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("where", ["table", "directory", "records", "last word"])
-def test_a_flipped_byte_is_refused(index_file: Path, where: str) -> None:
-    data = bytearray(index_file.read_bytes())
-    sections = open_filter(index_file).metadata["sections"]
+def flip(path: Path, where: str) -> None:
+    data = bytearray(path.read_bytes())
+    sections = open_filter(path).metadata["sections"]
     offset = {
         "table": 4096 + 17,
         "directory": 4096 + sections * 16 + 9,
@@ -195,9 +195,51 @@ def test_a_flipped_byte_is_refused(index_file: Path, where: str) -> None:
         "last word": len(data) - 3,
     }[where]
     data[offset] ^= 0x10
-    index_file.write_bytes(bytes(data))
-    with pytest.raises(DamagedFilterError, match=r"checksum|zero word|directory"):
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["table", "last word"])
+def test_a_flipped_byte_in_the_table_or_the_end_is_refused_at_open(
+    index_file: Path, where: str
+) -> None:
+    flip(index_file, where)
+    with pytest.raises(DamagedFilterError, match=r"section table checksum|zero word"):
         open_filter(index_file)
+
+
+@pytest.mark.parametrize("where", ["directory", "records"])
+def test_a_damaged_section_is_refused_when_first_read(index_file: Path, where: str) -> None:
+    flip(index_file, where)
+    filt = open_filter(index_file)  # opening reads the header and the section table only
+    assert isinstance(filt, IndexFilter)
+    with pytest.raises(DamagedFilterError, match=r"section \d+: (checksum|its directory)"):
+        filt.verify()
+    # A lookup that reads the damaged section is refused too; one that reads others is not.
+    fresh = open_filter(index_file)
+    assert isinstance(fresh, IndexFilter)
+    shape = fresh.prefix_index().shape
+    rng = np.random.default_rng(0)
+    prefixes = rng.integers(0, 500, size=(4000, 3))
+    sections = (
+        fingerprints_np(prefixes, fresh.hash_seed) >> np.uint64(64 - shape.section_bits)
+    ).astype(np.int64)
+    damaged = fresh.prefix_index().ensure
+    assert damaged is not None
+    bad = next(s for s in range(shape.num_sections) if _refused(damaged, s))
+    assert (sections != bad).any() and (sections == bad).any()
+    fresh.next_tokens(prefixes[sections != bad])
+    with pytest.raises(DamagedFilterError, match=f"section {bad}"):
+        fresh.next_tokens(prefixes[sections == bad][:1])
+    # Unverified, the caller asked for no checks: the bytes are read as they are.
+    open_filter(index_file, verify=False).next_tokens(prefixes)
+
+
+def _refused(checks: Any, section: int) -> bool:
+    try:
+        checks(np.array([section]))
+    except DamagedFilterError:
+        return True
+    return False
 
 
 def test_truncated_and_extended_files_are_refused(index_file: Path) -> None:
@@ -234,8 +276,10 @@ def test_an_edit_rebound_is_still_caught_when_verified(index_file: Path) -> None
     # slots; verification compares every bucket with it.
     metadata = open_filter(index_file).metadata
     rewrite_metadata(index_file, {"max_bucket": metadata["max_bucket"] - 1}, rebind=True)
+    filt = open_filter(index_file)
+    assert isinstance(filt, IndexFilter)
     with pytest.raises(DamagedFilterError, match="max_bucket"):
-        open_filter(index_file)
+        filt.verify()
 
 
 def test_a_newer_version_names_the_fix(index_file: Path) -> None:
@@ -244,3 +288,16 @@ def test_a_newer_version_names_the_fix(index_file: Path) -> None:
     index_file.write_bytes(bytes(data))
     with pytest.raises(DamagedFilterError, match=r"version 3.*upgrade memfree"):
         open_filter(index_file)
+
+
+def test_info_checks_every_section(index_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from memfree.cli import main as cli_main
+
+    assert cli_main(["info", str(index_file)]) == 0
+    shown = capsys.readouterr().out
+    assert "prefix-index-v1" in shown and "per n-gram)" in shown
+    assert "false bans per candidate token" in shown
+    flip(index_file, "records")
+    assert cli_main(["info", str(index_file)]) == 2
+    assert "checksum mismatch" in capsys.readouterr().err
+    assert cli_main(["info", str(index_file), "--no-verify"]) == 0
