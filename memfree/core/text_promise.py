@@ -15,6 +15,7 @@ import torch
 
 from memfree.core.canonical import CanonicalMasker
 from memfree.core.token import TokenMasker
+from memfree.core.token_index import IndexMasker
 from memfree.vocab.info import TokenizerInfo
 
 
@@ -31,7 +32,7 @@ class TextPromiseMasker:
         tokenizer: the tokenizer's info.
     """
 
-    def __init__(self, token: TokenMasker, canonical: CanonicalMasker) -> None:
+    def __init__(self, token: TokenMasker | IndexMasker, canonical: CanonicalMasker) -> None:
         self.token = token
         self.canonical = canonical
         self.n = token.n

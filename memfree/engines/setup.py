@@ -152,8 +152,9 @@ class GuardSetup:
             from memfree.core.canonical import CanonicalMasker
             from memfree.core.text_promise import TextPromiseMasker
             from memfree.core.token import TokenMasker
+            from memfree.core.token_index import IndexMasker
 
-            assert isinstance(masker, TokenMasker)
+            assert isinstance(masker, (TokenMasker, IndexMasker))
             masker = TextPromiseMasker(masker, CanonicalMasker(info, eos))
         return cls(ngram_filter, n, unit, exempt, eos, masker, watch, bool(canonical))
 

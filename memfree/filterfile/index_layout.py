@@ -121,13 +121,15 @@ class IndexShape:
 def choose_shape(num_records: int, token_bits: int, vocab_size: int, rate: float) -> IndexShape:
     """The widths for ``num_records`` records: about :data:`BUCKET_TARGET` records a bucket,
     and the fewest remainder bits whose expected false-positive rate per candidate is at most
-    ``rate`` (:func:`expected_rate`)."""
+    ``rate`` for any row, its prefix stored or not (:func:`expected_rate` is a random row's)."""
     wanted = round(math.log2(num_records / BUCKET_TARGET)) if num_records else 0
     bucket_bits = min(max(0, wanted), MAX_SECTION_BITS + 31, 64 - token_bits)
     room = min(64 - token_bits - bucket_bits, MAX_RECORD_BITS - token_bits)
-    per_bucket = num_records / 2**bucket_bits
+    # A row whose prefix is stored meets its bucket's other records: one more than a random
+    # row's bucket holds on average (size-biased), so the rate is met for both.
+    per_bucket = num_records / 2**bucket_bits + 1
     remainder = 0
-    if per_bucket > 0:
+    if num_records:
         remainder = max(0, math.ceil(math.log2(per_bucket / (rate * max(vocab_size, 1)))))
     section_bits = min(bucket_bits, MAX_SECTION_BITS)
     return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room))

@@ -187,3 +187,48 @@ def test_a_filter_rewritten_in_place_stops_the_guard(tmp_path: Path) -> None:
         handle.write(other.read_bytes())
     with pytest.raises(FilterChangedError, match="changed in place"):
         guard(ids, torch.zeros(4, 64))
+
+
+def test_a_memorizing_model_guarded_by_an_index_emits_no_stored_ngram_in_ids_or_text(
+    tmp_path: Path, tokenizer: Any, memorizing_llama: Any
+) -> None:
+    from bloom_builder.build import build_filter
+    from bloom_builder.settings import BuildSettings
+    from memfree.units import TOKEN
+    from tests.conftest import MEMORIZED_DOCUMENTS
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index, text in enumerate(MEMORIZED_DOCUMENTS):
+        (corpus / f"doc{index}.py").write_text(text)
+    settings = BuildSettings(
+        ngram_size=4, tokenizer=None, layout="prefix-index", workers=1, false_positive_rate=1e-9
+    )
+    output = tmp_path / "f.memfree"
+    build_filter([str(corpus)], output, settings, tokenizer=tokenizer, progress=False)
+    from memfree.filterfile import open_filter
+
+    index = open_filter(output)
+    assert isinstance(index, IndexFilter)
+    guard = MemFreeLogitsProcessor(index, tokenizer=tokenizer)  # canonical by default
+    assert guard.canonical
+    unguarded_hits = 0
+    for text in MEMORIZED_DOCUMENTS:
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"][:12]
+        batch = torch.tensor([prompt])
+        for processors in (None, [guard]):
+            out = memorizing_llama.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                logits_processor=processors,
+                max_new_tokens=24,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )[0, len(prompt) :].tolist()
+            in_ids = TOKEN.created_ngram_counts(index, prompt, out)[0]
+            in_text = TOKEN.created_text_ngram_counts(index, prompt, out, tokenizer=tokenizer)[0]
+            if processors is None:
+                unguarded_hits += in_ids
+            else:
+                assert in_ids == 0 and in_text == 0, tokenizer.decode(out)
+    assert unguarded_hits > 0  # the model does reproduce what the index holds

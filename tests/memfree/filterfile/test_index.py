@@ -130,9 +130,10 @@ def test_widths_follow_the_target_rate() -> None:
     assert loose.bucket_bits == 18  # about 16 records a bucket
     assert loose.section_bits == 12 and choose_shape(100, 16, 49_152, 1e-5).section_bits == 3
     assert tight.remainder_bits > loose.remainder_bits
-    # 15.3 records a bucket, 5 remainder bits: 15.3 / 32 / 49,152 = 9.7e-6 false bans per
-    # candidate; 2.9 bytes per n-gram (a 21-bit record, 2 bits of directory).
-    assert loose.record_bits == 21
+    # 15.3 records a bucket, 16.3 as a stored prefix's row sees it: 6 remainder bits, 16.3 / 64 /
+    # 49,152 = 5.2e-6 false bans per candidate at most; 3.0 bytes per n-gram (a 22-bit record,
+    # 2 bits of directory).
+    assert loose.record_bits == 22
     assert token_bits_for(49_152) == 16 and token_bits_for(2) == 1 and token_bits_for(1) == 1
 
 
