@@ -36,14 +36,19 @@ from memfree.filterfile.index_file import IndexFilter
 from memfree.filterfile.native import NgramFilter
 
 _COLD = """
-import os, sys, time, torch
+import os, sys, tempfile, time, numpy as np, torch
 from memfree.filterfile import open_filter
+from memfree.filterfile.index_file import IndexFilter
 from memfree.core.token_index import IndexMasker
+rows = torch.tensor(eval(sys.argv[2]))
+if sys.argv[3] == "warm":  # the code paths warmed on another, small index first
+    with tempfile.TemporaryDirectory() as directory:
+        small = IndexFilter.from_ngrams(directory + "/s", np.arange(40).reshape(4, 10), vocab_size=64)
+        IndexMasker(small, [0]).banned_mask(rows % 64, 64)
 started = time.perf_counter()
 filt = open_filter(sys.argv[1])
 masker = IndexMasker(filt, [0])
 opened = time.perf_counter()
-rows = torch.tensor(eval(sys.argv[2]))
 masker.banned_mask(rows, 49152)
 stepped = time.perf_counter()
 print((opened - started) * 1e3, (stepped - opened) * 1e3)
@@ -120,27 +125,34 @@ def main() -> None:
 
 
 def cold_start(path: Path, rows: np.ndarray) -> None:
-    """Open and first step in a fresh process, the file evicted and cached."""
+    """Open and first step in a fresh process, the file evicted or cached, the code paths cold
+    (a fresh process's very first step) or warmed on another index first."""
     results = {}
-    for state in ("evicted", "cached"):
-        if state == "evicted":
-            with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
-                os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        output = subprocess.run(
-            [sys.executable, "-c", _COLD, str(path), repr(rows.tolist())],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.split()
-        results[state] = [float(value) for value in output]
+    for code in ("cold", "warm"):
+        for state in ("evicted", "cached"):
+            if state == "evicted":
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+                    os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            output = subprocess.run(
+                [sys.executable, "-c", _COLD, str(path), repr(rows.tolist()), code],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            results[code, state] = [float(value) for value in output]
     print(
         f"  fresh process, {path.stat().st_size / 2**20:.0f} MiB index (verified: the header "
-        f"and section table at open, each section at its first read): open "
-        f"{results['evicted'][0]:.2f} ms evicted / {results['cached'][0]:.2f} ms cached; first "
-        f"batch-8 step {results['evicted'][1]:.2f} ms evicted / {results['cached'][1]:.2f} ms "
-        "cached"
+        "and section table at open, each section at its first read), open / first batch-8 step, "
+        "ms:"
     )
+    for code in ("cold", "warm"):
+        label = "first step of the process" if code == "cold" else "code warmed on another index"
+        evicted, cached = results[code, "evicted"], results[code, "cached"]
+        print(
+            f"    {label:30s} file evicted {evicted[0]:6.2f} / {evicted[1]:6.2f}   "
+            f"cached {cached[0]:6.2f} / {cached[1]:6.2f}"
+        )
 
 
 def stdlib_bans(bloom_path: Path) -> None:

@@ -148,12 +148,14 @@ def directory_bytes(path: Path) -> int:
 
 def run_build(corpus: Path, out: Path, executor: str, workers: int, args: Any) -> dict[str, Any]:
     """One ``memfree build`` in a fresh process: its summary, wall time, memory and disk."""
-    output, work = out / f"{executor}-{workers}.memfree", out / f"{executor}-{workers}.work"
+    stem = f"{executor}-{workers}-{args.layout}"
+    output, work = out / f"{stem}.memfree", out / f"{stem}.work"
     shutil.rmtree(work, ignore_errors=True)
     command = [
         sys.executable, "-m", "memfree.cli", "build", str(corpus), "-o", str(output),
         "--executor", executor, "--workers", str(workers), "--min-count", str(args.min_count),
         "--memory-limit", args.memory_limit, "--work-dir", str(work), "--keep-work",
+        "--layout", args.layout,
         "--no-progress", "--json",
     ]  # fmt: skip
     started = time.perf_counter()
@@ -180,6 +182,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--min-count", type=int, default=2)
     parser.add_argument("--memory-limit", default="2G")
+    parser.add_argument("--layout", default="blocked-512", help="or prefix-index")
     parser.add_argument("--json-out", default=None, help="also write the results here")
     args = parser.parse_args()
 
@@ -216,8 +219,8 @@ def report(results: list[dict[str, Any]], args: Any) -> None:
     print("| executor | workers | wall s | tokens/s | scaling | hash + count n-grams/s per core "
           "| peak anonymous RSS (VmHWM), largest worker / share of --memory-limit | driver "
           "| work dir bytes/token "
-          "| filter bytes |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| filter bytes | write step s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     single: dict[str, float] = {}
     for result in results:
         summary, workers = result["summary"], result["workers"]
@@ -237,7 +240,7 @@ def report(results: list[dict[str, Any]], args: Any) -> None:
             f"| {per_core:,.0f} ({per_cpu:,.0f} per CPU-s) | {worker[0]:,} ({worker[1]:,}) / "
             f"{limit // workers >> 20:,} MiB | {driver[0]:,} ({driver[1]:,}) MiB "
             f"| {result['work_bytes'] / summary['tokens']:.1f} "
-            f"| {summary['size_bytes']:,} |"
+            f"| {summary['size_bytes']:,} | {summary.get('seconds_writing', 0.0):.1f} |"
         )
 
 

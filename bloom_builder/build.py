@@ -185,17 +185,22 @@ def _run(
             reduced.kept("ngrams"),
             _corpus(paths, plan, stats, reduced),
         )
+        writing = time.perf_counter()
         if settings.uses_index:
             from bloom_builder.write_index import write_index
 
             index = write_index(output, metadata, settings, reduced, executor, work)
             size = output.stat().st_size
             shape = FilterShape(size * 8, 0, index.expected_false_positive_rate)
-            return _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+            summary = _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+            summary.seconds_writing = time.perf_counter() - writing
+            return summary
     shape = write_filter(
         output, metadata, settings, plan, reduced, parts.payload, budget.batch_bytes
     )
-    return _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+    summary = _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+    summary.seconds_writing = time.perf_counter() - writing
+    return summary
 
 
 def _corpus(paths: list[str], plan: BuildPlan, stats: MapStats, reduced: Reduced) -> dict[str, Any]:

@@ -36,6 +36,8 @@ class BuildSummary:
     workers: int
     skipped: dict[str, Any] = field(default_factory=dict)
     layout: str = "blocked-512"
+    seconds_writing: float = 0.0  # the write step's wall time (the driver's serial part for
+    # the Bloom layout; for the index, the section tasks on the workers and the header)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
