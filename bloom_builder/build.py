@@ -327,7 +327,7 @@ def _summary(
         reused_tasks=sum(result.reused for result in map_results.values()),
         workers=settings.workers,
         skipped=plan.problems.to_dict(),
-        layout=settings.layout if settings.uses_index else "blocked-512",
+        layout=settings.resolved_layout,
     )
 
 

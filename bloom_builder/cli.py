@@ -213,9 +213,10 @@ def _add_reading_and_output_options(
         "--layout",
         choices=LAYOUTS,
         default=defaults.layout,
-        help="layout of a memfree filter: blocked-512, a blocked Bloom filter with a prefix "
-        "section (default), or prefix-index, which answers a guarded row with one lookup "
-        "(token unit only; docs/index.md)",
+        help="layout of a memfree filter: prefix-index answers a guarded row with one lookup "
+        "(the default for --unit token); blocked-512 is a blocked Bloom filter with a prefix "
+        "section (the default, and the only layout, for --unit word; the one earlier memfree "
+        "releases read); see docs/index.md",
     )
     parser.add_argument(
         "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"

@@ -123,7 +123,7 @@ def plan_build(
         "options": asdict(options),
         "prefixes": use_prefixes,
         # The index's runs hold (prefix, next token) keys, not n-gram fingerprints.
-        **({"layout": settings.layout} if settings.uses_index else {}),
+        **({"layout": "prefix-index"} if settings.uses_index else {}),
     }
     shards = plan_shards(units, settings.shard_bytes)
     return BuildPlan(units, shards, problems, options, use_prefixes, config)

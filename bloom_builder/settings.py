@@ -24,6 +24,10 @@ from memfree.errors import SettingError
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED
 from memfree.units import get_unit
 
+#: The lowest false-ban rate a prefix index can reach, whatever its corpus: one record a bucket
+#: and a 56-bit remainder (with a 1-bit token: its record is 57 bits at most).
+INDEX_RATE_FLOOR = 2.0**-56
+
 # A setting's problem: the field at fault, and the message naming it and its value.
 Problem = tuple[str, str]
 
@@ -51,9 +55,10 @@ class BuildSettings:
         include: fnmatch patterns selecting files inside walked directories.
         exclude: fnmatch patterns excluding files inside walked directories.
         output_format: "memfree" (native) or "pybloomfiltermmap3" (interchange).
-        layout: the native format's layout: "blocked-512" (a blocked Bloom filter with a prefix
-            section) or "prefix-index" (the prefix-keyed index: one lookup per guarded row;
-            token unit only).
+        layout: the native format's layout: "prefix-index" (the prefix-keyed index: one lookup
+            per guarded row; token unit only) or "blocked-512" (a blocked Bloom filter with a
+            prefix section); None (the default): the index where it applies (a token filter in
+            the memfree format), else the Bloom filter (:attr:`resolved_layout`).
         workers: parallel map/reduce processes (1 = in this process).
         memory_limit_bytes: budget across all workers for what the build sizes itself: each
             worker's share goes half to tokenization batches, half to counting buffers (the
@@ -81,7 +86,7 @@ class BuildSettings:
     include: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
     output_format: OutputFormat = "memfree"
-    layout: LayoutName = "blocked-512"
+    layout: LayoutName | None = None
     workers: int = field(default_factory=lambda: max(1, min(os.cpu_count() or 1, 8)))
     memory_limit_bytes: int = 2 << 30
     num_partitions: int = 16
@@ -133,8 +138,14 @@ class BuildSettings:
             return None
         if not isinstance(rate, (int, float)) or not 0.0 < float(rate) < 1.0:
             return "false_positive_rate", f"false_positive_rate must be in (0, 1), got {rate!r}"
-        if self.output_format == "memfree" and self.layout == "blocked-512":
+        if self.output_format == "memfree" and not self.uses_index:
             return _unreachable_rate("false_positive_rate", rate)
+        if self.uses_index and float(rate) < INDEX_RATE_FLOOR:
+            return "false_positive_rate", (
+                f"false_positive_rate {rate!r} cannot be reached: no prefix index goes below "
+                f"{INDEX_RATE_FLOOR:.1e} (a 56-bit prefix remainder); raise false_positive_rate "
+                "(1e-5 to 1e-9 is the usual range)"
+            )
         return None
 
     @property
@@ -146,9 +157,19 @@ class BuildSettings:
         return 1e-5 if self.uses_index else 1e-3
 
     @property
+    def resolved_layout(self) -> LayoutName:
+        """The layout written: the setting, or by default the index for a token filter in the
+        memfree format and the Bloom filter otherwise."""
+        if self.layout is not None:
+            return self.layout
+        if self.output_format == "memfree" and self.unit == "token":
+            return "prefix-index"
+        return "blocked-512"
+
+    @property
     def uses_index(self) -> bool:
         """Whether the build writes the prefix-keyed index."""
-        return self.output_format == "memfree" and self.layout == "prefix-index"
+        return self.output_format == "memfree" and self.resolved_layout == "prefix-index"
 
     def _format_problem(self) -> Problem | None:
         """The output format, and what the unit can write and take."""
@@ -164,7 +185,7 @@ class BuildSettings:
                 f"unit {self.unit} writes the {' or '.join(unit.output_formats)} format only "
                 "(pybloomfiltermmap3 files hash token ids)",
             )
-        if self.layout not in LAYOUTS:
+        if self.layout is not None and self.layout not in LAYOUTS:
             return "layout", f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}"
         if self.layout == "prefix-index" and (
             self.output_format != "memfree" or self.unit != "token"

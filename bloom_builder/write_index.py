@@ -22,6 +22,7 @@ from bloom_builder.errors import BuildError
 from bloom_builder.executors import Executor
 from bloom_builder.reduce import HISTOGRAM_BITS, Reduced, ReduceTask
 from bloom_builder.settings import BuildSettings
+from bloom_builder.write import UnreachableRateError
 from memfree.errors import DamagedFilterError
 from memfree.filterfile.index_file import open_index
 from memfree.filterfile.index_layout import (
@@ -149,6 +150,14 @@ def write_index(
     vocab_size = int(metadata["vocab_size"])
     total = sum(reduced.results["ngrams", task.index].kept for task in tasks)
     shape = choose_shape(total, token_bits_for(vocab_size), vocab_size, settings.target_rate)
+    reached = expected_rate(total, shape, vocab_size, stored_prefix=True)
+    if total and reached > settings.target_rate:
+        raise UnreachableRateError(
+            f"false_positive_rate {settings.target_rate!r} cannot be reached for {total:,} "
+            f"n-grams: the widest prefix remainder gives {reached:.2g}; raise false_positive_rate "
+            "(the finished tasks are kept: a rerun with a higher rate reuses them)",
+            field="false_positive_rate",
+        )
     records = section_records(reduced, tasks, shape.num_sections)
     if int(records.max()) > MAX_SECTION_RECORDS:
         raise BuildError(
@@ -177,6 +186,15 @@ def write_index(
             for _, result in executor.run(write_section, section_tasks)
         ]
         writer.commit(written, check=lambda temporary: _check_header(output, temporary))
+    except (ValueError, OSError) as error:  # DamagedFilterError is a ValueError
+        writer.abort()
+        if isinstance(error, BuildError):
+            raise
+        raise BuildError(
+            f"{output}: the index written from the work directory failed its own check "
+            f"({error}); its intermediate files are damaged. The work directory is deleted: "
+            "rerun the same command to build it afresh"
+        ) from None
     except BaseException:
         writer.abort()
         raise

@@ -78,6 +78,7 @@ def _build(
         tokenizer=str(tokenizer_dir) if unit == "token" else None,
         min_count=min_count,
         output_format=fmt,
+        layout="blocked-512" if fmt == "memfree" else None,
         workers=workers,
         shard_bytes=3000,
     )

@@ -135,11 +135,14 @@ def choose_shape(num_records: int, token_bits: int, vocab_size: int, rate: float
     return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room))
 
 
-def expected_rate(num_records: int, shape: IndexShape, vocab_size: int) -> float:
-    """Expected share of candidates banned by a prefix that no stored n-gram has: a bucket's
-    records whose remainder matches by chance, spread over the vocabulary."""
-    per_bucket = num_records / 2 ** (shape.bucket_bits + shape.remainder_bits)
-    return min(1.0, per_bucket / max(vocab_size, 1))
+def expected_rate(
+    num_records: int, shape: IndexShape, vocab_size: int, stored_prefix: bool = False
+) -> float:
+    """Expected share of candidates banned falsely: a bucket's records whose remainder matches
+    by chance, spread over the vocabulary; for a random row, or (``stored_prefix``) for a row
+    whose prefix is stored, whose bucket holds one record more on average."""
+    per_bucket = num_records / 2**shape.bucket_bits + (1 if stored_prefix and num_records else 0)
+    return min(1.0, per_bucket / 2**shape.remainder_bits / max(vocab_size, 1))
 
 
 # ---------------------------------------------------------------------------------------------

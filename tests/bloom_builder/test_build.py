@@ -82,7 +82,9 @@ def test_build_matches_exact_reference(
     summary = build_filter(
         [str(tmp_path / "corpus")],
         tmp_path / "f.memfree",
-        settings_for(tokenizer_dir, min_count=min_count, false_positive_rate=1e-6),
+        settings_for(
+            tokenizer_dir, min_count=min_count, false_positive_rate=1e-6, layout="blocked-512"
+        ),
         progress=False,
     )
     counts = reference_counts(tokenizer, texts, 4)

@@ -82,8 +82,10 @@ def test_settings_refuse_the_index_where_it_cannot_go(tokenizer_dir: Path) -> No
         BuildSettings(layout="prefix-index", output_format="pybloomfiltermmap3")
     with pytest.raises(SettingError, match="layout must be one of"):
         BuildSettings(layout="bloom")  # type: ignore[arg-type]
-    assert BuildSettings(layout="prefix-index").target_rate == 1e-5
-    assert BuildSettings().target_rate == 1e-3
+    assert BuildSettings().target_rate == 1e-5 and BuildSettings().uses_index
+    assert BuildSettings(layout="blocked-512").target_rate == 1e-3
+    assert BuildSettings(unit="word").resolved_layout == "blocked-512"
+    assert BuildSettings(output_format="pybloomfiltermmap3").resolved_layout == "blocked-512"
 
 
 def test_ids_beyond_the_vocabulary_are_skipped_not_truncated(

@@ -36,9 +36,10 @@ def ids_of(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 
 def bits(path: Path) -> tuple[str, str | None, int]:
+    """What decides a filter's answers: its bits (Bloom layout) or its sections (the index)."""
     metadata = NgramFilter.open(path).metadata
     return (
-        metadata["bits_xxh3"],
+        metadata.get("bits_xxh3") or metadata["section_table_xxh3"],
         (metadata.get("prefix") or {}).get("bits_xxh3"),
         metadata["num_ngrams"],
     )

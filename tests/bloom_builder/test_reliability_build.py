@@ -103,7 +103,7 @@ def test_a_failed_build_keeps_folders_that_hold_work_to_resume(
         build_filter(
             [str(tmp_path / "corpus")],
             output,
-            settings_for(tokenizer_dir, false_positive_rate=1e-45),
+            settings_for(tokenizer_dir, false_positive_rate=1e-45, layout="blocked-512"),
             progress=False,
         )
     assert (tmp_path / "new" / "f.memfree.work").is_dir()  # counting is kept for the rerun
@@ -113,12 +113,18 @@ def test_a_failed_build_keeps_folders_that_hold_work_to_resume(
 # Unreachable rates (16)
 
 
+@pytest.mark.parametrize("layout", ["prefix-index", "blocked-512"])
 @pytest.mark.parametrize("option", ["--fpr", "--prefix-fpr"])
 def test_an_unreachable_rate_is_refused_before_the_corpus_is_read(
-    tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str], option: str
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    layout: str,
 ) -> None:
     missing = tmp_path / "does-not-exist"  # were the corpus read, this would be the error
-    assert cli_build(missing, tmp_path / "f.memfree", tokenizer_dir, option, "1e-300") == 2
+    arguments = (option, "1e-300", "--layout", layout)
+    assert cli_build(missing, tmp_path / "f.memfree", tokenizer_dir, *arguments) == 2
     error = capsys.readouterr().err
     assert f"{option} 1e-300 cannot be reached" in error and "Traceback" not in error
     assert not (tmp_path / "f.memfree.work").exists()
@@ -127,9 +133,13 @@ def test_an_unreachable_rate_is_refused_before_the_corpus_is_read(
 def test_the_floor_is_the_rate_of_one_ngram_in_the_largest_filter() -> None:
     floor = lowest_reachable_rate()
     assert 1e-50 < floor < 1e-47
-    BuildSettings(false_positive_rate=floor)  # reachable: accepted
+    BuildSettings(false_positive_rate=floor, layout="blocked-512")  # reachable: accepted
     with pytest.raises(ValueError, match="cannot be reached"):
-        BuildSettings(false_positive_rate=floor / 2)
+        BuildSettings(false_positive_rate=floor / 2, layout="blocked-512")
+    # The prefix index (the default for token filters) has its own floor: a 56-bit remainder.
+    BuildSettings(false_positive_rate=2.0**-56)
+    with pytest.raises(ValueError, match="no prefix index goes below"):
+        BuildSettings(false_positive_rate=2.0**-57)
     # The interchange format sizes itself otherwise (its bits grow with -log p): not bounded here.
     BuildSettings(false_positive_rate=1e-300, output_format="pybloomfiltermmap3")
 
@@ -141,13 +151,20 @@ def test_a_rate_unreachable_for_the_counted_ngrams_fails_cleanly_and_keeps_the_c
     counting. A clear exit 2, and a rerun with a reachable rate reuses every task."""
     write_corpus(tmp_path / "corpus", 2)
     output = tmp_path / "f.memfree"
-    assert cli_build(tmp_path / "corpus", output, tokenizer_dir, "--fpr", "1e-45") == 2
-    error = capsys.readouterr().err
-    assert "--fpr 1e-45 cannot be reached for" in error and "Traceback" not in error
-    assert not output.exists()
-    assert cli_build(tmp_path / "corpus", output, tokenizer_dir, "--json") == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["reused_tasks"] == summary["map_tasks"] > 0
+    # The Bloom layout: 1e-45 is above its floor, below what 2**32 blocks give these n-grams.
+    # The index: 1e-16 is above its floor, below what the widest remainder gives them.
+    for layout, rate in (("blocked-512", "1e-45"), ("prefix-index", "1e-16")):
+        arguments = ("--fpr", rate, "--layout", layout)
+        assert cli_build(tmp_path / "corpus", output, tokenizer_dir, *arguments) == 2
+        error = capsys.readouterr().err
+        assert f"--fpr {rate} cannot be reached for" in error and "Traceback" not in error
+        assert not output.exists()
+        assert (
+            cli_build(tmp_path / "corpus", output, tokenizer_dir, "--json", "--layout", layout) == 0
+        )
+        summary = json.loads(capsys.readouterr().out)
+        assert summary["reused_tasks"] == summary["map_tasks"] > 0
+        output.unlink()
 
 
 # ------------------------------------------------------------------------------------------------

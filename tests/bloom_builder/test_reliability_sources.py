@@ -130,7 +130,7 @@ def test_ids_field_reads_token_ids_from_jsonl_and_refuses_text_files(
         progress=False,
     )
     assert from_ids.documents == from_text.documents == len(texts)
-    for name in ("bits_xxh3", "num_ngrams"):
+    for name in ("section_table_xxh3", "num_ngrams"):  # the default layout: the index
         assert (
             NgramFilter.open(tmp_path / "i.memfree").metadata[name]
             == NgramFilter.open(tmp_path / "t.memfree").metadata[name]
