@@ -57,7 +57,7 @@ def step_cost(guard_of: Any, rows: torch.Tensor, prompt: int, width: int, fresh:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--filter", default="out/stdlib.memfree")
+    parser.add_argument("--filter", default="out/stdlib.memfree")  # the default layout
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

@@ -41,7 +41,7 @@ def timed_generate(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--filter", default="out/stdlib.memfree")
+    parser.add_argument("--filter", default="out/stdlib-bloom.memfree")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cpu")
@@ -59,7 +59,8 @@ def main() -> None:
 
     model, tokenizer = load_model(device=args.device)
     if not Path(args.filter).exists():
-        build_filter(["stdlib:"], args.filter, tokenizer=tokenizer)
+        settings = BuildSettings(layout="blocked-512")
+        build_filter(["stdlib:"], args.filter, settings, tokenizer=tokenizer)
     if not Path(args.index).exists():
         build_filter(
             ["stdlib:"], args.index, BuildSettings(layout="prefix-index"), tokenizer=tokenizer

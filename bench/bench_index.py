@@ -87,8 +87,9 @@ def false_rate(filt: Any, ngrams: np.ndarray, vocab: int) -> tuple[float, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-ngrams", type=int, default=4_000_000)
-    parser.add_argument("--stdlib", default="out/stdlib.memfree")
+    parser.add_argument("--stdlib", default="out/stdlib-bloom.memfree")
     parser.add_argument("--skip-stdlib", action="store_true")
+    parser.add_argument("--cold-only", action="store_true", help="only the cold-start figures")
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(
@@ -97,6 +98,14 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as directory:
         for vocab in (49_152, 262_144):
+            if args.cold_only:
+                rng = np.random.default_rng(vocab)
+                ngrams = rng.integers(0, vocab, size=(args.num_ngrams, 10))
+                path = Path(directory) / "index.memfree"
+                IndexFilter.from_ngrams(path, ngrams, vocab_size=vocab).close()
+                print(f"\n{args.num_ngrams:,} random 10-grams over {vocab:,} ids:")
+                cold_start(path, ngrams[:8, :-1])
+                continue
             bloom, index, ngrams = random_filters(Path(directory), args.num_ngrams, vocab)
             print(f"\n{args.num_ngrams:,} random 10-grams over {vocab:,} ids:")
             for name, filt in (("bloom (fpr 1e-3)", bloom), ("index (1e-5)", index)):
@@ -120,7 +129,7 @@ def main() -> None:
             bloom.close()
             index.close()
             cold_start(index.path, ngrams[:8, :-1])
-    if not args.skip_stdlib:
+    if not (args.skip_stdlib or args.cold_only):
         stdlib_bans(Path(args.stdlib))
 
 
@@ -170,7 +179,7 @@ def stdlib_bans(bloom_path: Path) -> None:
         "oracle": bloom_path.with_name("stdlib-index-1e-12.memfree"),
     }
     settings = {
-        "bloom": BuildSettings(),
+        "bloom": BuildSettings(layout="blocked-512"),
         "index": BuildSettings(layout="prefix-index"),
         "oracle": BuildSettings(layout="prefix-index", false_positive_rate=1e-12),
     }

@@ -1,6 +1,6 @@
-"""The write step of the prefix-keyed index: each reduce partition's kept keys become one section
-of the file, written in place by its own task on the executor; the driver sizes the file and
-writes only its header. There is no serial pass over the n-grams.
+"""The write step of the prefix-keyed index: each reduce partition's kept keys become a run of
+sections of the file, written in place by its own task on the executor; the driver sizes the file
+and writes only its header and section table. There is no serial pass over the n-grams.
 
 Partitions are equal ranges of the key space's top bits, and so are sections (their number is
 fixed by the number of n-grams, :mod:`memfree.filterfile.index_layout`): a partition covers a

@@ -192,7 +192,6 @@ def ban_scores(
     *,
     inplace: bool,
     rows: torch.Tensor | None = None,
-    first_choice: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``scores`` with every banned token at ``-inf``; a row left with nothing allowed (possible
     only when earlier processors removed everything else) gets its end-of-sequence score at 0.
@@ -203,61 +202,83 @@ def ban_scores(
         eos_token_ids: the rescued id is the first (none: no rescue).
         inplace: edit ``scores`` itself (engines that allow it) or return a new tensor.
         rows: bool `(rows,)`, the guarded rows (None: all); only they are rescued.
-        first_choice: int64 `(rows,)` each row's highest-scoring token before the ban, if the
-            caller has it: a row whose first choice is finite and not banned is alive, so only
-            the others are searched for a finite score.
     """
-    guarded = _banned_copy(scores, banned, inplace)
+    fast = ban_scores_cpu(scores, banned, eos_token_ids, inplace=inplace, rows=rows)
+    if fast is not None:
+        return fast.scores
+    guarded = (
+        scores.masked_fill_(banned, float("-inf"))
+        if inplace
+        else scores.masked_fill(banned, float("-inf"))
+    )
     if eos_token_ids and eos_token_ids[0] < scores.shape[1]:
         eos = eos_token_ids[0]
-        dead = _dead_rows(scores if not inplace else None, guarded, banned, first_choice)
+        dead = guarded.amax(dim=1) == float("-inf")  # one reduction; NaN is not -inf
         if rows is not None:
             dead &= rows
         guarded[:, eos] = torch.where(dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos])
     return guarded
 
 
-def _dead_rows(
-    original: torch.Tensor | None,
-    guarded: torch.Tensor,
+@dataclass(frozen=True)
+class BannedScores:
+    """What :func:`ban_scores_cpu` computed: the scores, and what the statistics need."""
+
+    scores: torch.Tensor  # the banned scores (``scores`` itself when edited in place)
+    counts: torch.Tensor  # int64 (rows,) tokens banned per row
+    first_choice: torch.Tensor  # int64 (rows,) each row's highest score's token before the ban
+
+
+def ban_scores_cpu(
+    scores: torch.Tensor,
     banned: torch.Tensor,
-    first_choice: torch.Tensor | None,
-) -> torch.Tensor:
-    """bool `(rows,)`: the rows whose every score is now ``-inf`` (NaN is not ``-inf``)."""
-    if first_choice is None or original is None:
-        return guarded.amax(dim=1) == float("-inf")
-    index = first_choice[:, None]
-    alive = ~banned.gather(1, index)[:, 0] & (original.gather(1, index)[:, 0] > float("-inf"))
-    if bool(alive.all()):
-        return ~alive
-    dead = torch.zeros_like(alive)
-    suspects = (~alive).nonzero()[:, 0]
-    dead[suspects] = guarded[suspects].amax(dim=1) == float("-inf")
-    return dead
+    eos_token_ids: tuple[int, ...],
+    *,
+    inplace: bool,
+    rows: torch.Tensor | None = None,
+) -> BannedScores | None:
+    """:func:`ban_scores` in numpy, for float32/float64 scores on the CPU (None otherwise).
 
-
-def _banned_copy(scores: torch.Tensor, banned: torch.Tensor, inplace: bool) -> torch.Tensor:
-    """``scores`` (or a copy) with the banned entries at ``-inf``.
-
-    On the CPU the few banned entries are found in the mask with numpy and set by index: the
-    same result as ``masked_fill``, which passes over every score (measured: 0.10 ms against
-    0.23 ms for 8 rows of 49,152).
+    The same result, without a pass over every score for each part: the banned entries are
+    found in the mask once and set by index; a row is alive when its first choice (numpy's
+    argmax, which torch's equals: the first of ties, NaN counted highest) is finite and not
+    banned, so only the other rows are searched for a finite score. numpy runs in the calling
+    thread: torch's CPU kernels wake their thread pool, which costs more than these passes right
+    after a model's forward (measured: 0.85 ms a step at batch 1 in a generation, against 0.3
+    ms for the same calls alone).
     """
-    if (
+    if not (
         scores.device.type == "cpu"
         and banned.device.type == "cpu"
+        and scores.dtype in (torch.float32, torch.float64)
+        and scores.dim() == 2
         and scores.is_contiguous()
         and banned.is_contiguous()
         and banned.shape == scores.shape
+        and (rows is None or rows.device.type == "cpu")
     ):
-        guarded = scores if inplace else scores.clone()
-        flat = np.flatnonzero(banned.numpy())
-        if flat.size:
-            guarded.view(-1)[torch.from_numpy(flat)] = float("-inf")
-        return guarded
-    if inplace:
-        return scores.masked_fill_(banned, float("-inf"))
-    return scores.masked_fill(banned, float("-inf"))
+        return None
+    original = scores.detach().numpy()
+    mask = banned.numpy()
+    width = original.shape[1]
+    first = original.argmax(axis=1)
+    flat = np.flatnonzero(mask)
+    guarded = original if inplace else original.copy()
+    if flat.size:
+        guarded.reshape(-1)[flat] = -np.inf
+    counts = np.bincount(flat // max(width, 1), minlength=original.shape[0])
+    if eos_token_ids and eos_token_ids[0] < width:
+        index = np.arange(original.shape[0])
+        alive = ~mask[index, first] & (original[index, first] > -np.inf)
+        dead = np.zeros(original.shape[0], dtype=bool)
+        suspects = np.flatnonzero(~alive)
+        if suspects.size:
+            dead[suspects] = guarded[suspects].max(axis=1) == -np.inf
+        if rows is not None:
+            dead &= rows.numpy()
+        guarded[dead, eos_token_ids[0]] = 0.0
+    result = scores if inplace else torch.from_numpy(guarded)
+    return BannedScores(result, torch.from_numpy(counts), torch.from_numpy(first))
 
 
 def fail_closed(

@@ -142,6 +142,7 @@ class StatsRecorder:
         mask: torch.Tensor,
         checked: torch.Tensor,
         first: torch.Tensor | None = None,
+        counts: torch.Tensor | None = None,
     ) -> None:
         """Append one step (tensors stay on their device: no host synchronisation).
 
@@ -152,6 +153,7 @@ class StatsRecorder:
             checked: bool `(rows,)` rows whose candidates were checked.
             first: int64 `(rows,)` each row's highest-scoring token (:func:`first_choice` of
                 ``scores``), when the caller has it.
+            counts: int `(rows,)` tokens blocked per row, when the caller has them.
         """
         rows, length = int(input_ids.shape[0]), int(input_ids.shape[1])
         call = getattr(self._local, "call", None)
@@ -161,7 +163,8 @@ class StatsRecorder:
         if first is None:
             first = first_choice(scores)
         first_blocked = mask.gather(1, first[:, None])[:, 0]
-        counts = mask.view(torch.uint8).sum(dim=1, dtype=torch.int32)
+        if counts is None:
+            counts = mask.view(torch.uint8).sum(dim=1, dtype=torch.int32)
         call.records.append((length, counts, first, first_blocked, checked))
 
     def reset(self) -> None:

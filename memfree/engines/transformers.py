@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import torch
 
 from memfree.core import Masker, MaskerOptions
-from memfree.engines.setup import GuardSetup, ban_scores, checked_banned_mask
-from memfree.engines.stats import GuardStats, StatsRecorder, first_choice
+from memfree.engines.setup import GuardSetup, ban_scores, ban_scores_cpu, checked_banned_mask
+from memfree.engines.stats import GuardStats, StatsRecorder
 from memfree.errors import FilterError
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.protocol import NgramSet
@@ -194,13 +194,15 @@ class MemFreeLogitsProcessor(_Base):
                 f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
         mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
-        # The first choices, computed once for the statistics and the dead-row check (a row
-        # whose first choice stays allowed is alive); skipped without statistics.
-        first = first_choice(scores) if self.record_stats and scores.device.type == "cpu" else None
-        guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False, first_choice=first)
-        if self.record_stats:
-            self._recorder.record(input_ids, scores, mask, checked, first)
-        return guarded  # type: ignore[return-value]
+        fast = ban_scores_cpu(scores, mask, self.eos_token_ids, inplace=False)
+        if fast is None:
+            guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
+            if self.record_stats:
+                self._recorder.record(input_ids, scores, mask, checked)
+            return guarded  # type: ignore[return-value]
+        if self.record_stats:  # the first choices and counts the fast path found on the way
+            self._recorder.record(input_ids, scores, mask, checked, fast.first_choice, fast.counts)
+        return fast.scores  # type: ignore[return-value]
 
     def blocked_mask(
         self, input_ids: torch.Tensor, vocab_size: int, device: torch.device | None = None

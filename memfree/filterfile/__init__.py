@@ -49,9 +49,7 @@ def open_filter(
     """
     # Imported here: importing one part of this package (the builder imports hashing) loads no
     # reader, and the interchange reader loads only for its own files.
-    from memfree.filterfile import pybloom
     from memfree.filterfile.header import INDEX_FORMAT_VERSION, MAGIC, format_version, read_preamble
-    from memfree.filterfile.native import NgramFilter
     from memfree.filterfile.protocol import NgramSet
 
     if isinstance(ngram_filter, NgramSet):
@@ -65,14 +63,19 @@ def open_filter(
         )
     path = Path(ngram_filter)
     head = read_preamble(path)
-    if head.startswith(pybloom.MAGIC):
-        return pybloom.open_pybloom(path, verify=verify, **kwargs)
+    if not head.startswith(MAGIC):  # the interchange reader loads only for other files
+        from memfree.filterfile import pybloom
+
+        if head.startswith(pybloom.MAGIC):
+            return pybloom.open_pybloom(path, verify=verify, **kwargs)
     if kwargs:
         raise TypeError(f"unexpected arguments for a memfree filter: {sorted(kwargs)}")
-    if head.startswith(MAGIC) and format_version(head) == INDEX_FORMAT_VERSION:
+    if format_version(head) == INDEX_FORMAT_VERSION:
         from memfree.filterfile.index_file import open_index
 
         return open_index(path, verify)
+    from memfree.filterfile.native import NgramFilter
+
     return NgramFilter._open_native(path, verify)
 
 

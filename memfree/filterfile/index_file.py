@@ -1,4 +1,4 @@
-"""Reading and writing prefix-index filter files (``prefix-index-v1``; the records in
+"""Reading prefix-index filter files (``prefix-index-v1``; the records in
 :mod:`memfree.filterfile.index_layout`, the header in :mod:`memfree.filterfile.index_header`).
 
 :class:`IndexFilter` answers the :class:`~memfree.filterfile.protocol.NgramSet` protocol and hands
@@ -287,7 +287,7 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
             raise damaged_error(
                 path, f"size {identity.size_bytes} bytes, expected {offsets.size} from its header"
             )
-        header = os.pread(handle.fileno(), offsets.words, 0)
+        header = os.pread(handle.fileno(), offsets.directory, 0)  # the header and the table
         directory = np.memmap(
             handle,
             dtype="<u4",
