@@ -218,7 +218,9 @@ EDITS = ("hash_seed", "n", "num_probes", "prefix_num_probes", "unit")
 
 def _edit(metadata: dict[str, Any], field: str, draw: int) -> None:
     if field == "hash_seed":
-        metadata["hash_seed"] = (metadata["hash_seed"] + 1 + draw) % (1 << 64)
+        # Any other seed: 1 + draw stays below 2**64, so the edit is never a no-op (a draw of
+        # 2**64 - 1 once gave the same seed back, and an intact file opened).
+        metadata["hash_seed"] = (metadata["hash_seed"] + 1 + draw % ((1 << 64) - 1)) % (1 << 64)
     elif field == "n":
         metadata["n"] = _other(metadata["n"], 2, MAX_NGRAM_SIZE, draw)
     elif field == "num_probes":
