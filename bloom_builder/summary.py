@@ -62,8 +62,8 @@ class BuildSummary:
             shape_lines[0],
             f"  documents {self.documents:,}   {self.unit}s {self.tokens:,}   "
             f"n-grams {self.ngrams:,}",
-            f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}   "
-            f"prefixes {self.kept_prefixes:,}",
+            f"  distinct {self.distinct_ngrams:,}   kept {self.kept_ngrams:,}"
+            + ("" if self.layout == "prefix-index" else f"   prefixes {self.kept_prefixes:,}"),
             shape_lines[1],
             f"  time {self.seconds:.1f} s   {self.tokens_per_second:,.0f} {self.unit}s/s   "
             f"workers {self.workers}   tasks {self.map_tasks} ({self.reused_tasks} reused)",
