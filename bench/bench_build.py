@@ -88,23 +88,29 @@ print(time.perf_counter() - started, tokens, file=sys.stderr)
 """
 
 
-def tokenizer_ratio() -> None:
-    """Print the bare tokenizer's time, a one-worker build's, and their ratio (one run)."""
+def tokenizer_ratio(extra: tuple[str, ...] = ()) -> None:
+    """Print the bare tokenizer's time, one-worker builds' (each ``extra`` set of options: the
+    default layout and memory, then ``--memory-limit 512M``, then the Bloom layout), and their
+    ratios (one run)."""
     done = subprocess.run([sys.executable, "-c", BARE], capture_output=True, text=True, check=True)
     bare, tokens = done.stderr.split()[-2:]
-    with tempfile.TemporaryDirectory() as directory:
-        output = Path(directory) / "stdlib.memfree"
-        started = time.perf_counter()
-        subprocess.run(
-            [sys.executable, "-m", "memfree.cli", "build", "stdlib:", "-o", str(output),
-             "--workers", "1", "--no-progress"],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        build = time.perf_counter() - started
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores")
     print(f"bare tokenizer, one thread: {float(bare):.1f} s for {int(tokens):,} tokens")
-    print(f"memfree build stdlib: --workers 1 (whole command): {build:.1f} s")
-    print(f"ratio: {build / float(bare):.2f}x the bare tokenizer")
+    for options in ((), ("--memory-limit", "512M"), ("--layout", "blocked-512"), *extra):
+        with tempfile.TemporaryDirectory() as directory:
+            output = Path(directory) / "stdlib.memfree"
+            started = time.perf_counter()
+            subprocess.run(
+                [sys.executable, "-m", "memfree.cli", "build", "stdlib:", "-o", str(output),
+                 "--workers", "1", "--no-progress", *options],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            build = time.perf_counter() - started
+        label = " ".join(options) or "(defaults: the prefix index, 2G)"
+        print(
+            f"memfree build stdlib: --workers 1 {label}: {build:.1f} s, "
+            f"{build / float(bare):.2f}x the bare tokenizer"
+        )
 
 
 def main() -> None:
