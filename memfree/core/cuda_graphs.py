@@ -11,9 +11,10 @@ bit for bit (the same kernels run); the tests compare them.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -87,3 +88,14 @@ class GraphedStep:
         while len(self._graphs) > MAX_GRAPHS:
             self._graphs.popitem(last=False)
         return self._graphs[key]
+
+
+def thread_graph(local: threading.local, key: Hashable, step: Step) -> GraphedStep:
+    """The calling thread's :class:`GraphedStep` for ``key`` (one per shape family a masker
+    steps: graphs replay shared buffers, so each thread captures its own), made from ``step``
+    the first time."""
+    cache = local.__dict__.setdefault("steps", {})
+    graphed = cache.get(key)
+    if graphed is None:
+        graphed = cache[key] = GraphedStep(step)
+    return graphed

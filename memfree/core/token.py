@@ -142,17 +142,12 @@ class TokenMasker:
 
     def _graphed(self, tables: _Tables, vocab_width: int, compute_device: torch.device) -> Any:
         """This thread's CUDA-graph replay of :meth:`_step` for one width and device."""
-        key = (vocab_width, compute_device)
-        cache = self._graph_cache.__dict__.setdefault("steps", {})
-        graphed = cache.get(key)
-        if graphed is None:
-            from memfree.core.cuda_graphs import GraphedStep
+        from memfree.core.cuda_graphs import thread_graph
 
-            def step(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return self._step(rows, tables, vocab_width, compute_device)
+        def step(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._step(rows, tables, vocab_width, compute_device)
 
-            graphed = cache[key] = GraphedStep(step)
-        return graphed
+        return thread_graph(self._graph_cache, (vocab_width, compute_device), step)
 
     def _step(
         self, window: torch.Tensor, tables: _Tables, vocab_width: int, compute_device: torch.device
@@ -281,10 +276,17 @@ class TokenMasker:
     ) -> torch.Tensor:
         never = tables.never_blocked.get(vocab_width)
         if never is None:
-            never = torch.zeros(vocab_width, dtype=torch.bool)
-            never[[i for i in self.special_token_ids if i < vocab_width]] = True
-            never = tables.never_blocked[vocab_width] = never.to(device)
+            never = tables.never_blocked[vocab_width] = exempt_mask(
+                self.special_token_ids, vocab_width
+            ).to(device)
         return never
 
 
-__all__ = ["TokenMasker"]
+def exempt_mask(special_token_ids: Iterable[int], vocab_width: int) -> torch.Tensor:
+    """bool `(vocab_width,)` on the CPU: the exempt ids below ``vocab_width`` (never banned)."""
+    never = torch.zeros(vocab_width, dtype=torch.bool)
+    never[[i for i in special_token_ids if i < vocab_width]] = True
+    return never
+
+
+__all__ = ["TokenMasker", "exempt_mask"]

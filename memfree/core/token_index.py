@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from memfree.core import MaskerOptions
+from memfree.core.token import exempt_mask
 from memfree.filterfile.hashing import fingerprints_np, fmix64_torch, horner_states_torch
 from memfree.filterfile.index_layout import IndexArrays, lookup
 from memfree.filterfile.protocol import NgramSet
@@ -188,17 +189,12 @@ class IndexMasker:
         return mask, hits.any(dim=1)
 
     def _graphed(self, tables: _DeviceIndex, vocab_width: int, device: torch.device) -> Any:
-        key = (vocab_width, device)
-        cache = self._graph_cache.__dict__.setdefault("steps", {})
-        graphed = cache.get(key)
-        if graphed is None:
-            from memfree.core.cuda_graphs import GraphedStep
+        from memfree.core.cuda_graphs import thread_graph
 
-            def step(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-                return self._torch_step(window, tables, vocab_width)
+        def step(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._torch_step(window, tables, vocab_width)
 
-            graphed = cache[key] = GraphedStep(step)
-        return graphed
+        return thread_graph(self._graph_cache, (vocab_width, device), step)
 
     def _tables(self, device: torch.device) -> _DeviceIndex | None:
         if device in self._devices:
@@ -230,9 +226,8 @@ class IndexMasker:
     ) -> torch.Tensor:
         never = tables.never_blocked.get(vocab_width)
         if never is None:
-            never = torch.zeros(vocab_width, dtype=torch.bool)
-            never[[i for i in self.special_token_ids if i < vocab_width]] = True
-            never = tables.never_blocked[vocab_width] = never.to(device)
+            never = exempt_mask(self.special_token_ids, vocab_width).to(device)
+            tables.never_blocked[vocab_width] = never
         return never
 
 
