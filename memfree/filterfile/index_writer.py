@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from memfree.fileio import PendingFile
-from memfree.filterfile.header import INDEX_FORMAT_VERSION, MAGIC, PREAMBLE, page_round
+from memfree.filterfile.header import INDEX_FORMAT_VERSION, PREAMBLE, page_round
 from memfree.filterfile.index_header import (
     INDEX_HASH_SCHEME,
     index_digest,
@@ -30,7 +30,7 @@ from memfree.filterfile.index_layout import (
     expected_rate,
     section_words,
 )
-from memfree.filterfile.writer import json_bytes
+from memfree.filterfile.writer import header_bytes, json_bytes
 
 
 @dataclass(frozen=True)
@@ -207,14 +207,7 @@ class IndexFileWriter:
             self.metadata["section_table_xxh3"] = xxhash.xxh3_64_hexdigest(table.tobytes())
             self.metadata["max_bucket"] = max((r.max_bucket for r in written), default=0)
             self.metadata["hashing_xxh3"] = index_digest(self.metadata)
-            raw = json_bytes(self.metadata)
-            header = PREAMBLE.pack(
-                MAGIC, INDEX_FORMAT_VERSION, len(raw), xxhash.xxh3_64_intdigest(raw)
-            )
-            header += raw
-            if len(header) > self.offsets.table:
-                raise RuntimeError("index header grew while writing")
-            header += b"\x00" * (self.offsets.table - len(header))
+            header = header_bytes(self.metadata, INDEX_FORMAT_VERSION, self.offsets.table)
             with open(self._pending.temporary, "r+b") as out:
                 out.write(header + table.tobytes())
             if check is not None:

@@ -144,12 +144,7 @@ class FilterFileWriter:
                     self.prefix_bit_words.data.cast("B")
                 )
             self.metadata["hashing_xxh3"] = hashing_digest(self.metadata)
-            raw = self._metadata_bytes()
-            digest = xxhash.xxh3_64_intdigest(raw)
-            header = PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(raw), digest) + raw
-            if len(header) > self._data_offset:  # the checksums have fixed width
-                raise RuntimeError("filter header grew while writing")
-            header += b"\x00" * (self._data_offset - len(header))
+            header = header_bytes(self.metadata, FORMAT_VERSION, self._data_offset)
             del self.bit_words
             self.prefix_bit_words = None
             with open(self._pending.temporary, "r+b") as out:
@@ -181,6 +176,21 @@ class FilterFileWriter:
 def json_bytes(metadata: Mapping[str, Any]) -> bytes:
     """The header's JSON encoding: sorted keys, no spaces, UTF-8 (the same dict, the same bytes)."""
     return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def header_bytes(metadata: Mapping[str, Any], version: int, length: int) -> bytes:
+    """A native file's first ``length`` bytes: the preamble (magic, ``version``, the metadata's
+    length and xxh3), the JSON metadata, zero padding.
+
+    Raises:
+        RuntimeError: the metadata outgrew ``length`` (writers size it with fixed-width
+            placeholders, so this is a bug, never a user's mistake).
+    """
+    raw = json_bytes(metadata)
+    header = PREAMBLE.pack(MAGIC, version, len(raw), xxhash.xxh3_64_intdigest(raw)) + raw
+    if len(header) > length:
+        raise RuntimeError("filter header grew while writing")
+    return header + b"\x00" * (length - len(header))
 
 
 def write_filter(
