@@ -42,6 +42,17 @@ def main() -> None:
         default=DEFAULT_WORD_FILTER,
         help=f"default: the eval's stdlib word filter ({DEFAULT_WORD_N}-grams), built if missing",
     )
+    parser.add_argument(
+        "--word-bloom-filter",
+        default="out/stdlib-words-bloom.memfree",
+        help="the same word n-grams in the Bloom layout (built if missing)",
+    )
+    parser.add_argument(
+        "--false-bans",
+        action="store_true",
+        help="also count true and false bans per checked row on memorized contexts, against a "
+        "near-exact reference (the same n-grams in a Bloom filter at fpr 1e-9)",
+    )
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
@@ -52,14 +63,26 @@ def main() -> None:
     from memfree.engines.transformers import MemFreeLogitsProcessor
     from memfree.models import load_model
 
-    for path, unit in ((args.token_filter, "token"), (args.word_filter, "word")):
+    wanted = (
+        (args.token_filter, "token", None),
+        (args.word_filter, "word", None),
+        (args.word_bloom_filter, "word", "blocked-512"),
+    )
+    if args.false_bans:
+        exact_path = str(Path(args.word_filter).with_name("stdlib-words-exact.memfree"))
+        wanted += ((exact_path, "word", "blocked-512"),)
+    for path, unit, layout in wanted:
         if not Path(path).exists():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             summary = build_filter(
                 ["stdlib:"],
                 path,
                 BuildSettings(
-                    ngram_size=10 if unit == "token" else DEFAULT_WORD_N, unit=unit, workers=2
+                    ngram_size=10 if unit == "token" else DEFAULT_WORD_N,
+                    unit=unit,
+                    workers=2,
+                    layout=layout,
+                    false_positive_rate=1e-9 if "exact" in path else None,
                 ),
                 progress=False,
             )
@@ -73,8 +96,16 @@ def main() -> None:
     width = min(len(ids) for ids in prompts)
     batch = torch.tensor([ids[-width:] for ids in prompts])
     rows = []
-    for name, path in (("none", None), ("token", args.token_filter), ("word", args.word_filter)):
+    guards = (
+        ("none", None),
+        ("token", args.token_filter),
+        ("word", args.word_filter),
+        ("word-bloom", args.word_bloom_filter),
+    )
+    for name, path in guards:
         timed = Timed(MemFreeLogitsProcessor(path, tokenizer)) if path else None
+        if timed is not None:
+            name = f"{name} ({timed.inner.filter.layout})"
         if timed is not None:  # warm-up: per-vocabulary tables are built once per guard
             timed.inner.blocked_mask(batch, model.config.vocab_size)
         started = time.perf_counter()
@@ -100,14 +131,57 @@ def main() -> None:
         f"{DEFAULT_WORD_N}-grams"
     )
     print(
-        f"{'guard':6s} {'wall s':>8s} {'ms/step in guard':>17s} {'share':>7s} "
+        f"{'guard':30s} {'wall s':>8s} {'ms/step in guard':>17s} {'share':>7s} "
         f"{'rows checked':>13s} {'ms per checked row':>19s}"
     )
     for name, total, inside, share, _, checked in rows:
         per_row = inside / (checked * args.batch) if checked else 0.0
-        print(f"{name:6s} {total:8.2f} {inside:17.2f} {share:7.1%} {checked:13.0%} {per_row:19.2f}")
-    token_ms, word_ms = rows[1][2], rows[2][2]
+        print(
+            f"{name:30s} {total:8.2f} {inside:17.2f} {share:7.1%} {checked:13.0%} {per_row:19.2f}"
+        )
+    token_ms, word_ms, bloom_ms = rows[1][2], rows[2][2], rows[3][2]
     print(f"word guard / token guard time per step: {word_ms / max(token_ms, 1e-9):.2f}x")
+    print(f"word guard, Bloom / index time per step: {bloom_ms / max(word_ms, 1e-9):.2f}x")
+    if args.false_bans:
+        false_bans(tokenizer, model.config.vocab_size, args, exact_path)
+
+
+def false_bans(tokenizer: Any, vocab_size: int, args: argparse.Namespace, exact: str) -> None:
+    """True and false bans per checked row of the word guard in both layouts, on contexts cut
+    every 4 tokens from the demo's memorized standard-library prompts."""
+    from memfree.cli.demo import stdlib_prompts
+    from memfree.engines.transformers import MemFreeLogitsProcessor
+
+    contexts = [
+        ids[:end] for _, ids in stdlib_prompts(tokenizer, count=40) for end in range(8, len(ids), 4)
+    ]
+    guards = {
+        name: MemFreeLogitsProcessor(path, tokenizer)
+        for name, path in (
+            ("reference", exact),
+            ("index", args.word_filter),
+            ("bloom", args.word_bloom_filter),
+        )
+    }
+    totals = {name: [0, 0] for name in guards}  # checked rows, bans past the reference's
+    true_bans = 0
+    for ids in contexts:
+        row = torch.tensor([ids])
+        masks = {name: guard.blocked_mask(row, vocab_size) for name, guard in guards.items()}
+        reference = masks["reference"][0][0]
+        true_bans += int(reference.sum())
+        for name, (mask, checked) in masks.items():
+            assert not bool((reference & ~mask[0]).any()), name  # no false negative
+            totals[name][0] += int(checked[0])
+            totals[name][1] += int((mask[0] & ~reference).sum())
+    print(f"{len(contexts)} memorized contexts; bans per context (reference, fpr 1e-9 Bloom):")
+    print(f"  true bans {true_bans / len(contexts):.2f} per context")
+    for name in ("index", "bloom"):
+        checked, false = totals[name]
+        print(
+            f"  {name:6s} ({guards[name].filter.layout}): rows checked {checked}, false bans "
+            f"{false / max(checked, 1):.2f} per checked row"
+        )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.summary import BuildSummary
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
-from memfree.filterfile.index_layout import token_bits_for
+from bloom_builder.write_index import index_token_bits
 from memfree.filterfile.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
 
@@ -239,7 +239,10 @@ def _map_step(
             options=plan.options,
             prefixes=plan.use_prefixes,
             batch_bytes=budget.batch_bytes,
-            index_token_bits=token_bits_for(int(vocab_size)) if settings.uses_index else 0,
+            index_token_bits=index_token_bits(settings, int(vocab_size))
+            if settings.uses_index
+            else 0,
+            index_next_words=settings.unit == "word",
         )
         for index, shard in enumerate(plan.shards)
     ]

@@ -140,6 +140,8 @@ class MapTask:
         index_token_bits: for the prefix-keyed index, the bits of a token id: the runs then
             hold each window's index key (its prefix's fingerprint above its last id) instead
             of its fingerprint; 0 for the Bloom layout.
+        index_next_words: the units are word hashes: a key keeps the low ``index_token_bits``
+            bits of the next word's hash.
     """
 
     result_type: ClassVar[type[MapResult]] = MapResult
@@ -155,6 +157,7 @@ class MapTask:
     prefixes: bool = True
     batch_bytes: int = 4 * SEGMENT_BYTES
     index_token_bits: int = 0
+    index_next_words: bool = False
 
     @property
     def marker(self) -> Path:
@@ -274,7 +277,9 @@ def window_index_keys(windows: Windows, task: MapTask, unit: WorkUnit) -> np.nda
     if windows.clean is not None:
         last = last[windows.clean]
     last = last.astype(np.uint64)
-    if last.size and int(last.max()) >> task.index_token_bits:
+    if task.index_next_words:
+        last = last & np.uint64((1 << task.index_token_bits) - 1)
+    elif last.size and int(last.max()) >> task.index_token_bits:
         raise BuildError(
             f"{unit.path}: holds token id {int(last.max())}, beyond the tokenizer's vocabulary "
             f"({task.index_token_bits}-bit ids); rebuild with the tokenizer these ids are of"

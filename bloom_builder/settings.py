@@ -43,7 +43,8 @@ class BuildSettings:
         min_count: keep n-grams seen at least this many times in the corpus.
         false_positive_rate: target false-positive rate the filter is sized for (None: the
             layout's default, :attr:`target_rate`): for the Bloom layout the rate of one n-gram
-            test, for the prefix-keyed index the expected false bans per candidate token.
+            test, for the prefix-keyed index the expected false bans per candidate (token, or
+            word for the word unit).
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
         text_field: JSONL field / Parquet column / dataset column holding the text.
         executor: "local" (a process pool on this machine) or "ray" (Ray Core tasks with
@@ -158,11 +159,11 @@ class BuildSettings:
 
     @property
     def resolved_layout(self) -> LayoutName:
-        """The layout written: the setting, or by default the index for a token filter in the
-        memfree format and the Bloom filter otherwise."""
+        """The layout written: the setting, or by default the index in the memfree format and
+        the Bloom filter in the pybloomfiltermmap3 format."""
         if self.layout is not None:
             return self.layout
-        if self.output_format == "memfree" and self.unit == "token":
+        if self.output_format == "memfree":
             return "prefix-index"
         return "blocked-512"
 
@@ -187,13 +188,11 @@ class BuildSettings:
             )
         if self.layout is not None and self.layout not in LAYOUTS:
             return "layout", f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}"
-        if self.layout == "prefix-index" and (
-            self.output_format != "memfree" or self.unit != "token"
-        ):
+        if self.layout == "prefix-index" and self.output_format != "memfree":
             return (
                 "layout",
-                "the prefix-index layout is written in the memfree format for the token unit only "
-                f"(got format {self.output_format}, unit {self.unit}); use layout blocked-512",
+                "the prefix-index layout is written in the memfree format only (got format "
+                f"{self.output_format}); use layout blocked-512",
             )
         problem = unit.tokenizer_problem(self.tokenizer)
         return ("tokenizer", problem) if problem else None

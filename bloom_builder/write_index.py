@@ -32,6 +32,9 @@ from memfree.filterfile.index_layout import (
     encode_sections,
     expected_rate,
     token_bits_for,
+    word_rate,
+    word_shape,
+    word_token_bits,
 )
 from memfree.filterfile.index_writer import IndexFileWriter, SectionTarget, WrittenSections
 
@@ -147,10 +150,10 @@ def write_index(
         work: the work directory (their markers go there).
     """
     tasks: list[ReduceTask] = reduced.of_kind("ngrams")
-    vocab_size = int(metadata["vocab_size"])
     total = sum(reduced.results["ngrams", task.index].kept for task in tasks)
-    shape = choose_shape(total, token_bits_for(vocab_size), vocab_size, settings.target_rate)
-    reached = expected_rate(total, shape, vocab_size, stored_prefix=True)
+    shape, reached = index_shape(total, settings, int(metadata.get("vocab_size", 0)))
+    vocab_size = 1 << shape.token_bits if settings.unit == "word" else int(metadata["vocab_size"])
+    metadata = {**metadata, "vocab_size": vocab_size}  # a word index's: its next-word field's
     if total and reached > settings.target_rate:
         raise UnreachableRateError(
             f"false_positive_rate {settings.target_rate!r} cannot be reached for {total:,} "
@@ -199,6 +202,25 @@ def write_index(
         writer.abort()
         raise
     return IndexShapeSummary(shape, expected_rate(total, shape, vocab_size))
+
+
+def index_shape(
+    total: int, settings: BuildSettings, vocab_size: int = 0
+) -> tuple[IndexShape, float]:
+    """The widths of the index of ``total`` kept keys, and the false bans per candidate they give
+    after a stored prefix (to compare with the target rate)."""
+    if settings.unit == "word":
+        shape = word_shape(total, settings.target_rate)
+        return shape, word_rate(total, shape)
+    shape = choose_shape(total, token_bits_for(vocab_size), vocab_size, settings.target_rate)
+    return shape, expected_rate(total, shape, vocab_size, stored_prefix=True)
+
+
+def index_token_bits(settings: BuildSettings, vocab_size: int) -> int:
+    """The width of the index keys' last field: a token id, or a next word's hash bits."""
+    if settings.unit == "word":
+        return word_token_bits(settings.target_rate)
+    return token_bits_for(vocab_size)
 
 
 def _check_header(output: Path, temporary: Path) -> None:

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED
+from memfree.filterfile.index_file import DEFAULT_INDEX_FALSE_POSITIVE_RATE, IndexFilter
 from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.protocol import NgramSet
 from memfree.vocab.words import text_word_hashes, word_metadata
 
 
@@ -23,13 +25,18 @@ def word_filter_from_texts(
     ngram_size: int,
     *,
     min_count: int = 1,
-    false_positive_rate: float = 1e-3,
+    false_positive_rate: float | None = None,
     hash_seed: int = DEFAULT_HASH_SEED,
-) -> NgramFilter:
+    layout: str = "blocked-512",
+) -> NgramSet:
     """Write a word filter of the word n-grams seen at least ``min_count`` times in ``texts``.
 
     For small, explicit sets (tests, block lists); corpora go through
-    ``memfree build --unit word``, which gives the same filter for the same texts.
+    ``memfree build --unit word``, which gives the same filter for the same texts and settings.
+
+    Args:
+        layout: "blocked-512" (a Bloom filter; rate default 1e-3) or "prefix-index" (the
+            prefix-keyed index; rate default 1e-5 per candidate).
     """
     counts: Counter[tuple[int, ...]] = Counter()
     for text in texts:
@@ -39,12 +46,23 @@ def word_filter_from_texts(
         )
     kept = [ngram for ngram, count in counts.items() if count >= min_count]
     rows = np.array(kept, dtype=np.uint64).reshape(len(kept), ngram_size)
+    metadata = {**word_metadata(), "min_count": min_count}
+    if layout == "prefix-index":
+        return IndexFilter.from_word_ngrams(
+            path,
+            rows,
+            false_positive_rate=false_positive_rate or DEFAULT_INDEX_FALSE_POSITIVE_RATE,
+            hash_seed=hash_seed,
+            metadata=metadata,
+        )
+    if layout != "blocked-512":
+        raise ValueError(f"layout must be 'prefix-index' or 'blocked-512', got {layout!r}")
     return NgramFilter.from_ngrams(
         path,
         rows,
-        false_positive_rate=false_positive_rate,
+        false_positive_rate=false_positive_rate or 1e-3,
         hash_seed=hash_seed,
-        metadata={**word_metadata(), "min_count": min_count},
+        metadata=metadata,
     )
 
 

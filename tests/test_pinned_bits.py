@@ -103,17 +103,21 @@ def test_filter_bits_are_pinned(tmp_path: Path, tokenizer_dir: Path, key: Any) -
         )
 
 
-# min_count -> (section_table_xxh3, num_ngrams): the prefix-keyed index, recorded when the
-# layout was added (issue 26); the table holds each section's checksum. Workers and partitions
-# never change a byte of the file.
-PINNED_INDEX: dict[int, tuple[str, int]] = {
-    1: ("433e091c4aaa02f8", 522),
-    2: ("ebe95d4bb174c470", 462),
+# (unit, min_count) -> (section_table_xxh3, num_ngrams): the prefix-keyed index, recorded when
+# the layout was added (issue 26; the word index later in the same issue); the table holds each
+# section's checksum. Workers and partitions never change a byte of the file.
+PINNED_INDEX: dict[tuple[str, int], tuple[str, int]] = {
+    ("token", 1): ("433e091c4aaa02f8", 522),
+    ("token", 2): ("ebe95d4bb174c470", 462),
+    ("word", 1): ("17d1453ced21f6b1", 2152),
+    ("word", 2): ("603d2d3343c557d5", 914),
 }
 
 
-@pytest.mark.parametrize("min_count", sorted(PINNED_INDEX))
-def test_index_bytes_are_pinned(tmp_path: Path, tokenizer_dir: Path, min_count: int) -> None:
+@pytest.mark.parametrize(("unit", "min_count"), sorted(PINNED_INDEX))
+def test_index_bytes_are_pinned(
+    tmp_path: Path, tokenizer_dir: Path, unit: str, min_count: int
+) -> None:
     import xxhash
 
     corpus = _corpus(tmp_path / "corpus")
@@ -122,7 +126,8 @@ def test_index_bytes_are_pinned(tmp_path: Path, tokenizer_dir: Path, min_count: 
         output = tmp_path / f"index-{workers}-{partitions}.memfree"
         settings = BuildSettings(
             ngram_size=4,
-            tokenizer=str(tokenizer_dir),
+            unit=unit,
+            tokenizer=str(tokenizer_dir) if unit == "token" else None,
             min_count=min_count,
             layout="prefix-index",
             workers=workers,
@@ -132,6 +137,6 @@ def test_index_bytes_are_pinned(tmp_path: Path, tokenizer_dir: Path, min_count: 
         build_filter([str(corpus)], output, settings, progress=False)
         metadata = NgramFilter.open(output).metadata
         found = (metadata["section_table_xxh3"], metadata["num_ngrams"])
-        assert found == PINNED_INDEX[min_count], (workers, partitions)
+        assert found == PINNED_INDEX[unit, min_count], (workers, partitions)
         files.add(xxhash.xxh3_64_hexdigest(output.read_bytes()))
     assert len(files) == 1

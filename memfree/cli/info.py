@@ -117,6 +117,7 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         filt: an opened filter (:class:`~memfree.NgramFilter` or a pybloomfiltermmap3 reader).
         metadata: its metadata, with ``size_bytes`` added.
     """
+    from memfree.filterfile.index_layout import word_rate
     from memfree.filterfile.native import describe_rate
 
     lines = [
@@ -127,14 +128,25 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
     if index is not None:
         shape = index.shape
         per_ngram = filt.size_bytes / max(filt.num_ngrams, 1)
+        word = filt.unit == "word"
+        field = "next-word hash bits" if word else "token"
         lines += [
-            f"  records {shape.record_bits} bits (token {shape.token_bits}, prefix remainder "
+            f"  records {shape.record_bits} bits ({field} {shape.token_bits}, prefix remainder "
             f"{shape.remainder_bits})   buckets 2**{shape.bucket_bits}   sections "
             f"{shape.num_sections}   largest bucket {index.max_bucket}",
             f"  size {filt.size_bytes:,} bytes ({per_ngram:.2f} per n-gram)",
-            "  expected false bans per candidate token "
-            f"{describe_rate(filt.expected_false_positive_rate)}",
         ]
+        if word:
+            lines.append(
+                "  expected false bans per candidate word: after a stored prefix "
+                f"{describe_rate(word_rate(filt.num_ngrams, shape))}, after another "
+                f"{describe_rate(filt.expected_false_positive_rate)}"
+            )
+        else:
+            lines.append(
+                "  expected false bans per candidate token "
+                f"{describe_rate(filt.expected_false_positive_rate)}"
+            )
     else:
         lines += [
             f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes",

@@ -24,7 +24,7 @@ import torch
 from memfree.core import MaskerOptions
 from memfree.core.token import exempt_mask
 from memfree.filterfile.hashing import fingerprints_np, fmix64_torch, horner_states_torch
-from memfree.filterfile.index_layout import IndexArrays, lookup
+from memfree.filterfile.index_read import IndexArrays, lookup
 from memfree.filterfile.protocol import NgramSet
 
 _SIGN_OFF = (1 << 63) - 1
@@ -238,7 +238,7 @@ def _lshr(values: torch.Tensor, shift: int) -> torch.Tensor:
 
 def _read_fields(words: torch.Tensor, bit_offsets: torch.Tensor, width: int) -> torch.Tensor:
     """The ``width``-bit fields at ``bit_offsets`` (int64) of int64 ``words`` (the torch twin of
-    :func:`memfree.filterfile.index_layout.read_fields`)."""
+    :func:`memfree.filterfile.index_read.read_fields`)."""
     index = (bit_offsets >> 6).clamp(0, words.shape[0] - 2)
     shifts = bit_offsets & 63
     low_word = words[index]

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from memfree.core.row_text import RowText, tail
-from memfree.core.word_fast import RowPlan, WordBits, fast_mask
+from memfree.core.word_fast import RowPlan, WordBits, WordSide, fast_mask
+from memfree.core.word_index import WordIndex
 from memfree.core.word_vocab import NONE, WordVocab
 from memfree.errors import FilterError, FilterMismatchError
 from memfree.filterfile.protocol import NgramSet
@@ -49,7 +50,8 @@ class WordMasker:
     sharing the masker each keep their own rows' text states from step to step.
 
     Args:
-        ngram_filter: a word filter in memfree's blocked layout.
+        ngram_filter: a word filter in memfree's format (the prefix-keyed index or the blocked
+            Bloom layout).
         tokenizer: the model's tokenizer's :class:`~memfree.vocab.info.TokenizerInfo` (each
             token's bytes are read from it).
         special_token_ids: ids that add no text and are never banned.
@@ -59,7 +61,7 @@ class WordMasker:
 
     Raises:
         FilterMismatchError: the filter's words were normalized another way.
-        FilterError: the filter is not in memfree's blocked layout.
+        FilterError: the filter is not in memfree's format (a pybloomfiltermmap3 file).
         ValueError: no tokenizer.
         UnsupportedTokenizerError: the tokenizer's decoder is not one memfree can read.
     """
@@ -103,7 +105,10 @@ class WordMasker:
         self._no_text = set(self.special_token_ids)
         self._local = threading.local()
 
-    def _bits_of(self, ngram_filter: NgramSet) -> WordBits:
+    def _bits_of(self, ngram_filter: NgramSet) -> WordSide:
+        index = ngram_filter.prefix_index()
+        if index is not None:
+            return WordIndex.of(self.n, index)
         bits = ngram_filter.blocked_bits()
         if bits is None:
             raise FilterError(

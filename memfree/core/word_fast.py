@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -47,8 +48,24 @@ class RowPlan:
 
 
 @dataclass(frozen=True)
+class Lookup:
+    """Candidates whose word n-grams are the Horner state ``base`` of their first n-1 words
+    (one for all, or one each) followed by a last word's hash (``words``, uint64).
+
+    Attributes:
+        gated: the n-gram's first words are not all the row's, so the filter's prefix test
+            also applies (a Bloom filter's prefix section).
+    """
+
+    base: np.ndarray
+    words: np.ndarray
+    gated: bool = False
+
+
+@dataclass(frozen=True)
 class WordBits:
-    """The filter's side of the fast path: its bit arrays, probes, seed and n.
+    """The filter's side of the fast path for a blocked Bloom filter: its bit arrays, probes,
+    seed and n.
 
     Attributes:
         powers: ``HORNER_MULTIPLIER**k mod 2**64`` for k in 0..n.
@@ -60,12 +77,15 @@ class WordBits:
 
     @classmethod
     def of(cls, ngram_size: int, bits: BlockedBits) -> WordBits:
-        powers = tuple(pow(HORNER_MULTIPLIER, k, 1 << 64) for k in range(ngram_size + 1))
-        return cls(ngram_size, bits, powers)
+        return cls(ngram_size, bits, horner_powers(ngram_size))
+
+    @property
+    def hash_seed(self) -> int:
+        return self.bits.hash_seed
 
     def state_of(self, hashes: Sequence[int]) -> int:
         """The Horner state of a run of word hashes (before the finalizer)."""
-        return horner_state_reference(list(hashes), self.bits.hash_seed)
+        return horner_state_reference(list(hashes), self.hash_seed)
 
     def prefix_found(self, fingerprints: np.ndarray) -> np.ndarray:
         """Whether each (n-1)-word prefix fingerprint may begin a stored n-gram; bool `(N,)`."""
@@ -76,69 +96,95 @@ class WordBits:
         found[sparse_members_np(prefix_bit_words, fingerprints, self.bits.prefix_num_probes)] = True
         return found
 
+    def answer(self, lookups: Sequence[Lookup]) -> np.ndarray:
+        """Whether each lookup's n-grams may be stored, concatenated; bool."""
+        words = np.concatenate([lookup.words for lookup in lookups])
+        bases = np.concatenate([np.broadcast_to(lk.base, lk.words.shape) for lk in lookups])
+        gated = np.concatenate([np.full(lk.words.shape[0], lk.gated) for lk in lookups])
+        with np.errstate(over="ignore"):
+            full = fmix64_np(bases * _UM + words + _U1)
+        keep = np.ones(words.shape[0], dtype=bool)
+        if gated.any():
+            keep[gated] = self.prefix_found(fmix64_np(bases[gated]))
+        hit = np.zeros(words.shape[0], dtype=bool)
+        kept = np.flatnonzero(keep)
+        hit[kept[sparse_members_np(self.bits.bit_words, full[keep], self.bits.num_probes)]] = True
+        return hit
+
+
+def horner_powers(ngram_size: int) -> tuple[int, ...]:
+    """``HORNER_MULTIPLIER**k mod 2**64`` for k in 0..ngram_size."""
+    return tuple(pow(HORNER_MULTIPLIER, k, 1 << 64) for k in range(ngram_size + 1))
+
+
+class WordSide(Protocol):
+    """What the fast path asks of a filter (:class:`WordBits`, or
+    :class:`~memfree.core.word_index.WordIndex` for the prefix-keyed index)."""
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def powers(self) -> tuple[int, ...]: ...
+
+    @property
+    def hash_seed(self) -> int: ...
+
+    def state_of(self, hashes: Sequence[int]) -> int: ...
+
+    def prefix_found(self, fingerprints: np.ndarray) -> np.ndarray: ...
+
+    def answer(self, lookups: Sequence[Lookup]) -> np.ndarray: ...
+
 
 class _Lookups:
-    """Every row's candidate fingerprints of one step, answered by the filter together."""
+    """Every row's candidate lookups of one step, answered by the filter together."""
 
     def __init__(self, checked: np.ndarray) -> None:
         self.checked = checked
         self.rows: list[np.ndarray] = []
         self.tokens: list[np.ndarray] = []
-        self.fulls: list[np.ndarray] = []
-        self.prefix_at: list[tuple[int, np.ndarray]] = []  # (offset, prefix fingerprints)
+        self.lookups: list[Lookup] = []
         self.shared: list[tuple[int, int, np.ndarray, np.ndarray]] = []  # row, offset, ids, inv
         self.offset = 0
 
     def add(
-        self, row: int, tokens: np.ndarray, full: np.ndarray, prefixes: np.ndarray | None
+        self, row: int, tokens: np.ndarray, base: Any, words: np.ndarray, gated: bool = False
     ) -> None:
-        """Candidates ``tokens`` of ``row`` with n-gram fingerprints ``full`` (and, when the
-        n-gram's words past the row's own need it, their prefix fingerprints)."""
-        self.rows.append(np.full(full.shape[0], row, dtype=np.int64))
+        """Candidates ``tokens`` of ``row``, their n-grams the Horner state ``base`` (one, or
+        one each) then ``words``; ``gated`` when the n-gram's words past the row's own need the
+        filter's prefix test."""
+        self.rows.append(np.full(words.shape[0], row, dtype=np.int64))
         self.tokens.append(tokens)
-        self.fulls.append(full)
-        if prefixes is not None:
-            self.prefix_at.append((self.offset, prefixes))
-        self.offset += full.shape[0]
+        self.lookups.append(Lookup(np.atleast_1d(np.asarray(base, dtype=np.uint64)), words, gated))
+        self.offset += words.shape[0]
         self.checked[row] = True
 
     def add_shared(
-        self, row: int, tokens: np.ndarray, inverse: np.ndarray, full: np.ndarray
+        self, row: int, tokens: np.ndarray, inverse: np.ndarray, base: Any, words: np.ndarray
     ) -> None:
-        """Lookups of distinct keys; token i's answer is that of key ``inverse[i]``."""
+        """Lookups of distinct words; token i's answer is that of word ``inverse[i]``."""
         self.shared.append((row, self.offset, tokens, inverse))
-        self.add(row, np.full(full.shape[0], -1, dtype=np.int64), full, None)
+        self.add(row, np.full(words.shape[0], -1, dtype=np.int64), base, words)
 
-    def resolve(self, word_bits: WordBits, mask: np.ndarray) -> None:
+    def resolve(self, side: WordSide, mask: np.ndarray) -> None:
         """Query the filter once for every lookup and set the hits in ``mask`` (rows, vocab)."""
         if not self.tokens:
             return
         row_of = np.concatenate(self.rows)
         tokens = np.concatenate(self.tokens)
-        full = np.concatenate(self.fulls)
-        keep = np.ones(tokens.shape[0], dtype=bool)
-        if self.prefix_at:
-            found = word_bits.prefix_found(np.concatenate([p for _, p in self.prefix_at]))
-            position = 0
-            for start_at, prefixes in self.prefix_at:
-                size = prefixes.shape[0]
-                keep[start_at : start_at + size] = found[position : position + size]
-                position += size
-        bits = word_bits.bits
-        hits = np.flatnonzero(keep)[sparse_members_np(bits.bit_words, full[keep], bits.num_probes)]
+        hit = side.answer(self.lookups)
+        hits = np.flatnonzero(hit)
         own = hits[tokens[hits] >= 0]
         mask[row_of[own], tokens[own]] = True
-        if self.shared:
-            hit = np.zeros(full.shape[0], dtype=bool)
-            hit[hits] = True
-            for row, start_at, group_tokens, inverse in self.shared:
-                mask[row, group_tokens[hit[start_at + inverse]]] = True
+        for row, start_at, group_tokens, inverse in self.shared:
+            mask[row, group_tokens[hit[start_at + inverse]]] = True
 
 
 def fast_mask(
     plans: list[RowPlan],
     vocab: WordVocab,
-    word_bits: WordBits,
+    word_bits: WordSide,
     mask: np.ndarray,
     checked: np.ndarray,
 ) -> None:
@@ -154,10 +200,10 @@ def fast_mask(
     lookups.resolve(word_bits, mask)
 
 
-def _gates(plans: list[RowPlan], word_bits: WordBits) -> np.ndarray:
+def _gates(plans: list[RowPlan], word_bits: WordSide) -> np.ndarray:
     """Contexts shared by a whole group of candidates (the last n-1 history words before a
     separator-first token; the n-1 words before a partial word), looked up once per row."""
-    n, seed = word_bits.n, word_bits.bits.hash_seed
+    n, seed = word_bits.n, word_bits.hash_seed
     gates: list[int] = []
     for plan in plans:
         plan.sep_gate = plan.lead_gate = -1
@@ -174,7 +220,7 @@ def _separator_first(
     row: int,
     plan: RowPlan,
     vocab: WordVocab,
-    word_bits: WordBits,
+    word_bits: WordSide,
     open_gate: np.ndarray,
     lookups: _Lookups,
 ) -> None:
@@ -189,29 +235,25 @@ def _separator_first(
         state = word_bits.state_of(history[len(history) - (n - j) :])
         context = np.uint64(state * word_bits.powers[j - 1] & MASK64)
         if j == 1 and bool(fast[tokens].all()):  # one lookup per distinct word
-            with np.errstate(over="ignore"):
-                full = fmix64_np(context * _UM + vocab.sep_words + _U1)
-            lookups.add_shared(row, tokens, vocab.sep_inverse, full)
+            lookups.add_shared(row, tokens, vocab.sep_inverse, context, vocab.sep_words)
             continue
         tokens = tokens[fast[tokens]]
         if not tokens.size:
             continue
         where = np.searchsorted(vocab.later[j], tokens)
-        prefixes = None
         if j == 1:
-            base = np.full(tokens.shape[0], context, dtype=np.uint64)
+            lookups.add(row, tokens, context, vocab.last_word[j][where])
         else:
             with np.errstate(over="ignore"):
                 base = context + vocab.prefix_part[j][where]
-            prefixes = fmix64_np(base)
-        lookups.add(row, tokens, _extend(base, vocab, j, where), prefixes)
+            lookups.add(row, tokens, base, vocab.last_word[j][where], gated=True)
 
 
 def _word_first(
     row: int,
     plan: RowPlan,
     vocab: WordVocab,
-    word_bits: WordBits,
+    word_bits: WordSide,
     open_gate: np.ndarray,
     lookups: _Lookups,
 ) -> None:
@@ -227,17 +269,15 @@ def _word_first(
         return
     with np.errstate(over="ignore"):
         merged = np.uint64(plan.p_poly) + np.uint64(plan.p_power) * poly + np.uint64(WORD_OFFSET)
-        merged_plus = fmix64_np(merged) + _U1  # the merged word's hash, + 1 as Horner adds it
+    merged_word = fmix64_np(merged)  # the hash of the partial word with the leading piece
     if len(before) >= n - 1 and (n == 1 or open_gate[plan.lead_gate]):
         start = word_bits.state_of(before[len(before) - (n - 1) :] if n > 1 else [])
-        with np.errstate(over="ignore"):
-            full = fmix64_np(np.uint64(start) * _UM + merged_plus)
         if every_lead:
-            lookups.add_shared(row, lead, vocab.lead_inverse, full)
+            lookups.add_shared(row, lead, vocab.lead_inverse, start, merged_word)
         else:
-            lookups.add(row, lead, full, None)
+            lookups.add(row, lead, start, merged_word)
     if every_lead:
-        merged_plus = merged_plus[vocab.lead_inverse]  # per token, for the groups below
+        merged_word = merged_word[vocab.lead_inverse]  # per token, for the groups below
     for j in range(1, n):
         if len(before) < n - 1 - j:
             continue
@@ -249,16 +289,10 @@ def _word_first(
         where = np.searchsorted(vocab.later[j], candidates)
         start = word_bits.state_of(before[len(before) - (n - 1 - j) :] if n - 1 - j else [])
         with np.errstate(over="ignore"):
-            base = (np.uint64(start) * _UM + merged_plus[has]) * np.uint64(
+            base = (np.uint64(start) * _UM + merged_word[has] + _U1) * np.uint64(
                 word_bits.powers[j - 1]
             ) + vocab.prefix_part[j][where]
-        lookups.add(row, candidates, _extend(base, vocab, j, where), fmix64_np(base))
+        lookups.add(row, candidates, base, vocab.last_word[j][where], gated=True)
 
 
-def _extend(base: np.ndarray, vocab: WordVocab, j: int, where: np.ndarray) -> np.ndarray:
-    """Fingerprints of the n-grams ending at each candidate's j-th new word."""
-    with np.errstate(over="ignore"):
-        return fmix64_np(base * _UM + vocab.last_word[j][where] + _U1)
-
-
-__all__ = ["RowPlan", "WordBits", "fast_mask"]
+__all__ = ["Lookup", "RowPlan", "WordBits", "WordSide", "fast_mask", "horner_powers"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,15 @@ from memfree.filterfile.index_header import (
 )
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
-    IndexArrays,
+    IndexShape,
     choose_shape,
     encode_sections,
     index_keys,
-    lookup,
     token_bits_for,
+    word_shape,
+    word_token_bits,
 )
+from memfree.filterfile.index_read import IndexArrays, contains_keys, lookup
 
 #: The index's default target: false bans per candidate (the Bloom layout's default is 1e-3).
 DEFAULT_INDEX_FALSE_POSITIVE_RATE = 1e-5
@@ -83,43 +85,63 @@ class IndexFilter:
         metadata: Mapping[str, Any] | None = None,
     ) -> IndexFilter:
         """Write an index holding exactly the given n-grams (ids below ``vocab_size``) and open it."""
-        from memfree.filterfile.index_writer import IndexFileWriter
-
         array = np.asarray(ngrams, dtype=np.int64)
         if array.ndim != 2 or array.shape[1] < 1:
             raise ValueError(f"ngrams must be a 2-D (N, n) array, got shape {array.shape}")
         if array.size and (array.min() < 0 or array.max() >= vocab_size):
             raise ValueError(f"ngrams must hold token ids in [0, {vocab_size})")
-        token_bits = token_bits_for(vocab_size)
-        keys = np.unique(
-            index_keys(fingerprints_np(array[:, :-1], hash_seed), array[:, -1], token_bits)
+        bits = token_bits_for(vocab_size)
+        return _write_small(
+            path,
+            array,
+            bits,
+            lambda keys: choose_shape(keys, bits, vocab_size, false_positive_rate),
+            false_positive_rate,
+            hash_seed,
+            {**(metadata or {}), "vocab_size": int(vocab_size)},
         )
-        shape = choose_shape(keys.size, token_bits, vocab_size, false_positive_rate)
-        encoded = encode_sections(keys, 0, shape.num_sections, shape)
-        header = {
-            **(metadata or {}),
-            "n": int(array.shape[1]),
-            "hash_seed": hash_seed,
-            "vocab_size": int(vocab_size),
-            "target_false_positive_rate": false_positive_rate,
-        }
-        writer = IndexFileWriter(path, header, shape, encoded.records)
-        try:
-            written = writer.target(0, shape.num_sections).write(encoded)
-        except BaseException:
-            writer.abort()
-            raise
-        return open_index(writer.commit([written], check=verify_written), verify=False)
+
+    @classmethod
+    def from_word_ngrams(
+        cls,
+        path: str | os.PathLike[str],
+        word_hashes: np.ndarray,
+        *,
+        false_positive_rate: float = DEFAULT_INDEX_FALSE_POSITIVE_RATE,
+        hash_seed: int = DEFAULT_HASH_SEED,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> IndexFilter:
+        """Write a word index holding exactly the given word n-grams (uint64 `(N, n)` rows of
+        word hashes, :func:`memfree.vocab.words.ngram_hash_rows`) and open it. ``metadata``
+        should hold the word unit's fields (:func:`memfree.vocab.words.word_metadata`)."""
+        array = np.asarray(word_hashes, dtype=np.uint64)
+        if array.ndim != 2 or array.shape[1] < 1:
+            raise ValueError(f"word_hashes must be a 2-D (N, n) array, got shape {array.shape}")
+        bits = word_token_bits(false_positive_rate)
+        header = {**(metadata or {}), "unit": "word", "vocab_size": 1 << bits}
+        return _write_small(
+            path,
+            array,
+            bits,
+            lambda keys: word_shape(keys, false_positive_rate),
+            false_positive_rate,
+            hash_seed,
+            header,
+        )
 
     # -- queries ----------------------------------------------------------------------------------
 
     def next_tokens(self, prefixes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The stored next tokens of each (n-1)-token prefix: (row, token) int64 arrays."""
-        array = np.asarray(prefixes, dtype=np.int64)
+        """The stored next tokens of each (n-1)-token prefix: (row, token) int64 arrays (for a
+        word index, rows of n-1 word hashes, and the low ``token_bits`` bits of each stored next
+        word's hash)."""
+        array = np.asarray(prefixes)
+        array = array.astype(np.uint64 if self.unit == "word" else np.int64)
         return lookup(self._arrays, fingerprints_np(array, self.hash_seed))
 
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
-        """Whether each n-gram is (probably) stored; never a false negative."""
+        """Whether each n-gram is (probably) stored; never a false negative. Token ids, or for a
+        word index uint64 word hashes (:func:`memfree.vocab.words.ngram_hash_rows`)."""
         array = np.asarray(ngrams)
         single = array.ndim == 1
         if single:
@@ -131,10 +153,9 @@ class IndexFilter:
             )
         if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
             raise ValueError("ngrams must hold non-negative integer token ids")
-        array = array.astype(np.int64)
-        rows, tokens = self.next_tokens(array[:, :-1])
-        result = np.zeros(array.shape[0], dtype=bool)
-        result[rows[tokens == array[rows, -1]]] = True
+        array = array.astype(np.uint64 if self.unit == "word" else np.int64)
+        prefixes = fingerprints_np(array[:, :-1], self.hash_seed)
+        result = contains_keys(self._arrays, prefixes, array[:, -1])
         return result[0] if single else result
 
     def verify(self) -> None:
@@ -326,6 +347,39 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
     filt = IndexFilter(path, metadata, arrays, checks)
     filt.file_watch = FileWatch(path, handle, identity, intact)
     return filt
+
+
+def _write_small(
+    path: str | os.PathLike[str],
+    rows: np.ndarray,
+    token_bits: int,
+    shape_for: Callable[[int], IndexShape],
+    rate: float,
+    hash_seed: int,
+    metadata: dict[str, Any],
+) -> IndexFilter:
+    """Write an index of the n-gram ``rows`` (token ids or word hashes) in one task, sized by
+    ``shape_for(number of keys)``, and open it."""
+    from memfree.filterfile.index_writer import IndexFileWriter
+
+    prefixes = fingerprints_np(rows[:, :-1], hash_seed)
+    keys = np.unique(index_keys(prefixes, rows[:, -1], token_bits))
+    shape = shape_for(keys.size)
+    encoded = encode_sections(keys, 0, shape.num_sections, shape)
+    header = {
+        **metadata,
+        "n": int(rows.shape[1]),
+        "hash_seed": hash_seed,
+        "vocab_size": int(metadata["vocab_size"]),
+        "target_false_positive_rate": rate,
+    }
+    writer = IndexFileWriter(path, header, shape, encoded.records)
+    try:
+        written = writer.target(0, shape.num_sections).write(encoded)
+    except BaseException:
+        writer.abort()
+        raise
+    return open_index(writer.commit([written], check=verify_written), verify=False)
 
 
 def verify_written(temporary: Path) -> None:

@@ -88,14 +88,17 @@ def check_index_metadata(metadata: dict[str, Any]) -> str | None:
         return f"unknown hash scheme {metadata.get('hash_scheme')!r}"
     if not 1 <= metadata["n"] <= MAX_NGRAM_SIZE:
         return f"n is {metadata['n']}, must be in [1, {MAX_NGRAM_SIZE}]"
-    if metadata.get("unit", "token") != "token":
-        return f"unit is {metadata.get('unit')!r}: the prefix-index layout holds token n-grams"
+    if metadata.get("unit", "token") not in ("token", "word"):
+        unit = metadata.get("unit")
+        return f"unit is {unit!r}: the prefix-index layout holds token or word n-grams"
     if metadata["hash_seed"] >= 1 << 64:
         return f"hash_seed {metadata['hash_seed']} does not fit in 64 bits"
     if metadata["vocab_size"] < 1 or metadata["token_bits"] != token_bits_for(
         metadata["vocab_size"]
     ):
         return f"token_bits {metadata['token_bits']} does not match vocab_size"
+    if metadata.get("unit") == "word" and metadata["vocab_size"] != 1 << metadata["token_bits"]:
+        return "a word index's vocab_size must be 2**token_bits (the next-word field's values)"
     shape = shape_of(metadata)
     problem = shape.problem()
     if problem:

@@ -6,7 +6,11 @@ Keys. An n-gram's key is ``(prefix_fingerprint with its low t bits cleared) | ne
 prefix's 64-bit fingerprint (:func:`~memfree.filterfile.hashing.fingerprints_np` of its n-1 ids)
 above a t-bit token id (t bits hold every id of the vocabulary). Sorting keys sorts by prefix;
 a range of the key space is a range of prefixes, so the builder's reduce partitions are the
-file's sections and each writes its own slice.
+file's sections and each writes its own slice. A word index (``unit`` "word") keys the same way
+on word n-grams: the prefix is the fingerprint of the first n-1 word hashes, and the t-bit field
+holds the low t bits of the next word's hash (:func:`word_token_bits`, from the target rate), so
+a candidate word after a stored prefix also matches by chance with probability ``2**-t`` per
+stored next word.
 
 Buckets and records. The top ``b`` bits of a key pick its bucket (``2**b`` buckets, about
 :data:`BUCKET_TARGET` records each); a section holds ``2**(b - p)`` consecutive buckets (``2**p``
@@ -29,8 +33,7 @@ the records, which one task encodes and writes.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -52,6 +55,35 @@ _U63 = np.uint64(63)
 def token_bits_for(vocab_size: int) -> int:
     """Bits that hold every token id below ``vocab_size`` (at least 1)."""
     return max(1, (int(vocab_size) - 1).bit_length())
+
+
+def word_token_bits(rate: float) -> int:
+    """Bits of a next word's hash that a word index keeps (its "token" field): enough that a
+    candidate word after a stored prefix matches one of its stored next words with probability
+    at most about ``rate / 2`` per stored next word (8 to 40 bits)."""
+    return min(40, max(8, math.ceil(math.log2(2.0 / float(rate)))))
+
+
+#: The distinct next words a word guard's row is taken to test (about a vocabulary's worth):
+#: a word index's rate is per candidate word for a row of that many.
+WORD_CANDIDATES = 1 << 16
+
+
+def word_shape(num_records: int, rate: float) -> IndexShape:
+    """The widths of a word index of ``num_records`` records for a target ``rate`` of false bans
+    per candidate word: half of it for the next-word field (a stored prefix's own next words
+    match another word 1 time in ``2**t``), half for the prefix remainder (another prefix's
+    stored next words, banned when the row's prefix shares its bucket and remainder, spread over
+    :data:`WORD_CANDIDATES` candidates)."""
+    bits = word_token_bits(rate)
+    return choose_shape(num_records, bits, WORD_CANDIDATES, float(rate) / 2)
+
+
+def word_rate(num_records: int, shape: IndexShape) -> float:
+    """Expected false bans per candidate word after a stored prefix with one stored next word
+    (:func:`word_shape`'s two halves)."""
+    collisions = expected_rate(num_records, shape, WORD_CANDIDATES, stored_prefix=True)
+    return collisions + 2.0**-shape.token_bits
 
 
 def index_keys(prefix_fingerprints: np.ndarray, tokens: np.ndarray, token_bits: int) -> np.ndarray:
@@ -185,7 +217,7 @@ def encode_sections(keys: np.ndarray, first: int, count: int, shape: IndexShape)
     per_section = shape.buckets_per_section
     if keys.size and np.any(keys[1:] < keys[:-1]):
         raise ValueError(f"sections {first}+: keys are not sorted")
-    buckets = _top_bits(keys, shape.bucket_bits).astype(np.int64) - first * per_section
+    buckets = top_bits(keys, shape.bucket_bits).astype(np.int64) - first * per_section
     if keys.size and (buckets[0] < 0 or buckets[-1] >= count * per_section):
         raise ValueError(f"sections {first}+: a key lies outside their range")
     counts = np.bincount(buckets, minlength=count * per_section).reshape(count, per_section)
@@ -215,7 +247,7 @@ def encode_sections(keys: np.ndarray, first: int, count: int, shape: IndexShape)
     )
 
 
-def _top_bits(keys: np.ndarray, bits: int) -> np.ndarray:
+def top_bits(keys: np.ndarray, bits: int) -> np.ndarray:
     """The top ``bits`` bits of each key (zeros when ``bits`` is 0)."""
     if bits == 0:
         return np.zeros(keys.shape[0], dtype=np.uint64)
@@ -245,111 +277,24 @@ def pack_fields(
     return words[:-1]
 
 
-def read_fields(words: np.ndarray, first_bits: np.ndarray, width: int) -> np.ndarray:
-    """The ``width``-bit fields starting at bit offsets ``first_bits`` (uint64) of ``words``,
-    which must hold one word past the last field's (the file's records end with a zero word)."""
-    index = (first_bits >> _U6).astype(np.int64)
-    np.clip(index, 0, words.shape[0] - 2, out=index)  # a damaged directory never reads outside
-    shifts = first_bits & _U63
-    low = words[index] >> shifts
-    high = (words[index + 1] << _U1) << (np.uint64(63) - shifts)
-    return (low | high) & np.uint64((1 << width) - 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading: one lookup per row.
-
-
-@dataclass(frozen=True)
-class IndexArrays:
-    """An index file's arrays and widths: what the guard core looks rows up in.
-
-    Attributes:
-        shape: the widths.
-        directory: uint32 `(shape.directory_entries,)`, memory-mapped: never write.
-        words: uint64 records of every section, then one zero word, memory-mapped.
-        section_words: int64 `(num_sections,)` the first word of each section's records.
-        hash_seed: the seed of the prefix fingerprints.
-        max_bucket: most records in one bucket (the header's, checked when verified).
-        ensure: called with the sections a lookup is about to read; raises when one of them is
-            damaged (verifies each section on its first read), or None (the file is not
-            verified, or was verified whole).
-    """
-
-    shape: IndexShape
-    directory: np.ndarray
-    words: np.ndarray
-    section_words: np.ndarray
-    hash_seed: int
-    max_bucket: int
-    ensure: Callable[[np.ndarray], None] | None = field(default=None, compare=False)
-
-
-def bucket_ranges(
-    index: IndexArrays, prefix_fingerprints: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Each prefix's bucket: (first local record, end, section, remainder), all int64 but the
-    uint64 remainders."""
-    shape = index.shape
-    fingerprints = np.asarray(prefix_fingerprints, dtype=np.uint64)
-    buckets = _top_bits(fingerprints, shape.bucket_bits).astype(np.int64)
-    sections = buckets >> (shape.bucket_bits - shape.section_bits)
-    if index.ensure is not None:
-        index.ensure(sections)
-    entry = buckets + sections  # each section's directory has one entry more than buckets
-    directory = index.directory
-    np.clip(entry, 0, directory.shape[0] - 2, out=entry)
-    first = directory[entry].astype(np.int64)
-    end = np.maximum(directory[entry + 1].astype(np.int64), first)
-    remainders = np.zeros(fingerprints.shape[0], dtype=np.uint64)
-    if shape.remainder_bits:
-        remainders = fingerprints >> np.uint64(64 - shape.bucket_bits - shape.remainder_bits)
-        remainders &= np.uint64((1 << shape.remainder_bits) - 1)
-    return first, end, sections, remainders
-
-
-def lookup(index: IndexArrays, prefix_fingerprints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The stored next tokens of each prefix: (row of each, token id), int64 arrays.
-
-    Every stored (prefix, token) is returned for its rows; a pair that is not stored is returned
-    only through a prefix whose top ``b + R`` fingerprint bits match another's.
-    """
-    first, end, sections, remainders = bucket_ranges(index, prefix_fingerprints)
-    lengths = end - first
-    total = int(lengths.sum())
-    if total == 0:
-        empty = np.empty(0, dtype=np.int64)
-        return empty, empty
-    rows = np.repeat(np.arange(first.shape[0]), lengths)
-    starts = np.cumsum(lengths) - lengths
-    local = np.arange(total, dtype=np.int64) + np.repeat(first - starts, lengths)
-    width = index.shape.record_bits
-    bit_offsets = (index.section_words[sections[rows]] * 64).astype(np.uint64)
-    bit_offsets += local.astype(np.uint64) * np.uint64(width)
-    values = read_fields(index.words, bit_offsets, width)
-    token_bits = np.uint64(index.shape.token_bits)
-    keep = (values >> token_bits) == remainders[rows]
-    tokens = (values[keep] & np.uint64((1 << index.shape.token_bits) - 1)).astype(np.int64)
-    return rows[keep], tokens
-
-
 __all__ = [
     "BUCKET_TARGET",
     "INDEX_LAYOUT",
     "MAX_RECORD_BITS",
     "MAX_SECTION_BITS",
     "MAX_SECTION_RECORDS",
+    "WORD_CANDIDATES",
     "EncodedSections",
-    "IndexArrays",
     "IndexShape",
-    "bucket_ranges",
     "choose_shape",
     "encode_sections",
     "expected_rate",
     "index_keys",
-    "lookup",
     "pack_fields",
-    "read_fields",
     "section_words",
     "token_bits_for",
+    "top_bits",
+    "word_rate",
+    "word_shape",
+    "word_token_bits",
 ]

@@ -141,7 +141,7 @@ class IndexFileWriter:
             "format_version": INDEX_FORMAT_VERSION,
             "layout": INDEX_LAYOUT,
             "hash_scheme": INDEX_HASH_SCHEME,
-            "unit": "token",
+            "unit": metadata.get("unit", "token"),
             "num_ngrams": total,
             "token_bits": shape.token_bits,
             "bucket_bits": shape.bucket_bits,

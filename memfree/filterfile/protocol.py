@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from memfree.filterfile.index_layout import IndexArrays
+    from memfree.filterfile.index_read import IndexArrays
 
 
 @dataclass(frozen=True)

@@ -459,13 +459,17 @@ def test_pybloomfiltermmap3_format_opens_in_the_library(
     ]
 
 
-def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["prefix-index", "blocked-512"])
+def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(
+    tmp_path: Path, layout: str
+) -> None:
     """`--unit word`: words from text (JSONL, gzip, a huge file in segments), min-count, resume,
-    and the same bits as the in-memory helper for the same texts."""
+    and the same bits as the in-memory helper for the same texts, in both layouts."""
     import gzip
 
+    from memfree.filterfile import open_filter
     from memfree.testing import word_filter_from_texts
-    from memfree.vocab.words import word_ngrams
+    from memfree.vocab.words import ngram_hash_rows, word_ngrams
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -479,10 +483,11 @@ def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: 
     )
     with gzip.open(corpus / "b.txt.gz", "wt", encoding="utf-8") as handle:
         handle.write(texts[2])
-    settings = BuildSettings(ngram_size=3, unit="word", min_count=1, workers=2)
+    settings = BuildSettings(ngram_size=3, unit="word", min_count=1, workers=2, layout=layout)
     summary = build_filter([str(corpus)], tmp_path / "w.memfree", settings, progress=False)
-    built = NgramFilter.open(tmp_path / "w.memfree")
+    built = open_filter(tmp_path / "w.memfree")
     assert built.unit == "word" and "tokenizer_fingerprint" not in built.metadata
+    assert built.layout == ("prefix-index-v1" if layout == "prefix-index" else "blocked-512")
     assert summary.unit == "word" and "words" in summary.to_text()
     exact = {g for text in texts for g in word_ngrams(text, 3)}
     assert summary.kept_ngrams == len(exact) and summary.tokens == sum(
@@ -493,13 +498,21 @@ def test_word_unit_build_needs_no_tokenizer_and_matches_the_exact_set(tmp_path: 
             "def q sqrt number return number 0 5",
         ]
     )
-    helper = word_filter_from_texts(tmp_path / "h.memfree", texts, 3)
-    assert np.array_equal(built.bit_words, helper.bit_words)
-    assert np.array_equal(built.prefix_bit_words, helper.prefix_bit_words)
+    assert built.contains(ngram_hash_rows(sorted(exact))).all()
+    helper = word_filter_from_texts(tmp_path / "h.memfree", texts, 3, layout=layout)
+    if isinstance(built, NgramFilter):
+        assert isinstance(helper, NgramFilter)
+        assert np.array_equal(built.bit_words, helper.bit_words)
+        assert np.array_equal(built.prefix_bit_words, helper.prefix_bit_words)
+    else:
+        ours, theirs = built.prefix_index(), helper.prefix_index()
+        assert ours is not None and theirs is not None and ours.shape == theirs.shape
+        assert np.array_equal(ours.directory, theirs.directory)
+        assert np.array_equal(ours.words, theirs.words)
     twice = build_filter(
         [str(corpus)],
         tmp_path / "w2.memfree",
-        BuildSettings(ngram_size=3, unit="word", min_count=2, workers=1),
+        BuildSettings(ngram_size=3, unit="word", min_count=2, workers=1, layout=layout),
         progress=False,
     )
     assert twice.kept_ngrams == 2  # "the quick brown", "quick brown fox"

@@ -76,15 +76,13 @@ def test_a_larger_index_has_many_sections(tmp_path: Path, tokenizer_dir: Path) -
 
 
 def test_settings_refuse_the_index_where_it_cannot_go(tokenizer_dir: Path) -> None:
-    with pytest.raises(SettingError, match="token unit only"):
-        BuildSettings(layout="prefix-index", unit="word")
-    with pytest.raises(SettingError, match="token unit only"):
+    with pytest.raises(SettingError, match="memfree format only"):
         BuildSettings(layout="prefix-index", output_format="pybloomfiltermmap3")
     with pytest.raises(SettingError, match="layout must be one of"):
         BuildSettings(layout="bloom")  # type: ignore[arg-type]
     assert BuildSettings().target_rate == 1e-5 and BuildSettings().uses_index
     assert BuildSettings(layout="blocked-512").target_rate == 1e-3
-    assert BuildSettings(unit="word").resolved_layout == "blocked-512"
+    assert BuildSettings(unit="word").resolved_layout == "prefix-index"
     assert BuildSettings(output_format="pybloomfiltermmap3").resolved_layout == "blocked-512"
 
 

@@ -35,9 +35,14 @@ CLI_ERRORS = [
     (["--fpr", "2"], "--fpr must be in (0, 1), got 2.0"),
     (["--fpr", "-1"], "--fpr must be in (0, 1), got -1.0"),
     (
-        ["--fpr", "1e-300"],
+        ["--fpr", "1e-300", "--layout", "blocked-512"],
         "--fpr 1e-300 cannot be reached: no filter of this format goes below 3.1e-49 (one n-gram "
         "in 2**32 blocks); raise --fpr (1e-3 to 1e-6 is the usual range)",
+    ),
+    (
+        ["--fpr", "1e-300"],
+        "--fpr 1e-300 cannot be reached: no prefix index goes below 1.4e-17 (a 56-bit prefix "
+        "remainder); raise --fpr (1e-5 to 1e-9 is the usual range)",
     ),
     (["--prefix-fpr", "2"], "--prefix-fpr must be in (0, 1) (or 0 for no prefix section), got 2.0"),
     (

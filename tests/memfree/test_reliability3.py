@@ -21,6 +21,7 @@ from memfree.cli import main as cli_main
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.errors import DamagedFilterError
 from memfree.filterfile.header import MAX_NGRAM_SIZE
+from memfree.filterfile.protocol import NgramSet
 from memfree.filterfile.sizing import expected_false_positive_rate
 from memfree.vocab.token_bytes import UnsupportedTokenizerError, token_bytes
 from memfree.vocab.words import NORMALIZER, words
@@ -54,8 +55,9 @@ def word_level(clean_up: bool = False, decoder: Any = None, extra: tuple[str, ..
 
 
 @pytest.fixture(scope="module")
-def five_word_filter(tmp_path_factory: pytest.TempPathFactory) -> NgramFilter:
-    """A real word 3-gram filter of "the quick brown fox jumps", built by the builder."""
+def five_word_filter(tmp_path_factory: pytest.TempPathFactory) -> NgramSet:
+    """A real word 3-gram filter of "the quick brown fox jumps", built by the builder (the
+    default layout: the word index)."""
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
 
@@ -66,11 +68,13 @@ def five_word_filter(tmp_path_factory: pytest.TempPathFactory) -> NgramFilter:
     build_filter(
         [str(corpus)],
         output,
-        BuildSettings(ngram_size=3, unit="word", workers=1),
+        # 1e-9: the three-record index's remainder is wide enough that no other prefix of
+        # these tests collides with a stored one (at 1e-5, one in 16 would).
+        BuildSettings(ngram_size=3, unit="word", workers=1, false_positive_rate=1e-9),
         progress=False,
     )
     filt = NgramFilter.open(output)
-    assert isinstance(filt, NgramFilter) and filt.unit == "word" and filt.n == 3
+    assert filt.layout == "prefix-index-v1" and filt.unit == "word" and filt.n == 3
     return filt
 
 
@@ -81,7 +85,7 @@ def banned_words(guard: Any, tok: Any, context: str) -> set[str]:
 
 
 def test_word_guard_over_a_tokenizer_without_decoder_bans_the_stored_word(
-    five_word_filter: NgramFilter,
+    five_word_filter: NgramSet,
 ) -> None:
     """The issue's case: context "the quick" must ban "brown" (before: nothing banned, as the
     guard read the row as "thequick")."""
@@ -96,7 +100,7 @@ def test_word_guard_over_a_tokenizer_without_decoder_bans_the_stored_word(
 
 
 def test_guarded_generation_over_a_wordlevel_tokenizer_emits_no_stored_ngram(
-    five_word_filter: NgramFilter, scripted_lm: Any
+    five_word_filter: NgramSet, scripted_lm: Any
 ) -> None:
     """A model that insists on "the quick brown fox jumps", guarded through generate()."""
     from memfree.units import get_unit
@@ -158,7 +162,7 @@ def test_wordpiece_cleanup_is_read_token_by_token_as_tokenizers_does(ids: list[i
 
 @pytest.mark.parametrize("decoder", [None, "wordpiece"])
 def test_a_tokenizer_that_cleans_up_decoded_text_is_refused_by_name(
-    five_word_filter: NgramFilter, decoder: str | None
+    five_word_filter: NgramSet, decoder: str | None
 ) -> None:
     """transformers' clean-up chains across tokens ("fox n ' t" -> "foxn't"): not modelled."""
     from tokenizers import decoders

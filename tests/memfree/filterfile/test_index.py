@@ -27,9 +27,9 @@ from memfree.filterfile.index_layout import (
     encode_sections,
     index_keys,
     pack_fields,
-    read_fields,
     token_bits_for,
 )
+from memfree.filterfile.index_read import read_fields
 
 
 def collides(index: IndexFilter, prefix: np.ndarray, other: np.ndarray) -> bool:
@@ -259,7 +259,8 @@ def test_truncated_and_extended_files_are_refused(index_file: Path) -> None:
         ({"n": 3}, "edited"),
         ({"token_bits": 30}, "vocab_size"),
         ({"max_bucket": 1}, "max_bucket|edited"),
-        ({"unit": "word"}, "token n-grams"),
+        ({"unit": "word"}, "word index's vocab_size|edited"),
+        ({"unit": "sentence"}, "token or word n-grams"),
         ({"sections": 2}, "sections"),
         ({"section_table_xxh3": "0" * 16}, "edited"),
     ],
