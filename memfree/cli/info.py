@@ -133,7 +133,8 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         lines += [
             f"  records {shape.record_bits} bits ({field} {shape.token_bits}, prefix remainder "
             f"{shape.remainder_bits})   buckets 2**{shape.bucket_bits}   sections "
-            f"{shape.num_sections}   largest bucket {index.max_bucket}",
+            f"{shape.num_sections} ({shape.num_blocks} checked blocks)   largest bucket "
+            f"{index.max_bucket}",
             f"  size {filt.size_bytes:,} bytes ({per_ngram:.2f} per n-gram)",
         ]
         if word:

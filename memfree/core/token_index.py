@@ -200,8 +200,8 @@ class IndexMasker:
         if device in self._devices:
             return self._devices[device]
         index = self._index
-        if index.ensure is not None:  # the copy reads every section: check them all first
-            index.ensure(np.arange(index.shape.num_sections))
+        if index.ensure_all is not None:  # the copy reads every block: check them all first
+            index.ensure_all()
         try:
             tables: _DeviceIndex | None = _DeviceIndex(
                 torch.from_numpy(index.directory.astype(np.int64)).to(device),

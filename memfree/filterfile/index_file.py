@@ -25,12 +25,11 @@ from memfree.filterfile.header import (
     damaged_error,
     read_metadata,
 )
+from memfree.filterfile.index_checks import BlockChecks
 from memfree.filterfile.index_header import (
     TABLE_ENTRY,
     check_index_metadata,
     index_offsets,
-    section_problem,
-    sections_problem,
     shape_of,
     table_problem,
 )
@@ -62,7 +61,7 @@ class IndexFilter:
         path: Path,
         metadata: dict[str, Any],
         arrays: IndexArrays,
-        checks: SectionChecks | None = None,
+        checks: BlockChecks | None = None,
     ) -> None:
         self.path = path
         self._checks = checks
@@ -159,11 +158,11 @@ class IndexFilter:
         return result[0] if single else result
 
     def verify(self) -> None:
-        """Check every section now (opening checks only the header and the section table; each
-        section is otherwise checked before its first read).
+        """Check every block now (opening checks only the header and the section table; each
+        block is otherwise checked before its first read).
 
         Raises:
-            DamagedFilterError: a section's bytes disagree with the header.
+            DamagedFilterError: a block's bytes disagree with its checksums or the header.
         """
         if self._checks is None:
             raise DamagedFilterError(f"{self.path}: closed, or a copy with no file to verify")
@@ -233,52 +232,11 @@ class IndexFilter:
         self.close()
 
 
-class SectionChecks:
-    """Verifies each section of an open index before its first read (then never again).
-
-    Opening reads only the header and the section table, whatever the file's size; a lookup
-    reads a few sections, and each is checked against its checksum and directory the first time
-    (``memfree info`` and writers check them all). A damaged section is refused when first
-    touched, with :class:`~memfree.errors.DamagedFilterError`: never read as a filter that finds
-    less.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        metadata: dict[str, Any],
-        table: np.ndarray,
-        directory: np.ndarray,
-        words: np.ndarray,
-        starts: np.ndarray,
-    ) -> None:
-        self.path = path
-        self._arrays = (metadata, table, directory, words, starts)
-        self.done = np.zeros(int(metadata["sections"]), dtype=bool)
-
-    def __call__(self, sections: np.ndarray) -> None:
-        """Check the sections not yet checked among ``sections`` (int array)."""
-        sections = np.asarray(sections, dtype=np.int64)
-        if not sections.size:
-            return
-        sections = np.clip(sections, 0, self.done.size - 1)
-        pending = sections[~self.done[sections]]
-        for section in np.unique(pending).tolist():
-            problem = section_problem(*self._arrays, section)
-            if problem:
-                raise damaged_error(self.path, problem)
-            self.done[section] = True
-
-    def all(self) -> None:
-        """Check every section not yet checked."""
-        self(np.arange(self.done.size))
-
-
 def open_index(path: Path, verify: bool) -> IndexFilter:
     """Open, map and validate a prefix-index file.
 
     The header, the section table (16 bytes a section) and the final word are always checked;
-    with ``verify`` each section too, before its first read (:class:`SectionChecks`), so opening
+    with ``verify`` each block too, before its first read (:class:`BlockChecks`), so opening
     costs the same for any size of file and no unchecked byte is ever read.
 
     Raises:
@@ -308,7 +266,14 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
             raise damaged_error(
                 path, f"size {identity.size_bytes} bytes, expected {offsets.size} from its header"
             )
-        header = os.pread(handle.fileno(), offsets.directory, 0)  # the header and the table
+        header = os.pread(handle.fileno(), offsets.blocks, 0)  # the header and the table
+        blocks = np.memmap(
+            handle,
+            dtype="<u8",
+            mode="c",
+            offset=offsets.blocks,
+            shape=(shape.num_blocks,),
+        )
         directory = np.memmap(
             handle,
             dtype="<u4",
@@ -325,7 +290,7 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         )
         if words[-1] != 0:
             raise damaged_error(path, "the records do not end with a zero word")
-        checks = SectionChecks(path, metadata, table, directory, words, offsets.word_starts)
+        checks = BlockChecks(path, metadata, table, blocks, directory, words, offsets.word_starts)
     except BaseException:
         handle.close()
         raise
@@ -337,12 +302,13 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         int(metadata["hash_seed"]),
         int(metadata["max_bucket"]),
         checks if verify else None,
+        checks.all if verify else None,
     )
 
     def intact() -> str | None:
         if os.pread(handle.fileno(), len(header), 0) != header:
             return "its header or section table changed"
-        return sections_problem(metadata, table, directory, words, offsets.word_starts)
+        return checks.problem()
 
     filt = IndexFilter(path, metadata, arrays, checks)
     filt.file_watch = FileWatch(path, handle, identity, intact)

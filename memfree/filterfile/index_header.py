@@ -7,15 +7,18 @@ Layout (all integers little-endian)::
     offset 0   the preamble of every native file (magic, format version 2, metadata length and
                its xxh3-64), then the UTF-8 JSON metadata, zero padding to a multiple of 4096
     then       the section table: for each of the 2**p sections, uint64 records and the uint64
-               xxh3-64 of its directory slice and words
+               xxh3-64 of its blocks' checksums
+    then       the block table: for each section, for each of its 2**(b-p-k) blocks, the uint64
+               xxh3-64 of the block's directory entries and the words its records occupy
     then       uint32 directory: for each section, 2**(b-p) + 1 record offsets; padded to a page
     then       uint64 words: each section's packed records from a word boundary, section after
                section, then one zero word
 
 The metadata records the section table's xxh3-64, and ``hashing_xxh3`` binds it to the widths,
 seed and n that placed the records, as in the Bloom layout: an edited header with its checksum
-recomputed is refused, never read as a filter that finds less. The table is read and checked at
-every open (16 bytes a section, at most 64 KiB); the sections themselves when verified.
+recomputed is refused, never read as a filter that finds less. The section table is read and checked at
+every open (16 bytes a section, at most 64 KiB); a section's block checksums, and each block,
+before their first read when verified (:mod:`memfree.filterfile.index_checks`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ _INTS = (
     "bucket_bits",
     "section_bits",
     "remainder_bits",
+    "block_bits",
     "max_bucket",
     "sections",
 )
@@ -67,6 +71,7 @@ def shape_of(metadata: dict[str, Any]) -> IndexShape:
         metadata["bucket_bits"],
         metadata["section_bits"],
         metadata["remainder_bits"],
+        metadata["block_bits"],
     )
 
 
@@ -80,6 +85,11 @@ def check_index_metadata(metadata: dict[str, Any]) -> str | None:
     """The first problem with a prefix-index header's metadata, or None."""
     if metadata.get("layout") != INDEX_LAYOUT:
         return f"unknown layout {metadata.get('layout')!r}, expected {INDEX_LAYOUT!r}"
+    if "block_bits" not in metadata:
+        return (
+            "no block_bits: written by a development build of memfree before blocks had "
+            "checksums; rebuild the filter with this version"
+        )
     for key in _INTS:
         value = metadata.get(key)
         if not _is_int(value) or value < 0:
@@ -126,6 +136,7 @@ class IndexOffsets:
     """Where an index file's parts start, and its size."""
 
     table: int
+    blocks: int
     directory: int
     words: int
     word_starts: np.ndarray  # int64 (sections,) each section's first word
@@ -134,14 +145,13 @@ class IndexOffsets:
 
 def index_offsets(data_offset: int, shape: IndexShape, records: np.ndarray) -> IndexOffsets:
     """The offsets of a file whose header ends at ``data_offset``, sections of ``records``."""
-    directory = data_offset + shape.num_sections * TABLE_ENTRY.itemsize
-    words_offset = data_offset + page_round(
-        shape.num_sections * TABLE_ENTRY.itemsize + shape.directory_entries * 4
-    )
+    blocks = data_offset + shape.num_sections * TABLE_ENTRY.itemsize
+    directory = blocks + shape.num_blocks * 8
+    words_offset = data_offset + page_round(directory - data_offset + shape.directory_entries * 4)
     words = section_words(records, shape.record_bits)
     starts = (np.cumsum(words) - words).astype(np.int64)
     size = words_offset + (int(words.sum()) + 1) * 8
-    return IndexOffsets(data_offset, directory, words_offset, starts, size)
+    return IndexOffsets(data_offset, blocks, directory, words_offset, starts, size)
 
 
 def section_table(records: np.ndarray, digests: np.ndarray) -> np.ndarray:
@@ -164,60 +174,6 @@ def table_problem(metadata: dict[str, Any], table: np.ndarray) -> str | None:
     return None
 
 
-def section_digest(directory: np.ndarray, words: np.ndarray) -> int:
-    """The xxh3-64 the section table records for one section: its directory slice, its words."""
-    digest = xxhash.xxh3_64()
-    digest.update(np.ascontiguousarray(directory, dtype="<u4").data.cast("B"))
-    digest.update(np.ascontiguousarray(words, dtype="<u8").data.cast("B"))
-    return digest.intdigest()
-
-
-def section_problem(
-    metadata: dict[str, Any],
-    table: np.ndarray,
-    directory: np.ndarray,
-    words: np.ndarray,
-    starts: np.ndarray,
-    section: int,
-) -> str | None:
-    """Why one section's bytes disagree with the table and header, or None: its checksum, then
-    its directory's shape (from 0, never decreasing, ending at its record count, no bucket above
-    max_bucket)."""
-    shape = shape_of(metadata)
-    per_section = shape.buckets_per_section + 1
-    records = int(table["records"][section])
-    dir_slice = directory[section * per_section : (section + 1) * per_section]
-    first = int(starts[section])
-    count = (records * shape.record_bits + 63) // 64
-    if section_digest(dir_slice, words[first : first + count]) != int(table["digest"][section]):
-        return f"section {section}: checksum mismatch"
-    offsets = np.asarray(dir_slice, dtype=np.int64)
-    sizes = np.diff(offsets)
-    if offsets[0] != 0 or offsets[-1] != records or (sizes < 0).any():
-        return f"section {section}: its directory does not count its {records} records"
-    if sizes.size and int(sizes.max()) > metadata["max_bucket"]:
-        return f"section {section}: a bucket holds more than max_bucket records"
-    return None
-
-
-def sections_problem(
-    metadata: dict[str, Any],
-    table: np.ndarray,
-    directory: np.ndarray,
-    words: np.ndarray,
-    starts: np.ndarray,
-) -> str | None:
-    """The first section whose bytes disagree with the table and header (:func:`section_problem`),
-    then the final zero word, or None."""
-    for section in range(int(metadata["sections"])):
-        problem = section_problem(metadata, table, directory, words, starts, section)
-        if problem:
-            return problem
-    if words[-1] != 0:
-        return "the records do not end with a zero word"
-    return None
-
-
 __all__ = [
     "INDEX_HASH_SCHEME",
     "TABLE_ENTRY",
@@ -225,10 +181,7 @@ __all__ = [
     "check_index_metadata",
     "index_digest",
     "index_offsets",
-    "section_digest",
-    "section_problem",
     "section_table",
-    "sections_problem",
     "shape_of",
     "table_problem",
 ]

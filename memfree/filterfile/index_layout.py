@@ -27,7 +27,9 @@ from the target rate), and then only that prefix's few tokens are.
 The directory holds, for each section, ``2**(b - p) + 1`` uint32 record offsets (each bucket's
 first record, local to its section, then the section's record count); a section's records start
 at a word boundary, so every run of sections is a contiguous slice of the directory and one of
-the records, which one task encodes and writes.
+the records, which one task encodes and writes. A section's buckets form blocks of
+``2**block_bits``, each with its own checksum (:mod:`memfree.filterfile.index_checks`), so a
+reader checks what it reads, a block at a time, and never a whole section of a large file.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ MAX_RECORD_BITS = 57
 MAX_SECTION_RECORDS = (1 << 32) - 1
 #: At most 2**12 sections (the builder's largest partition count).
 MAX_SECTION_BITS = 12
+#: A reader checks a section's buckets in blocks of up to 2**10 (about 16k records, 40-60 KB):
+#: the most a first read of a bucket makes it check, whatever the file's size.
+BLOCK_BITS = 10
 
 _U1 = np.uint64(1)
 _U6 = np.uint64(6)
@@ -102,12 +107,16 @@ class IndexShape:
         bucket_bits: b, bits of a key that pick its bucket.
         section_bits: p = min(b, 12), bits that pick its section.
         remainder_bits: R, prefix bits a record keeps below the bucket's.
+        block_bits: each section's buckets are checked in blocks of ``2**block_bits`` (at most
+            ``b - p``; :data:`BLOCK_BITS` by default): the unit a reader verifies before its
+            first read.
     """
 
     token_bits: int
     bucket_bits: int
     section_bits: int
     remainder_bits: int
+    block_bits: int = 0
 
     @property
     def record_bits(self) -> int:
@@ -122,6 +131,18 @@ class IndexShape:
         return 1 << (self.bucket_bits - self.section_bits)
 
     @property
+    def buckets_per_block(self) -> int:
+        return 1 << self.block_bits
+
+    @property
+    def blocks_per_section(self) -> int:
+        return 1 << (self.bucket_bits - self.section_bits - self.block_bits)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_sections * self.blocks_per_section
+
+    @property
     def directory_entries(self) -> int:
         return self.num_sections * (self.buckets_per_section + 1)
 
@@ -132,7 +153,8 @@ class IndexShape:
     def problem(self) -> str | None:
         """The first inconsistency of these widths, or None."""
         t, b, p, r = self.token_bits, self.bucket_bits, self.section_bits, self.remainder_bits
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (t, b, p, r)):
+        k = self.block_bits
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (t, b, p, r, k)):
             return "index widths must be integers"
         if not 1 <= t <= 40:
             return f"token_bits is {t}, must be in [1, 40]"
@@ -142,6 +164,8 @@ class IndexShape:
             )
         if b - p > 31:
             return f"bucket_bits {b} gives more than 2**31 buckets per section"
+        if not 0 <= k <= b - p:
+            return f"block_bits is {k}, must be in [0, bucket_bits - section_bits = {b - p}]"
         if r < 0 or b + r + t > 64 or r + t > MAX_RECORD_BITS:
             return (
                 f"remainder_bits {r} with bucket_bits {b} and token_bits {t} do not fit a 64-bit "
@@ -164,7 +188,8 @@ def choose_shape(num_records: int, token_bits: int, vocab_size: int, rate: float
     if num_records:
         remainder = max(0, math.ceil(math.log2(per_bucket / (rate * max(vocab_size, 1)))))
     section_bits = min(bucket_bits, MAX_SECTION_BITS)
-    return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room))
+    block_bits = min(bucket_bits - section_bits, BLOCK_BITS)
+    return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room), block_bits)
 
 
 def expected_rate(
@@ -278,6 +303,7 @@ def pack_fields(
 
 
 __all__ = [
+    "BLOCK_BITS",
     "BUCKET_TARGET",
     "INDEX_LAYOUT",
     "MAX_RECORD_BITS",

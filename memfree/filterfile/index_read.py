@@ -43,9 +43,10 @@ class IndexArrays:
         section_words: int64 `(num_sections,)` the first word of each section's records.
         hash_seed: the seed of the prefix fingerprints.
         max_bucket: most records in one bucket (the header's, checked when verified).
-        ensure: called with the sections a lookup is about to read; raises when one of them is
-            damaged (verifies each section on its first read), or None (the file is not
-            verified, or was verified whole).
+        ensure: called with the buckets a lookup is about to read; raises when one of them is
+            damaged (verifies each block of buckets on its first read), or None (the file is not
+            verified).
+        ensure_all: checks every block (for a reader that copies the whole file), or None.
     """
 
     shape: IndexShape
@@ -55,6 +56,7 @@ class IndexArrays:
     hash_seed: int
     max_bucket: int
     ensure: Callable[[np.ndarray], None] | None = field(default=None, compare=False)
+    ensure_all: Callable[[], None] | None = field(default=None, compare=False)
 
 
 def bucket_ranges(
@@ -67,7 +69,7 @@ def bucket_ranges(
     buckets = top_bits(fingerprints, shape.bucket_bits).astype(np.int64)
     sections = buckets >> (shape.bucket_bits - shape.section_bits)
     if index.ensure is not None:
-        index.ensure(sections)
+        index.ensure(buckets)
     entry = buckets + sections  # each section's directory has one entry more than buckets
     directory = index.directory
     np.clip(entry, 0, directory.shape[0] - 2, out=entry)

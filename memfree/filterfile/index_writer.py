@@ -16,11 +16,11 @@ import xxhash
 
 from memfree.fileio import PendingFile
 from memfree.filterfile.header import INDEX_FORMAT_VERSION, PREAMBLE, page_round
+from memfree.filterfile.index_checks import section_block_digests, section_digest
 from memfree.filterfile.index_header import (
     INDEX_HASH_SCHEME,
     index_digest,
     index_offsets,
-    section_digest,
     section_table,
 )
 from memfree.filterfile.index_layout import (
@@ -51,6 +51,7 @@ class SectionTarget:
         temporary: the file being written.
         first: the first section.
         count: how many sections.
+        blocks_offset: byte offset of their block checksums.
         directory_offset: byte offset of their directory slice.
         words_offset: byte offset of their first word.
         records: each section's record count, as the file was sized for.
@@ -60,6 +61,7 @@ class SectionTarget:
     temporary: str
     first: int
     count: int
+    blocks_offset: int
     directory_offset: int
     words_offset: int
     records: tuple[int, ...]
@@ -101,13 +103,25 @@ class SectionTarget:
         per_section = self.shape.buckets_per_section + 1
         counts = section_words(encoded.records, self.shape.record_bits)
         starts = np.cumsum(counts) - counts
-        digests = tuple(
-            section_digest(
+        blocks = [
+            section_block_digests(
+                self.shape,
                 directory[i * per_section : (i + 1) * per_section],
                 words[starts[i] : starts[i] + counts[i]],
             )
             for i in range(self.count)
-        )
+        ]
+        table = np.ascontiguousarray(np.concatenate(blocks), dtype="<u8")
+        descriptor = os.open(self.temporary, os.O_RDWR)
+        try:
+            os.pwrite(descriptor, table.data.cast("B"), self.blocks_offset)
+            os.fsync(descriptor)
+            back = os.pread(descriptor, table.nbytes, self.blocks_offset)
+        finally:
+            os.close(descriptor)
+        if back != table.tobytes():
+            raise OSError(f"{self.temporary}: sections {self.first}+ did not read back whole")
+        digests = tuple(section_digest(block) for block in blocks)
         return WrittenSections(self.first, self.records, digests, encoded.max_bucket)
 
 
@@ -147,6 +161,7 @@ class IndexFileWriter:
             "bucket_bits": shape.bucket_bits,
             "section_bits": shape.section_bits,
             "remainder_bits": shape.remainder_bits,
+            "block_bits": shape.block_bits,
             "sections": shape.num_sections,
             "expected_false_positive_rate": expected_rate(
                 total, shape, int(metadata["vocab_size"])
@@ -175,6 +190,7 @@ class IndexFileWriter:
             str(self._pending.temporary),
             first,
             count,
+            self.offsets.blocks + first * self.shape.blocks_per_section * 8,
             self.offsets.directory + first * per_section * 4,
             self.offsets.words + int(self.offsets.word_starts[first]) * 8,
             tuple(self.records[first : first + count].tolist()),

@@ -4,6 +4,7 @@ refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 import tempfile
@@ -20,7 +21,7 @@ from memfree.errors import DamagedFilterError
 from memfree.filterfile import open_filter
 from memfree.filterfile.hashing import fingerprints_np
 from memfree.filterfile.header import PREAMBLE
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index_file import IndexFilter, verify_written
 from memfree.filterfile.index_header import index_digest
 from memfree.filterfile.index_layout import (
     choose_shape,
@@ -30,6 +31,7 @@ from memfree.filterfile.index_layout import (
     token_bits_for,
 )
 from memfree.filterfile.index_read import read_fields
+from memfree.filterfile.index_writer import IndexFileWriter
 
 
 def collides(index: IndexFilter, prefix: np.ndarray, other: np.ndarray) -> bool:
@@ -188,10 +190,15 @@ def rewrite_metadata(path: Path, edit: dict[str, object], rebind: bool) -> None:
 
 def flip(path: Path, where: str) -> None:
     data = bytearray(path.read_bytes())
-    sections = open_filter(path).metadata["sections"]
+    metadata = open_filter(path).metadata
+    sections = metadata["sections"]
+    blocks = sections << (
+        metadata["bucket_bits"] - metadata["section_bits"] - metadata["block_bits"]
+    )
     offset = {
         "table": 4096 + 17,
-        "directory": 4096 + sections * 16 + 9,
+        "blocks": 4096 + sections * 16 + 9,
+        "directory": 4096 + sections * 16 + blocks * 8 + 9,
         "records": len(data) - 100,
         "last word": len(data) - 3,
     }[where]
@@ -208,39 +215,93 @@ def test_a_flipped_byte_in_the_table_or_the_end_is_refused_at_open(
         open_filter(index_file)
 
 
-@pytest.mark.parametrize("where", ["directory", "records"])
+@pytest.mark.parametrize("where", ["blocks", "directory", "records"])
 def test_a_damaged_section_is_refused_when_first_read(index_file: Path, where: str) -> None:
     flip(index_file, where)
     filt = open_filter(index_file)  # opening reads the header and the section table only
     assert isinstance(filt, IndexFilter)
-    with pytest.raises(DamagedFilterError, match=r"section \d+: (checksum|its directory)"):
+    with pytest.raises(DamagedFilterError, match=r"section \d+(, block \d+)?: (checksum|its dir)"):
         filt.verify()
-    # A lookup that reads the damaged section is refused too; one that reads others is not.
+    # A lookup that reads the damaged block is refused too; one that reads others is not.
     fresh = open_filter(index_file)
     assert isinstance(fresh, IndexFilter)
-    shape = fresh.prefix_index().shape
     rng = np.random.default_rng(0)
     prefixes = rng.integers(0, 500, size=(4000, 3))
-    sections = (
-        fingerprints_np(prefixes, fresh.hash_seed) >> np.uint64(64 - shape.section_bits)
-    ).astype(np.int64)
-    damaged = fresh.prefix_index().ensure
-    assert damaged is not None
-    bad = next(s for s in range(shape.num_sections) if _refused(damaged, s))
-    assert (sections != bad).any() and (sections == bad).any()
-    fresh.next_tokens(prefixes[sections != bad])
-    with pytest.raises(DamagedFilterError, match=f"section {bad}"):
-        fresh.next_tokens(prefixes[sections == bad][:1])
+    blocks = _blocks(fresh, prefixes)
+    checks = fresh.prefix_index().ensure
+    assert checks is not None
+    shape = fresh.prefix_index().shape
+    bad = next(b for b in range(shape.num_blocks) if _refused(checks, b << shape.block_bits))
+    assert (blocks != bad).any() and (blocks == bad).any()
+    fresh.next_tokens(prefixes[blocks != bad])
+    with pytest.raises(DamagedFilterError, match=f"section {bad // shape.blocks_per_section}"):
+        fresh.next_tokens(prefixes[blocks == bad][:1])
     # Unverified, the caller asked for no checks: the bytes are read as they are.
     open_filter(index_file, verify=False).next_tokens(prefixes)
 
 
-def _refused(checks: Any, section: int) -> bool:
+def _blocks(filt: IndexFilter, prefixes: np.ndarray) -> np.ndarray:
+    """The block each prefix's bucket lies in."""
+    shape = filt.prefix_index().shape
+    fingerprints = fingerprints_np(prefixes, filt.hash_seed)
+    buckets = (fingerprints >> np.uint64(64 - shape.bucket_bits)).astype(np.int64)
+    return buckets >> shape.block_bits
+
+
+def _refused(checks: Any, bucket: int) -> bool:
     try:
-        checks(np.array([section]))
+        checks(np.array([bucket]))
     except DamagedFilterError:
         return True
     return False
+
+
+def test_a_reader_checks_only_the_blocks_it_reads(tmp_path: Path) -> None:
+    """Sections of several blocks: a damaged block is refused when read, its section's other
+    blocks are read, and a damaged block checksum list refuses its section."""
+    rng = np.random.default_rng(5)
+    ngrams = rng.integers(0, 500, size=(150_000, 4))
+    keys = np.unique(index_keys(fingerprints_np(ngrams[:, :-1], 1), ngrams[:, -1], 9))
+    shape = dataclasses.replace(choose_shape(keys.size, 9, 500, 1e-5), block_bits=0)
+    assert shape.blocks_per_section == 2 and shape.num_sections == 4096
+    encoded = encode_sections(keys, 0, shape.num_sections, shape)
+    path = tmp_path / "blocks.memfree"
+    writer = IndexFileWriter(
+        path, {"n": 4, "hash_seed": 1, "vocab_size": 500}, shape, encoded.records
+    )
+    writer.commit([writer.target(0, shape.num_sections).write(encoded)], check=verify_written)
+    filt = open_filter(path)
+    assert isinstance(filt, IndexFilter) and filt.contains(ngrams).all()
+    # Damage the records of the block holding the first n-gram's bucket.
+    blocks = _blocks(filt, ngrams[:, :-1])
+    target = int(blocks[0])
+    section, local = divmod(target, 2)
+    directory = filt.prefix_index().directory
+    entry = section * (shape.buckets_per_section + 1) + local
+    # A record inside the block (its first and last words may be shared with its neighbours).
+    record = (int(directory[entry]) + int(directory[entry + 1])) // 2
+    start = int(filt.prefix_index().section_words[section]) + record * shape.record_bits // 64
+    words_offset = len(path.read_bytes()) - filt.prefix_index().words.shape[0] * 8
+    filt.close()
+    data = bytearray(path.read_bytes())
+    data[words_offset + start * 8] ^= 0x01
+    path.write_bytes(bytes(data))
+    damaged = open_filter(path)
+    assert isinstance(damaged, IndexFilter)
+    sibling = blocks == (section * 2 + 1 - local)
+    assert sibling.any()
+    assert damaged.contains(ngrams[sibling]).all()  # the section's other block reads fine
+    with pytest.raises(DamagedFilterError, match=f"section {section}, block {local}: checksum"):
+        damaged.contains(ngrams[:1])
+    # A damaged block checksum refuses its section's blocks.
+    data = bytearray(path.read_bytes())
+    data[words_offset + start * 8] ^= 0x01  # mended
+    block_table = 4096 + shape.num_sections * 16  # after the header page and section table
+    data[block_table + target * 8] ^= 0x01
+    path.write_bytes(bytes(data))
+    listed = open_filter(path)
+    with pytest.raises(DamagedFilterError, match=f"section {section}: checksum mismatch"):
+        listed.contains(ngrams[sibling][:1])
 
 
 def test_truncated_and_extended_files_are_refused(index_file: Path) -> None:
