@@ -152,7 +152,7 @@ def cold_start(path: Path, rows: np.ndarray) -> None:
             results[code, state] = [float(value) for value in output]
     print(
         f"  fresh process, {path.stat().st_size / 2**20:.0f} MiB index (verified: the header "
-        "and section table at open, each section at its first read), open / first batch-8 step, "
+        "and section table at open, each block at its first read), open / first batch-8 step, "
         "ms:"
     )
     for code in ("cold", "warm"):

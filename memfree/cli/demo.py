@@ -119,6 +119,7 @@ def _model_and_filter(output: Path) -> tuple[Any, Any, Any]:
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
     from memfree import NgramFilter
+    from memfree.errors import DamagedFilterError
     from memfree.models import load_model
     from memfree.vocab.tokenizer import cache_dir
 
@@ -127,11 +128,16 @@ def _model_and_filter(output: Path) -> tuple[Any, Any, Any]:
     model, tokenizer = load_model()
     print(f"  loaded in {time.perf_counter() - started:.1f} s (cache: {cache_dir()})")
     if output.exists():
-        print(f"reusing {output} (delete it to rebuild)")
-    else:
-        print("building a filter of the standard library's 10-grams ...", flush=True)
-        summary = build_filter(["stdlib:"], output, BuildSettings(), tokenizer=tokenizer)
-        print(summary.to_text())
+        try:
+            found = NgramFilter.open(output)
+        except DamagedFilterError as error:  # e.g. written by an earlier memfree: build anew
+            print(f"cannot reuse {output} ({error}); building it again")
+        else:
+            print(f"reusing {output} (delete it to rebuild)")
+            return model, tokenizer, found
+    print("building a filter of the standard library's 10-grams ...", flush=True)
+    summary = build_filter(["stdlib:"], output, BuildSettings(), tokenizer=tokenizer)
+    print(summary.to_text())
     return model, tokenizer, NgramFilter.open(output)
 
 
