@@ -74,9 +74,12 @@ def always_fail(task: ToyTask) -> dict[str, Any]:
     raise ValueError(f"task {task.index} cannot be done")
 
 
-@pytest.mark.parametrize("layout", ["blocked-512", "prefix-index"])
+@pytest.mark.parametrize(
+    ("layout", "unit"),
+    [("blocked-512", "token"), ("prefix-index", "token"), ("prefix-index", "word")],
+)
 def test_ray_builds_the_same_bytes_as_the_local_pool(
-    local_ray: Any, tmp_path: Path, tokenizer_dir: Path, layout: str
+    local_ray: Any, tmp_path: Path, tokenizer_dir: Path, layout: str, unit: str
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -89,7 +92,8 @@ def test_ray_builds_the_same_bytes_as_the_local_pool(
         output = tmp_path / f"{executor}-{workers}.memfree"
         settings = BuildSettings(
             ngram_size=4,
-            tokenizer=str(tokenizer_dir),
+            unit=unit,  # type: ignore[arg-type]
+            tokenizer=str(tokenizer_dir) if unit == "token" else None,
             workers=workers,
             executor=executor,
             shard_bytes=2000,
