@@ -228,6 +228,15 @@ class WordMasker:
         mask[:, [t for t in self._no_text if t < vocab_width]] = False
         return torch.from_numpy(mask).to(device), torch.from_numpy(checked).to(device)
 
+    def created_ngrams(self, ids: torch.Tensor | np.ndarray, token: int) -> list[tuple[str, ...]]:
+        """The word n-grams that appending ``token`` to the row ``ids`` creates in its text
+        (exactly: its text decoded and normalized; quick after a step over the same row)."""
+        row = _unpadded(np.asarray(torch.as_tensor(ids).cpu(), dtype=np.int64))
+        state = tail(self._row_text(row, getattr(self._local, "rows", {})), self.n + 2)
+        old = words(state.reading())
+        new = words(state.reading(self._bytes_of(token), token in self._byte_ids))
+        return created_word_ngrams(old, new, self.n)
+
     def _plan(self, state: RowText, vocab: WordVocab) -> RowPlan:
         """A row's words and which candidates take the fast path."""
         pending = bool(state.pending)

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfree.core.exempt import PromptNgrams
 from memfree.engines.rows import RowGuard
 from memfree.engines.setup import GuardSetup
 from memfree.errors import FilterError, FilterMismatchError
@@ -55,6 +56,8 @@ class MemFreeLlamaCppLogitsProcessor:
         ngram_size: the n you expect; refused if the filter holds another n.
         canonical: token filters: canonical decoding (default on; False guards the ids only:
             see :class:`~memfree.MemFreeLogitsProcessor`).
+        exempt_prompt: a stored n-gram that occurs in the generation's own prompt (the row at
+            its first step) is not banned (:mod:`memfree.core.exempt`).
 
     Raises:
         FilterMismatchError: the filter does not fit the model's vocabulary, n or unit.
@@ -70,6 +73,7 @@ class MemFreeLlamaCppLogitsProcessor:
         tokenizer: Any = None,
         ngram_size: int | None = None,
         canonical: bool | None = None,
+        exempt_prompt: bool = False,
     ) -> None:
         if tokenizer is None:
             tokenizer = gguf_tokenizer(llama)
@@ -90,6 +94,10 @@ class MemFreeLlamaCppLogitsProcessor:
         self.eos_token_id = eos
         self.failures: list[BaseException] = []
         self.steps = 0
+        self.exempt_prompt = bool(exempt_prompt)
+        self._prompt: np.ndarray | None = None  # the generation's prompt, and its n-grams
+        self._prompt_ngrams: PromptNgrams | None = None
+        self._last = 0
 
     def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
         """The scores with every token that completes a stored n-gram at ``-inf`` (a new array).
@@ -105,9 +113,26 @@ class MemFreeLlamaCppLogitsProcessor:
                 )
             ids = np.asarray(input_ids, dtype=np.int64)
             guarded = torch.from_numpy(np.array(scores, dtype=np.float32))[None]
-            return self.rows.guard(guarded, [ids], inplace=True)[0].numpy()
+            prompts = [self._prompt_of(ids)] if self.exempt_prompt else None
+            return self.rows.guard(guarded, [ids], inplace=True, prompts=prompts)[0].numpy()
         except BaseException as error:
             return self._closed(scores, error)
+
+    def _prompt_of(self, ids: np.ndarray) -> PromptNgrams:
+        """The n-grams of the generation's prompt: the row at its first step (a step whose row is
+        not the previous step's row one token longer)."""
+        prompt = self._prompt
+        if (
+            prompt is None
+            or self._prompt_ngrams is None
+            or ids.shape[0] != self._last + 1
+            or not np.array_equal(ids[: prompt.shape[0]], prompt)
+        ):
+            self._prompt = ids.copy()
+            special = np.isin(ids, np.asarray(self.setup.special_token_ids, dtype=np.int64))
+            self._prompt_ngrams = self.setup.prompt_ngrams(np.where(special, -1, ids).tolist())
+        self._last = ids.shape[0]
+        return self._prompt_ngrams
 
     def _closed(self, scores: Any, error: BaseException) -> np.ndarray:
         """End of sequence only, and the error kept for :meth:`check`."""

@@ -1,11 +1,14 @@
 """The serving policy: what an operator configures and what a request may ask.
 
-An operator configures the guard once, for the whole engine
-(``additional_config={"memfree": {...}}`` in vLLM)::
+An operator configures the guard once, for the whole engine (:meth:`ServingConfig.find`): in
+vLLM's ``additional_config={"memfree": {...}}``, or in the environment (``MEMFREE_FILTER`` holding
+the filter's path, or ``MEMFREE_CONFIG`` the path of a JSON file with the same keys)::
 
     {"filter": "stdlib.memfree",   # required: the filter file
      "allow_opt_out": false,       # may a request switch the guard off? (default: no)
-     "ngram_size": 10}             # optional: refuse a filter of another n
+     "ngram_size": 10,             # optional: refuse a filter of another n
+     "log_interval_s": 60,         # a log line of what the guard did, every so often (0: none)
+     "exempt_prompt": false}       # may an output repeat stored n-grams of its own prompt?
 
 Every request is guarded. Only where the operator allowed it may a request switch the guard off,
 with ``extra_args={"memfree": 0}`` (``vllm_xargs`` over HTTP); 0/1/true/false are accepted, anything
@@ -15,6 +18,7 @@ not allowed stays guarded: a client can never turn the guard off by itself.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,7 +27,10 @@ from typing import Any
 from memfree.errors import FilterError
 
 CONFIG_KEY = "memfree"  # the key in additional_config and in a request's extra_args
-_KEYS = ("filter", "allow_opt_out", "ngram_size", "canonical")
+_KEYS = ("filter", "allow_opt_out", "ngram_size", "canonical", "log_interval_s", "exempt_prompt")
+FILTER_ENV = "MEMFREE_FILTER"
+CONFIG_ENV = "MEMFREE_CONFIG"
+DEFAULT_LOG_INTERVAL_S = 60.0
 _TRUE = ("1", "true")
 _FALSE = ("0", "false")
 
@@ -41,12 +48,54 @@ class ServingConfig:
         allow_opt_out: whether a request may switch the guard off.
         ngram_size: the n the operator expects (None: any).
         canonical: token filters: canonical decoding (None: on; False: guard the ids only).
+        log_interval_s: seconds between the engine's log lines of what the guard did (0: none).
+        source: where the settings came from (named in messages).
+        exempt_prompt: a stored n-gram that occurs in a request's own prompt is not banned in
+            its output (:mod:`memfree.core.exempt`); default off.
     """
 
     filter: str
     allow_opt_out: bool = False
     ngram_size: int | None = None
     canonical: bool | None = None
+    log_interval_s: float = DEFAULT_LOG_INTERVAL_S
+    source: str = "additional_config"
+    exempt_prompt: bool = False
+
+    @classmethod
+    def find(
+        cls, additional_config: Any, environ: Mapping[str, str] | None = None
+    ) -> ServingConfig | None:
+        """The operator's settings: ``additional_config["memfree"]`` if present, else the
+        environment's ``MEMFREE_CONFIG`` (a JSON file of the same keys) or ``MEMFREE_FILTER``
+        (the filter's path, every other setting at its default); None when there is none.
+
+        Raises:
+            ServingConfigError: a configuration is present but wrong (a bad key or value, an
+                unreadable or malformed file, both variables set).
+        """
+        if _lookup(additional_config, CONFIG_KEY) is not None:
+            return cls.parse(additional_config)
+        environ = os.environ if environ is None else environ
+        path, filter_path = environ.get(CONFIG_ENV, ""), environ.get(FILTER_ENV, "")
+        if path and filter_path:
+            raise ServingConfigError(
+                f"both {CONFIG_ENV} and {FILTER_ENV} are set: set one (put the filter's path in "
+                f'{CONFIG_ENV}\'s file as "filter")'
+            )
+        if path:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    settings = json.load(handle)
+            except (OSError, ValueError) as error:
+                raise ServingConfigError(
+                    f"{CONFIG_ENV}={path}: cannot read it as a JSON file of memfree's settings "
+                    f'({error}); write e.g. {{"filter": "PATH"}}'
+                ) from None
+            return cls.parse({CONFIG_KEY: settings}, where=f"{CONFIG_ENV}={path}")
+        if filter_path:
+            return cls(filter_path, source=FILTER_ENV)
+        return None
 
     @classmethod
     def parse(cls, additional_config: Any, where: str = "additional_config") -> ServingConfig:
@@ -93,7 +142,18 @@ class ServingConfig:
             raise ServingConfigError(
                 f"{where}[{CONFIG_KEY!r}]['canonical'] must be true or false, got {canonical!r}"
             )
-        return cls(os.fspath(path), allow, size, canonical)
+        interval = config.get("log_interval_s", DEFAULT_LOG_INTERVAL_S)
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]['log_interval_s'] must be a number of seconds >= 0 "
+                f"(0: no log lines), got {interval!r}"
+            )
+        exempt = config.get("exempt_prompt", False)
+        if not isinstance(exempt, bool):
+            raise ServingConfigError(
+                f"{where}[{CONFIG_KEY!r}]['exempt_prompt'] must be true or false, got {exempt!r}"
+            )
+        return cls(os.fspath(path), allow, size, canonical, float(interval), where, exempt)
 
 
 def _lookup(config: Any, key: str) -> Any:
@@ -131,7 +191,9 @@ def requested_guard(extra_args: Any) -> bool | None:
 
 
 __all__ = [
+    "CONFIG_ENV",
     "CONFIG_KEY",
+    "FILTER_ENV",
     "ServingConfig",
     "ServingConfigError",
     "requested_guard",

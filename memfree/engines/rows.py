@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from memfree.core.exempt import PromptNgrams
 from memfree.engines.setup import GuardSetup, ban_scores, fail_closed
 
 
@@ -92,8 +93,10 @@ class RowGuard:
         vocab_width: int,
         device: torch.device | str = "cpu",
         guarded: np.ndarray | None = None,
+        prompts: Sequence[PromptNgrams | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Which candidates each row may not take (``guarded``: see :meth:`contexts`).
+        """Which candidates each row may not take (``guarded``: see :meth:`contexts`;
+        ``prompts``: each row's prompt n-grams that it may repeat, ``exempt_prompt``).
 
         Returns:
             (bool `(rows, vocab_width)` banned candidates, bool `(rows,)` closed rows), on
@@ -109,7 +112,10 @@ class RowGuard:
         if checked.any():
             which = np.flatnonzero(checked)
             mask, _ = self.setup.banned_mask(
-                torch.from_numpy(np.ascontiguousarray(contexts[which])), vocab_width, device
+                torch.from_numpy(np.ascontiguousarray(contexts[which])),
+                vocab_width,
+                device,
+                None if prompts is None else [prompts[i] for i in which.tolist()],
             )
             banned[torch.from_numpy(which).to(device)] = mask
         return banned, torch.from_numpy(closed).to(device)
@@ -121,6 +127,7 @@ class RowGuard:
         *,
         guarded: np.ndarray | None = None,
         inplace: bool = True,
+        prompts: Sequence[PromptNgrams | None] | None = None,
     ) -> torch.Tensor:
         """``scores`` `(rows, vocab_width)` with every banned candidate at ``-inf``, closed rows
         left with end of sequence only, and no guarded row left with nothing allowed.
@@ -131,11 +138,12 @@ class RowGuard:
             guarded: bool `(rows,)`, the rows to guard (None: all); the others are left as
                 they are.
             inplace: edit ``scores`` itself or return a new tensor.
+            prompts: each row's prompt n-grams that it may repeat (``exempt_prompt``), or None.
 
         Raises:
             FilterChangedError: the filter file was rewritten in place; ``scores`` is untouched.
         """
-        banned, closed = self.banned(rows, scores.shape[1], scores.device, guarded)
+        banned, closed = self.banned(rows, scores.shape[1], scores.device, guarded, prompts)
         rescued = None if guarded is None else torch.from_numpy(np.asarray(guarded, bool))
         out = ban_scores(
             scores,

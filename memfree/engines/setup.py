@@ -13,7 +13,7 @@ every argument checked once, at construction. At each step they ask :func:`check
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from memfree.core import Masker, MaskerOptions, exempt_token_ids
+from memfree.core.exempt import PromptNgrams, exempt_banned_mask
 from memfree.errors import FilterMismatchError
 from memfree.filterfile import open_filter
 from memfree.filterfile.filewatch import FileWatch
@@ -66,15 +67,38 @@ class GuardSetup:
         return "no stored token n-gram in the ids (not their text: canonical decoding is off)"
 
     def banned_mask(
-        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+        self,
+        contexts: torch.Tensor,
+        vocab_width: int,
+        device: torch.device | None = None,
+        prompts: Sequence[PromptNgrams | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The masker's ``banned_mask``, checked against a filter file rewritten in place (see
         :func:`checked_banned_mask`); every engine asks this, never the masker itself.
+        ``prompts``: each row's prompt n-grams its output may repeat (``exempt_prompt``:
+        :mod:`memfree.core.exempt`), or None.
 
         Raises:
             FilterChangedError: the filter file was rewritten in place; fail the step closed.
         """
-        return checked_banned_mask(self.masker, self.file_watch, contexts, vocab_width, device)
+        return checked_banned_mask(
+            self.masker, self.file_watch, contexts, vocab_width, device, prompts
+        )
+
+    def prompt_ngrams(self, prompt: Sequence[int]) -> PromptNgrams:
+        """A request's prompt n-grams for ``exempt_prompt``: its ids' windows (token unit), or
+        its text's word n-grams (word unit, the text read as the guard reads it)."""
+        if self.unit.name == "word":
+            info = getattr(self.masker, "tokenizer", None)
+            text = b"".join(
+                info.token_bytes[i] or b""
+                for i in prompt
+                if info is not None
+                and 0 <= i < len(info.token_bytes)
+                and i not in self.special_token_ids
+            )
+            return PromptNgrams.of_text(text.decode("utf-8", "replace"), self.n)
+        return PromptNgrams.of_ids(prompt, self.n)
 
     @classmethod
     def create(
@@ -165,6 +189,7 @@ def checked_banned_mask(
     contexts: torch.Tensor,
     vocab_width: int,
     device: torch.device | None = None,
+    prompts: Sequence[PromptNgrams | None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``masker.banned_mask(contexts, vocab_width, device)``, read from bits that were verified
     before and unchanged after (:meth:`~memfree.filterfile.filewatch.FileWatch.read`: two ``fstat`` calls).
@@ -176,13 +201,19 @@ def checked_banned_mask(
         FilterChangedError: the filter file was rewritten in place (now or at an earlier step);
             the caller fails the step closed (end of sequence only) or stops.
     """
-    if file_watch is None:
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        if prompts is not None and any(prompt is not None for prompt in prompts):
+            return exempt_banned_mask(masker, contexts, vocab_width, device, prompts)
         return masker.banned_mask(contexts, vocab_width, device)
+
+    if file_watch is None:
+        return step()
     target = torch.device(device or contexts.device)
     holds_copy = getattr(masker, "holds_own_copy", None)
     if holds_copy is not None and holds_copy(target):
-        return masker.banned_mask(contexts, vocab_width, device)
-    return file_watch.read(lambda: masker.banned_mask(contexts, vocab_width, device))
+        return step()
+    return file_watch.read(step)
 
 
 def ban_scores(

@@ -6,12 +6,14 @@ stored n-gram (MemFree decoding, Ippolito et al. 2023, Algorithm 1), over the en
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import torch
 
 from memfree.core import Masker, MaskerOptions
+from memfree.core.exempt import PromptNgrams
 from memfree.engines.setup import GuardSetup, ban_scores, ban_scores_cpu, checked_banned_mask
 from memfree.engines.stats import GuardStats, StatsRecorder
 from memfree.errors import FilterError
@@ -76,6 +78,9 @@ class MemFreeLogitsProcessor(_Base):
             their text's tokenization (canonical decoding, :mod:`memfree.core.canonical`), so
             that the promise holds over the text, tokenized again. Default: on when a tokenizer
             is given. False guards the ids only (the promise is then over the ids).
+        exempt_prompt: a stored n-gram that occurs in a row's own prompt is not banned (the
+            model may quote, translate or edit the text it was given); every other stored n-gram
+            is (:mod:`memfree.core.exempt`). The prompt is each row at a generation's first step.
 
     Raises:
         FilterMismatchError: tokenizer fingerprint or n differs from the filter's (or, for a word
@@ -110,6 +115,7 @@ class MemFreeLogitsProcessor(_Base):
         record_stats: bool = True,
         cuda_graphs: bool = True,
         canonical: bool | None = None,
+        exempt_prompt: bool = False,
     ) -> None:
         setup = GuardSetup.create(
             ngram_filter,
@@ -128,6 +134,8 @@ class MemFreeLogitsProcessor(_Base):
         self.n = setup.n
         self.special_token_ids: tuple[int, ...] = setup.special_token_ids
         self.eos_token_ids: tuple[int, ...] = setup.eos_token_ids
+        self.exempt_prompt = bool(exempt_prompt)
+        self._prompts = threading.local()
         self.skip_rows = bool(skip_rows)
         self.record_stats = bool(record_stats)
         self.cuda_graphs = bool(cuda_graphs)
@@ -140,10 +148,12 @@ class MemFreeLogitsProcessor(_Base):
         """Copies and pickles start with no statistics (even shallow copies)."""
         state = self.__dict__.copy()
         state["_recorder"] = StatsRecorder()
+        state["_prompts"] = None  # thread-local: a copy reads its own prompts
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._prompts = threading.local()
 
     @property
     def tokenizer(self) -> Any:
@@ -193,7 +203,8 @@ class MemFreeLogitsProcessor(_Base):
                 "expected input_ids (batch, seq_len) and scores (batch, vocab) with the same "
                 f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
-        mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device)
+        prompts = self._prompt_ngrams(input_ids) if self.exempt_prompt else None
+        mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device, prompts)
         fast = ban_scores_cpu(scores, mask, self.eos_token_ids, inplace=False)
         if fast is None:
             guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
@@ -204,8 +215,29 @@ class MemFreeLogitsProcessor(_Base):
             self._recorder.record(input_ids, scores, mask, checked, fast.first_choice, fast.counts)
         return fast.scores  # type: ignore[return-value]
 
+    def _prompt_ngrams(self, input_ids: torch.Tensor) -> list[PromptNgrams | None]:
+        """Each row's prompt n-grams: read at a generation's first step (a step whose rows do
+        not extend the calling thread's previous prompts), kept for its later steps."""
+        state = self._prompts
+        known: torch.Tensor | None = getattr(state, "ids", None)
+        if not (
+            known is not None
+            and known.shape[0] == input_ids.shape[0]
+            and input_ids.shape[1] > known.shape[1]
+            and torch.equal(input_ids[:, : known.shape[1]].to(known.device), known)
+        ):
+            state.ids = input_ids.detach().clone()
+            special = set(self.setup.special_token_ids)  # padding, chat markers: they cut windows
+            rows = [[-1 if i in special else i for i in row] for row in input_ids.cpu().tolist()]
+            state.ngrams = [self.setup.prompt_ngrams(row) for row in rows]
+        return list(state.ngrams)
+
     def blocked_mask(
-        self, input_ids: torch.Tensor, vocab_size: int, device: torch.device | None = None
+        self,
+        input_ids: torch.Tensor,
+        vocab_size: int,
+        device: torch.device | None = None,
+        prompts: Sequence[PromptNgrams | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Which tokens complete a stored n-gram for each row (the core's ``banned_mask``).
 
@@ -213,6 +245,7 @@ class MemFreeLogitsProcessor(_Base):
             input_ids: `(batch, seq_len)` token ids.
             vocab_size: number of candidate tokens (the scores' last dimension).
             device: where the mask goes (default: that of ``input_ids``).
+            prompts: each row's prompt n-grams that it may repeat (``exempt_prompt``), or None.
 
         Returns:
             (bool `(batch, vocab_size)` mask of blocked tokens, bool `(batch,)` rows checked).
@@ -220,7 +253,9 @@ class MemFreeLogitsProcessor(_Base):
         Raises:
             FilterChangedError: the filter file was rewritten in place (see :meth:`__call__`).
         """
-        return checked_banned_mask(self.masker, self.file_watch, input_ids, vocab_size, device)
+        return checked_banned_mask(
+            self.masker, self.file_watch, input_ids, vocab_size, device, prompts
+        )
 
     def __repr__(self) -> str:
         word = self.unit.name == "word" and type(self) is MemFreeLogitsProcessor

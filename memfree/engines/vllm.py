@@ -1,32 +1,33 @@
-"""The guard inside vLLM: pass a class, vLLM builds it per engine.
+"""The guard inside vLLM: installed, memfree registers :class:`MemFreeLogitsProcessor` under
+vLLM's ``vllm.logits_processors`` entry points, and vLLM builds it in every engine. Configured, it
+guards every request; not configured, it does nothing.
 
-Offline::
+Served (OpenAI-compatible), with no memfree flag::
 
-    from vllm import LLM, SamplingParams
-    from memfree.engines.vllm import MemFreeV1LogitsProcessor
+    MEMFREE_FILTER=stdlib.memfree python -m vllm.entrypoints.openai.api_server --model ...
 
-    llm = LLM(model=..., logits_processors=[MemFreeV1LogitsProcessor],
-              additional_config={"memfree": {"filter": "stdlib.memfree"}})
+or ``--additional-config '{"memfree": {"filter": "stdlib.memfree"}}'``. Offline::
 
-Served (OpenAI-compatible)::
+    llm = LLM(model=..., additional_config={"memfree": {"filter": "stdlib.memfree"}})
 
-    python -m vllm.entrypoints.openai.api_server --model ... \\
-        --logits-processors memfree.integrations.vllm:MemFreeV1LogitsProcessor \\
-        --additional-config '{"memfree": {"filter": "stdlib.memfree"}}'
-
-:class:`MemFreeV1LogitsProcessor` is for the V1 model runner (vLLM's default),
-:class:`MemFreeV2LogitsProcessor` for Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``). The
-policy (every request guarded; opt-out only where the operator allows it) is in
+The one class works under the V1 runner and Model Runner V2 (vLLM picks the runner; the class
+picks its implementation from how vLLM builds it). ``MemFreeV1LogitsProcessor`` and
+``MemFreeV2LogitsProcessor``, the names of earlier releases, are the same class. The policy
+(every request guarded; opt-out only where the operator allows it) is in
 :mod:`memfree.engines.policy`.
 """
 
 from __future__ import annotations
 
 from memfree.engines.policy import ServingConfig, ServingConfigError
-from memfree.engines.vllm_v1 import MemFreeV1LogitsProcessor
-from memfree.engines.vllm_v2 import MemFreeV2LogitsProcessor
+from memfree.engines.vllm_plugin import MemFreeLogitsProcessor
+
+#: The names of earlier releases, one per runner: now the one class, which works under both.
+MemFreeV1LogitsProcessor = MemFreeLogitsProcessor
+MemFreeV2LogitsProcessor = MemFreeLogitsProcessor
 
 __all__ = [
+    "MemFreeLogitsProcessor",
     "MemFreeV1LogitsProcessor",
     "MemFreeV2LogitsProcessor",
     "ServingConfig",

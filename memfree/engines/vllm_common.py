@@ -10,11 +10,18 @@ a bad setting stops the engine at start-up with a message that names it.
 from __future__ import annotations
 
 import logging
+from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from memfree.engines.policy import ServingConfig, ServingConfigError, requested_guard
+from memfree.engines.policy import (
+    CONFIG_ENV,
+    FILTER_ENV,
+    ServingConfig,
+    ServingConfigError,
+    requested_guard,
+)
 from memfree.engines.rows import RowGuard
 from memfree.engines.setup import GuardSetup, fail_closed
 from memfree.errors import FilterChangedError, FilterError
@@ -22,7 +29,17 @@ from memfree.errors import FilterChangedError, FilterError
 if TYPE_CHECKING:
     import numpy as np
 
-logger = logging.getLogger("memfree")
+# Under vLLM's own logger: vLLM configures "vllm" only, so its INFO lines (and ours) show.
+logger = logging.getLogger("vllm.memfree")
+
+
+def _version() -> str:
+    """memfree's installed version (``memfree.__version__``, read without importing the package's
+    top level, which is above the engines)."""
+    try:
+        return version("memfree")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def engine_tokenizer(vllm_config: Any) -> Any:
@@ -48,32 +65,50 @@ def engine_tokenizer(vllm_config: Any) -> Any:
 
 
 def engine_guard(vllm_config: Any) -> tuple[ServingConfig, RowGuard]:
-    """The operator's settings and the guard over the engine's tokenizer.
+    """The operator's settings (:meth:`ServingConfig.find`) and the guard over the engine's
+    tokenizer.
 
     Raises:
-        ServingConfigError: a missing or bad ``additional_config["memfree"]``.
+        ServingConfigError: no configuration, or a bad one.
         FilterError: the filter cannot be opened, or does not fit the engine's tokenizer (its
             fingerprint), n or unit; the message says how to rebuild it.
     """
-    config = ServingConfig.parse(getattr(vllm_config, "additional_config", None))
+    config = ServingConfig.find(getattr(vllm_config, "additional_config", None))
+    if config is None:
+        raise ServingConfigError(
+            "the memfree guard has no configuration: pass "
+            '--additional-config \'{"memfree": {"filter": "PATH"}}\' to the engine, or set '
+            f"{FILTER_ENV}=PATH (or {CONFIG_ENV}=a JSON file of the same settings)"
+        )
+    return config, guard_for(config, vllm_config)
+
+
+def guard_for(config: ServingConfig, vllm_config: Any) -> RowGuard:
+    """The guard the operator's ``config`` asks for, over the engine's tokenizer.
+
+    Raises:
+        FilterError: the filter cannot be opened, or does not fit the engine's tokenizer (its
+            fingerprint), n or unit; the message says how to rebuild it.
+    """
     tokenizer = engine_tokenizer(vllm_config)
     try:
         setup = GuardSetup.create(
             config.filter, tokenizer, ngram_size=config.ngram_size, canonical=config.canonical
         )
     except FileNotFoundError as error:
-        raise FilterError(
-            f"additional_config['memfree']['filter']: {error}; build one with `memfree build`"
-        ) from None
+        where = FILTER_ENV if config.source == FILTER_ENV else f"{config.source}['filter']"
+        raise FilterError(f"{where}: {error}; build one with `memfree build`") from None
     logger.info(
-        "memfree: guarding every request with %s (%s %d-grams; promise: %s%s)",
+        "memfree %s: guarding every request with %s (%s %d-grams; promise: %s%s; from %s)",
+        _version(),
         config.filter,
         setup.unit.name,
         setup.n,
         setup.promise,
         ", requests may opt out" if config.allow_opt_out else "",
+        config.source,
     )
-    return config, RowGuard(setup)
+    return RowGuard(setup)
 
 
 class ChangedFilterGuard:
@@ -149,5 +184,6 @@ __all__ = [
     "RequestPolicy",
     "engine_guard",
     "engine_tokenizer",
+    "guard_for",
     "validate_request",
 ]

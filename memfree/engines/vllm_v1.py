@@ -1,15 +1,17 @@
-"""The guard inside vLLM's V1 model runner: :class:`MemFreeV1LogitsProcessor`.
+"""The guard inside vLLM's V1 model runner: :class:`V1Guard`, the implementation that
+:class:`~memfree.engines.vllm_plugin.MemFreeLogitsProcessor` runs when V1 builds it.
 
-vLLM builds one processor per engine (``LLM(..., logits_processors=[MemFreeV1LogitsProcessor])``
-or ``--logits-processors memfree.integrations.vllm:MemFreeV1LogitsProcessor``) and tells it how
-its persistent batch changes through ``update_state(BatchUpdate)``: requests added (with their
-prompt ids and a live reference to their output ids), removed, moved one way or swapped. At
-each step ``apply(logits)`` gets one row per request in batch order.
+vLLM builds one processor per engine and tells it how its persistent batch changes through
+``update_state(BatchUpdate)``: requests added (with their prompt ids and a live reference to
+their output ids), removed, moved one way or swapped. At each step ``apply(logits)`` gets one
+row per request in batch order.
 
 Under async scheduling a request's output list may end in ``-1`` placeholders (tokens sampled
-but not yet copied back). vLLM fills them in before ``apply()`` when a custom processor is
-loaded, so they are read at ``apply()`` time, never at ``update_state()``; a row whose ids the
-guard would read still holds one is closed (end of sequence only), never guessed.
+but not yet copied back). vLLM 0.32 fills them in before ``apply()`` only when a processor was
+named in ``logits_processors`` (not for entry-point plugins alone: the plugin then refuses to
+start, see :mod:`memfree.engines.vllm_plugin`), so they are read at ``apply()`` time, never at
+``update_state()``; a row whose ids the guard would read still holds one is closed (end of
+sequence only), never guessed.
 """
 
 from __future__ import annotations
@@ -20,18 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfree.core.exempt import PromptNgrams
+from memfree.engines.policy import ServingConfig
 from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
     engine_guard,
-    validate_request,
+    guard_for,
 )
 from memfree.errors import FilterChangedError
-
-try:  # vLLM checks the subclass; without vLLM the class stays importable (and testable)
-    from vllm.v1.sample.logits_processor.interface import LogitsProcessor as _V1Base
-except ImportError:  # pragma: no cover - vLLM is optional
-    _V1Base = object  # type: ignore[assignment,misc,unused-ignore]
 
 
 @dataclass
@@ -42,6 +41,7 @@ class _Request:
     prompt: list[int] | None
     output: list[int]
     guarded: bool
+    exempt: PromptNgrams | None = None  # its prompt's n-grams, where exempt_prompt is on
 
     def context(self, window: int | None) -> list[int]:
         """The ids the masker reads: the last ``window`` (None: all) of prompt ‖ output."""
@@ -54,7 +54,7 @@ class _Request:
         return prompt[max(len(prompt) - (window - len(output)), 0) :] + output
 
 
-class MemFreeV1LogitsProcessor(_V1Base):
+class V1Guard:
     """MemFree decoding in vLLM's V1 runner: every token that completes a stored n-gram gets
     ``-inf``, for every request (see :mod:`memfree.engines.policy` for opt-out).
 
@@ -67,23 +67,35 @@ class MemFreeV1LogitsProcessor(_V1Base):
         vllm_config: the engine's configuration.
         device: where the logits live.
         is_pin_memory: unused.
+        config: the operator's settings, already found (default: read from ``vllm_config`` and
+            the environment, :meth:`~memfree.engines.policy.ServingConfig.find`).
 
     Raises:
         ServingConfigError: a missing or bad configuration.
         FilterError: the filter cannot be opened or does not fit the engine's tokenizer.
     """
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        """Refuse a request whose ``extra_args["memfree"]`` is not 0/1/true/false (HTTP 400)."""
-        validate_request(sampling_params)
-
-    def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.config, self.rows = engine_guard(vllm_config)
+    def __init__(
+        self,
+        vllm_config: Any,
+        device: torch.device,
+        is_pin_memory: bool,
+        *,
+        config: ServingConfig | None = None,
+    ) -> None:
+        if config is None:
+            self.config, self.rows = engine_guard(vllm_config)
+        else:
+            self.config, self.rows = config, guard_for(config, vllm_config)
         self.policy = RequestPolicy(self.config)
         self.device = device
         self._requests: dict[int, _Request] = {}
         self.changed = ChangedFilterGuard()
+
+    @property
+    def requests(self) -> dict[int, _Request]:
+        """The persistent batch's requests by row (read only)."""
+        return self._requests
 
     def is_argmax_invariant(self) -> bool:
         """False: the guard changes greedy choices."""
@@ -98,7 +110,10 @@ class MemFreeV1LogitsProcessor(_V1Base):
             requests.pop(index, None)
         for index, params, prompt_ids, output_ids in batch_update.added:
             prompt = list(prompt_ids) if prompt_ids is not None else None
-            requests[index] = _Request(prompt, output_ids, self.policy.guards(params))
+            exempt = None
+            if self.config.exempt_prompt and prompt is not None:
+                exempt = self.rows.setup.prompt_ngrams(prompt)
+            requests[index] = _Request(prompt, output_ids, self.policy.guards(params), exempt)
         for first, second, direction in batch_update.moved:
             a, b = requests.pop(first, None), requests.pop(second, None)
             if a is not None:
@@ -116,9 +131,11 @@ class MemFreeV1LogitsProcessor(_V1Base):
         count = logits.shape[0]
         window = self.rows.window
         rows: list[list[int] | None] = []
+        prompts: list[PromptNgrams | None] = []
         guarded = np.ones(count, dtype=bool)
         for index in range(count):
             request = self._requests.get(index)
+            prompts.append(None if request is None else request.exempt)
             if request is None:
                 rows.append(None)
             elif not request.guarded:
@@ -129,9 +146,10 @@ class MemFreeV1LogitsProcessor(_V1Base):
         if not guarded.any():
             return logits
         try:
-            return self.rows.guard(logits, rows, guarded=guarded, inplace=True)
+            exempt = prompts if self.config.exempt_prompt else None
+            return self.rows.guard(logits, rows, guarded=guarded, inplace=True, prompts=exempt)
         except FilterChangedError as error:  # raising here would kill the engine
             return self.changed.closed(logits, guarded, self.rows.eos_token_ids, error)
 
 
-__all__ = ["MemFreeV1LogitsProcessor"]
+__all__ = ["V1Guard"]

@@ -1,4 +1,5 @@
-"""The guard inside vLLM's Model Runner V2: :class:`MemFreeV2LogitsProcessor`.
+"""The guard inside vLLM's Model Runner V2: :class:`V2Guard`, the implementation that
+:class:`~memfree.engines.vllm_plugin.MemFreeLogitsProcessor` runs when MRV2 builds it.
 
 MRV2 keeps every request's committed ids on the device (``req_states.all_token_ids``, valid up to
 ``total_len``) in a slot that is recycled, calls ``add_request(slot, params)`` when a request takes
@@ -21,22 +22,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfree.core.exempt import PromptNgrams
+from memfree.engines.policy import ServingConfig
 from memfree.engines.setup import ban_scores
 from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
     engine_guard,
-    validate_request,
+    guard_for,
 )
 from memfree.errors import FilterChangedError
 
-try:  # import-light in vLLM (no Triton): the frontend loads it to validate requests
-    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor as _V2Base
-except ImportError:  # pragma: no cover - vLLM is optional
-    _V2Base = object  # type: ignore[assignment,misc,unused-ignore]
 
-
-class MemFreeV2LogitsProcessor(_V2Base):
+class V2Guard:
     """MemFree decoding in vLLM's Model Runner V2 (``VLLM_USE_V2_MODEL_RUNNER=1``), including
     speculative decoding: each draft token's row is guarded over the committed ids and the drafts
     before it. Configured like :class:`~memfree.engines.vllm.MemFreeV1LogitsProcessor`.
@@ -44,31 +42,35 @@ class MemFreeV2LogitsProcessor(_V2Base):
     Args:
         vllm_config: the engine's configuration.
         req_states: MRV2's per-slot request state (read only).
+        config: the operator's settings, already found (default: read from ``vllm_config`` and
+            the environment).
 
     Raises:
         ServingConfigError: a missing or bad configuration.
         FilterError: the filter cannot be opened or does not fit the engine's tokenizer.
     """
 
-    @classmethod
-    def validate_params(cls, sampling_params: Any) -> None:
-        """Refuse a request whose ``extra_args["memfree"]`` is not 0/1/true/false (HTTP 400)."""
-        validate_request(sampling_params)
-
-    def __init__(self, vllm_config: Any, req_states: Any) -> None:
-        self.config, self.rows = engine_guard(vllm_config)
+    def __init__(
+        self, vllm_config: Any, req_states: Any, *, config: ServingConfig | None = None
+    ) -> None:
+        if config is None:
+            self.config, self.rows = engine_guard(vllm_config)
+        else:
+            self.config, self.rows = config, guard_for(config, vllm_config)
         self.policy = RequestPolicy(self.config)
         self.req_states = req_states
         self.device = torch.device(req_states.device)
         self._guarded = np.zeros(req_states.max_num_reqs, dtype=bool)
         self._guarded_device = torch.from_numpy(self._guarded.copy()).to(self.device)
         self.changed = ChangedFilterGuard()
+        self._exempt: dict[int, PromptNgrams] = {}  # slot -> its prompt's n-grams (exempt_prompt)
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Whether the request that takes slot ``req_idx`` is guarded (the slot's old state is
         overwritten)."""
         guarded = self.policy.guards(sampling_params)
         self._guarded[req_idx] = guarded
+        self._exempt.pop(req_idx, None)  # read from the slot's prompt at its first step
         return guarded
 
     def apply_staged_writes(self) -> None:
@@ -86,15 +88,29 @@ class MemFreeV2LogitsProcessor(_V2Base):
         slots = ctx.expanded_idx_mapping.to(torch.long)
         guarded = self._guarded_device.to(logits.device)[slots]
         try:
+            prompts = self._prompts(slots) if self.config.exempt_prompt else None
             if self.rows.window is not None:
                 ids, full = self._windows(ctx, slots, self.rows.window)
-                mask, _ = self.rows.setup.banned_mask(ids, logits.shape[1], logits.device)
+                mask, _ = self.rows.setup.banned_mask(ids, logits.shape[1], logits.device, prompts)
                 mask &= (full & guarded).unsqueeze(1)
                 return ban_scores(logits, mask, self.rows.eos_token_ids, inplace=True, rows=guarded)
             rows = self._host_rows(ctx, slots)
-            return self.rows.guard(logits, rows, guarded=guarded.cpu().numpy(), inplace=True)
+            return self.rows.guard(
+                logits, rows, guarded=guarded.cpu().numpy(), inplace=True, prompts=prompts
+            )
         except FilterChangedError as error:  # raising here would kill the engine
             return self.changed.closed(logits, guarded, self.rows.eos_token_ids, error)
+
+    def _prompts(self, slots: torch.Tensor) -> list[PromptNgrams | None]:
+        """Each row's prompt n-grams, read from its slot's prompt ids at the slot's first step."""
+        found: list[PromptNgrams | None] = []
+        for slot in slots.cpu().tolist():
+            if slot not in self._exempt:
+                length = int(self.req_states.prompt_len.np[slot])
+                prompt = self.req_states.all_token_ids.gpu[slot, :length].cpu().tolist()
+                self._exempt[slot] = self.rows.setup.prompt_ngrams(prompt)
+            found.append(self._exempt[slot])
+        return found
 
     def _windows(
         self, ctx: Any, slots: torch.Tensor, width: int
@@ -130,4 +146,4 @@ class MemFreeV2LogitsProcessor(_V2Base):
         return rows
 
 
-__all__ = ["MemFreeV2LogitsProcessor"]
+__all__ = ["V2Guard"]

@@ -1,4 +1,6 @@
-"""``memfree.integrations.vllm``: the path operators pass to ``--logits-processors``.
+"""``memfree.integrations.vllm``: the path of memfree's ``vllm.logits_processors`` entry point
+(``memfree.integrations.vllm:MemFreeLogitsProcessor``), and the one operators may pass to
+``--logits-processors``.
 
 The adapters live in :mod:`memfree.engines.vllm`; this module keeps the public path stable.
 """
@@ -6,6 +8,7 @@ The adapters live in :mod:`memfree.engines.vllm`; this module keeps the public p
 from __future__ import annotations
 
 from memfree.engines.vllm import (
+    MemFreeLogitsProcessor,
     MemFreeV1LogitsProcessor,
     MemFreeV2LogitsProcessor,
     ServingConfig,
@@ -13,6 +16,7 @@ from memfree.engines.vllm import (
 )
 
 __all__ = [
+    "MemFreeLogitsProcessor",
     "MemFreeV1LogitsProcessor",
     "MemFreeV2LogitsProcessor",
     "ServingConfig",

@@ -36,6 +36,20 @@ def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         )
         return count
 
+    def stored_text(unit: str, prompt: list[int], output: list[int]) -> int:
+        """Stored n-grams of ``output``'s text, tokenized again after ``prompt``'s."""
+        from memfree.vocab.info import TokenizerInfo
+
+        filt = filters[unit]
+        count, _ = get_unit(unit).created_text_ngram_counts(
+            filt,
+            prompt,
+            output,
+            special_token_ids=filt.special_token_ids,
+            tokenizer=TokenizerInfo.of(tokenizer),
+        )
+        return count
+
     def run_bench(engine: str, out: Path) -> dict[str, Any]:
         command = [sys.executable, str(BENCH), engine, "--json", str(out)]
         command += ["--token-filter", str(paths["token"]), "--word-filter", str(paths["word"])]
@@ -51,4 +65,10 @@ def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             for prompt, output in zip(prompts, result[name], strict=True):
                 assert stored(unit, prompt, output) == 0, (name, output)
 
-    return {"paths": paths, "stored": stored, "run_bench": run_bench, "check": check}
+    return {
+        "paths": paths,
+        "stored": stored,
+        "stored_text": stored_text,
+        "run_bench": run_bench,
+        "check": check,
+    }

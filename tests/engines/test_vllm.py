@@ -3,6 +3,7 @@ opted-out requests, sampled, the word unit) and behind its OpenAI server on 127.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +51,13 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         return error.code, json.loads(error.read() or b"{}")
 
 
-@pytest.mark.timeout(900)
-def test_vllm_openai_server(cp437_filters: dict[str, Any], tmp_path: Path) -> None:
-    from bench_engines import prompts
-
+@contextlib.contextmanager
+def _server(tmp_path: Path, name: str, env: dict[str, str]) -> Iterator[tuple[str, Path]]:
+    """vLLM's OpenAI server on 127.0.0.1 with the default model and no memfree flag: memfree
+    comes in through its entry point, configured by ``env`` alone. Yields (base URL, log)."""
     from memfree.models import default_model_dir
 
     port = _free_port()
-    config = {"memfree": {"filter": str(cp437_filters["paths"]["token"])}}
     command = [
         sys.executable,
         "-m",
@@ -76,18 +77,22 @@ def test_vllm_openai_server(cp437_filters: dict[str, Any], tmp_path: Path) -> No
         "--gpu-memory-utilization",
         str(cpu_kv_share()),
         "--enforce-eager",
-        "--logits-processors",
-        "memfree.integrations.vllm:MemFreeV1LogitsProcessor",
-        "--additional-config",
-        json.dumps(config),
     ]
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MEMFREE_")}
+    path = tmp_path / f"{name}.log"
+    log = path.open("w")
+    server = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**environ, **env},
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
         while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-4000:]
+            assert server.poll() is None, path.read_text()[-4000:]
             try:
                 with urllib.request.urlopen(f"{base}/health", timeout=5) as response:
                     if response.status == 200:
@@ -96,26 +101,7 @@ def test_vllm_openai_server(cp437_filters: dict[str, Any], tmp_path: Path) -> No
                 pass
             assert time.monotonic() < deadline, "the server did not start in 10 minutes"
             time.sleep(2)
-        prompt = prompts(1)[0]
-        body = {
-            "model": "smollm2",
-            "prompt": prompt,
-            "max_tokens": 64,
-            "temperature": 0,
-            "return_token_ids": True,
-        }
-        status, answer = _post(f"{base}/v1/completions", body)
-        assert status == 200, answer
-        output = answer["choices"][0]["token_ids"]
-        assert output and cp437_filters["stored"]("token", prompt, output) == 0
-        # Opting out is not allowed on this server: the answer is the same guarded one.
-        status, again = _post(f"{base}/v1/completions", {**body, "vllm_xargs": {"memfree": 0}})
-        assert status == 200 and again["choices"][0]["token_ids"] == output
-        status, refused = _post(
-            f"{base}/v1/completions", {**body, "vllm_xargs": {"memfree": "maybe"}}
-        )
-        assert status == 400, refused
-        assert "0, 1, true or false" in json.dumps(refused)
+        yield base, path
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -124,4 +110,50 @@ def test_vllm_openai_server(cp437_filters: dict[str, Any], tmp_path: Path) -> No
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()
         log.close()
-    assert server.returncode is not None
+
+
+@pytest.mark.timeout(1200)
+def test_vllm_openai_server_configured_by_the_environment_alone(
+    cp437_filters: dict[str, Any], tmp_path: Path
+) -> None:
+    """`MEMFREE_CONFIG=... python -m vllm.entrypoints.openai.api_server --model M` guards every
+    completion (ids and text); the same server without configuration answers as an opted-out
+    request does (plain vLLM: the offline test checks opted-out == plain)."""
+    from bench_engines import prompts
+
+    prompt = prompts(1)[0]
+    body = {
+        "model": "smollm2",
+        "prompt": prompt,
+        "max_tokens": 64,
+        "temperature": 0,
+        "return_token_ids": True,
+    }
+    settings = tmp_path / "memfree.json"
+    config = {"filter": str(cp437_filters["paths"]["token"]), "allow_opt_out": True}
+    settings.write_text(json.dumps({**config, "log_interval_s": 1}), encoding="utf-8")
+    with _server(tmp_path, "configured", {"MEMFREE_CONFIG": str(settings)}) as (base, log):
+        status, answer = _post(f"{base}/v1/completions", body)
+        assert status == 200, answer
+        output = answer["choices"][0]["token_ids"]
+        assert output and cp437_filters["stored"]("token", prompt, output) == 0
+        assert cp437_filters["stored_text"]("token", prompt, output) == 0
+        status, opted = _post(f"{base}/v1/completions", {**body, "vllm_xargs": {"memfree": 0}})
+        assert status == 200, opted
+        plain = opted["choices"][0]["token_ids"]
+        assert cp437_filters["stored"]("token", prompt, plain) > 0  # the model copies unguarded
+        status, refused = _post(
+            f"{base}/v1/completions", {**body, "vllm_xargs": {"memfree": "maybe"}}
+        )
+        assert status == 400, refused
+        assert "0, 1, true or false" in json.dumps(refused)
+        time.sleep(1.5)
+        _post(f"{base}/v1/completions", {**body, "max_tokens": 2})  # a step after the interval
+        text = log.read_text()
+        assert "memfree" in text and "guarding every request" in text and "MEMFREE_CONFIG" in text
+        assert "requests guarded" in text and "first choices removed" in text
+    with _server(tmp_path, "unconfigured", {}) as (base, log):
+        status, answer = _post(f"{base}/v1/completions", body)
+        assert status == 200, answer
+        assert answer["choices"][0]["token_ids"] == plain
+        assert "installed but not configured" in log.read_text()

@@ -74,13 +74,13 @@ def test_vllm_v1_closes_guarded_rows_after_an_in_place_rewrite(
     out = processor.apply(logits.clone())
     assert torch.isneginf(out).any() and not _closed(out[0], tokenizer.eos_token_id)
     overwrite(live["path"], live["zeroed"], truncate=True)
-    with caplog.at_level(logging.ERROR, logger="memfree"):
+    with caplog.at_level(logging.ERROR, logger="vllm.memfree"):
         for _ in range(2):  # sticky, and logged once
             out = processor.apply(logits.clone())
             assert all(_closed(row, tokenizer.eos_token_id) for row in out)
-    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "memfree"]
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR and r.name == "vllm.memfree"]
     assert len(errors) == 1 and "renaming it over the old one" in errors[0].getMessage()
-    assert isinstance(processor.changed.error, FilterChangedError)
+    assert isinstance(processor.active.changed.error, FilterChangedError)
 
 
 def test_vllm_v2_closes_guarded_rows_after_an_in_place_rewrite(

@@ -125,7 +125,9 @@ def test_every_step_matches_the_core_through_batch_changes(
             batch.add(Request(prompt, _params(value), guarded=not opted_out))
         swaps = data.draw(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=2))
         processor.update_state(batch.condense_and_swap(swaps))
-        assert set(processor._requests) == set(range(len(batch.slots)))  # nothing left behind
+        assert set(processor.active._requests) == set(
+            range(len(batch.slots))
+        )  # nothing left behind
         if not batch.slots:
             continue
         # Under async scheduling the engine fills placeholders in before apply(); a kv-load
