@@ -9,6 +9,8 @@ the filter's path, or ``MEMFREE_CONFIG`` the path of a JSON file with the same k
      "ngram_size": 10,             # optional: refuse a filter of another n
      "log_interval_s": 60,         # a log line of what the guard did, every so often (0: none)
      "exempt_prompt": false}       # may an output repeat stored n-grams of its own prompt?
+                                   # false; true (every request); "on_request" (requests that
+                                   # ask with extra_args={"memfree_exempt_prompt": 1})
 
 Every request is guarded. Only where the operator allowed it may a request switch the guard off,
 with ``extra_args={"memfree": 0}`` (``vllm_xargs`` over HTTP); 0/1/true/false are accepted, anything
@@ -27,6 +29,8 @@ from typing import Any
 from memfree.errors import FilterError
 
 CONFIG_KEY = "memfree"  # the key in additional_config and in a request's extra_args
+EXEMPT_KEY = "memfree_exempt_prompt"  # a request's ask for exempt_prompt="on_request"
+ON_REQUEST = "on_request"
 _KEYS = ("filter", "allow_opt_out", "ngram_size", "canonical", "log_interval_s", "exempt_prompt")
 FILTER_ENV = "MEMFREE_FILTER"
 CONFIG_ENV = "MEMFREE_CONFIG"
@@ -51,7 +55,8 @@ class ServingConfig:
         log_interval_s: seconds between the engine's log lines of what the guard did (0: none).
         source: where the settings came from (named in messages).
         exempt_prompt: a stored n-gram that occurs in a request's own prompt is not banned in
-            its output (:mod:`memfree.core.exempt`); default off.
+            its output (:mod:`memfree.core.exempt`): False (default), True (every request) or
+            "on_request" (only a request that asks, ``extra_args={"memfree_exempt_prompt": 1}``).
     """
 
     filter: str
@@ -60,7 +65,7 @@ class ServingConfig:
     canonical: bool | None = None
     log_interval_s: float = DEFAULT_LOG_INTERVAL_S
     source: str = "additional_config"
-    exempt_prompt: bool = False
+    exempt_prompt: bool | str = False
 
     @classmethod
     def find(
@@ -149,9 +154,10 @@ class ServingConfig:
                 f"(0: no log lines), got {interval!r}"
             )
         exempt = config.get("exempt_prompt", False)
-        if not isinstance(exempt, bool):
+        if not isinstance(exempt, bool) and exempt != ON_REQUEST:
             raise ServingConfigError(
-                f"{where}[{CONFIG_KEY!r}]['exempt_prompt'] must be true or false, got {exempt!r}"
+                f"{where}[{CONFIG_KEY!r}]['exempt_prompt'] must be true, false or "
+                f"{ON_REQUEST!r}, got {exempt!r}"
             )
         return cls(os.fspath(path), allow, size, canonical, float(interval), where, exempt)
 
@@ -164,6 +170,15 @@ def _lookup(config: Any, key: str) -> Any:
     return getattr(config, key, None)
 
 
+def requested_exemption(extra_args: Any) -> bool | None:
+    """What a request asked in ``extra_args["memfree_exempt_prompt"]``: True, False or None.
+
+    Raises:
+        ValueError: a value other than 0/1/true/false (vLLM answers HTTP 400).
+    """
+    return _flag(extra_args, EXEMPT_KEY)
+
+
 def requested_guard(extra_args: Any) -> bool | None:
     """What a request asked for in its ``extra_args``: True (guard), False (no guard) or None
     (nothing).
@@ -171,13 +186,18 @@ def requested_guard(extra_args: Any) -> bool | None:
     Raises:
         ValueError: a value other than 0/1/true/false (vLLM answers HTTP 400).
     """
+    return _flag(extra_args, CONFIG_KEY)
+
+
+def _flag(extra_args: Any, key: str) -> bool | None:
+    """A request's 0/1/true/false under ``key`` of its ``extra_args`` (None: absent)."""
     if not extra_args:
         return None
     if not isinstance(extra_args, Mapping):
         raise ValueError(f"extra_args must be a mapping, got {type(extra_args).__name__}")
-    if CONFIG_KEY not in extra_args:
+    if key not in extra_args:
         return None
-    value = extra_args[CONFIG_KEY]
+    value = extra_args[key]
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
@@ -185,16 +205,18 @@ def requested_guard(extra_args: Any) -> bool | None:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(
-        f"extra_args[{CONFIG_KEY!r}] (vllm_xargs over HTTP) must be 0, 1, true or false, got "
-        f"{value!r}"
+        f"extra_args[{key!r}] (vllm_xargs over HTTP) must be 0, 1, true or false, got {value!r}"
     )
 
 
 __all__ = [
     "CONFIG_ENV",
     "CONFIG_KEY",
+    "EXEMPT_KEY",
     "FILTER_ENV",
+    "ON_REQUEST",
     "ServingConfig",
     "ServingConfigError",
+    "requested_exemption",
     "requested_guard",
 ]

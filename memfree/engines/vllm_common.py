@@ -18,8 +18,10 @@ import torch
 from memfree.engines.policy import (
     CONFIG_ENV,
     FILTER_ENV,
+    ON_REQUEST,
     ServingConfig,
     ServingConfigError,
+    requested_exemption,
     requested_guard,
 )
 from memfree.engines.rows import RowGuard
@@ -145,12 +147,14 @@ class ChangedFilterGuard:
 
 
 def validate_request(sampling_params: Any) -> None:
-    """Refuse a request whose ``extra_args["memfree"]`` is not 0/1/true/false.
+    """Refuse a request whose ``extra_args["memfree"]`` or ``["memfree_exempt_prompt"]`` is not
+    0/1/true/false.
 
     Raises:
         ValueError: the value (vLLM turns it into HTTP 400).
     """
     requested_guard(getattr(sampling_params, "extra_args", None))
+    requested_exemption(getattr(sampling_params, "extra_args", None))
 
 
 class RequestPolicy:
@@ -160,6 +164,7 @@ class RequestPolicy:
     def __init__(self, config: ServingConfig) -> None:
         self.config = config
         self._warned = False
+        self._warned_exempt = False
 
     def guards(self, sampling_params: Any) -> bool:
         """True unless opt-out is allowed and the request asked for it."""
@@ -177,6 +182,26 @@ class RequestPolicy:
                 self._warned = True
             return True
         return asked is not False
+
+    def exempts(self, sampling_params: Any) -> bool:
+        """Whether the request's own prompt is exempt (``exempt_prompt``: True, or "on_request"
+        and the request asked); a request that asks where it is not allowed is told once."""
+        setting = self.config.exempt_prompt
+        if setting is True:
+            return True
+        try:
+            asked = requested_exemption(getattr(sampling_params, "extra_args", None))
+        except ValueError:
+            return False  # refused at admission
+        if asked and setting != ON_REQUEST:
+            if not self._warned_exempt:
+                logger.warning(
+                    "memfree: a request asked to quote its prompt; this engine does not allow it "
+                    "(additional_config['memfree']['exempt_prompt']), so its prompt is guarded"
+                )
+                self._warned_exempt = True
+            return False
+        return bool(asked)
 
 
 __all__ = [

@@ -111,7 +111,7 @@ class V1Guard:
         for index, params, prompt_ids, output_ids in batch_update.added:
             prompt = list(prompt_ids) if prompt_ids is not None else None
             exempt = None
-            if self.config.exempt_prompt and prompt is not None:
+            if prompt is not None and self.policy.exempts(params):
                 exempt = self.rows.setup.prompt_ngrams(prompt)
             requests[index] = _Request(prompt, output_ids, self.policy.guards(params), exempt)
         for first, second, direction in batch_update.moved:
@@ -146,7 +146,7 @@ class V1Guard:
         if not guarded.any():
             return logits
         try:
-            exempt = prompts if self.config.exempt_prompt else None
+            exempt = prompts if any(p is not None for p in prompts) else None
             return self.rows.guard(logits, rows, guarded=guarded, inplace=True, prompts=exempt)
         except FilterChangedError as error:  # raising here would kill the engine
             return self.changed.closed(logits, guarded, self.rows.eos_token_ids, error)

@@ -63,7 +63,8 @@ class V2Guard:
         self._guarded = np.zeros(req_states.max_num_reqs, dtype=bool)
         self._guarded_device = torch.from_numpy(self._guarded.copy()).to(self.device)
         self.changed = ChangedFilterGuard()
-        self._exempt: dict[int, PromptNgrams] = {}  # slot -> its prompt's n-grams (exempt_prompt)
+        self._exempt: dict[int, PromptNgrams | None] = {}  # slot -> its prompt's n-grams or None
+        self._exempting = np.zeros(req_states.max_num_reqs, dtype=bool)  # slot asks exempt_prompt
 
     def add_request(self, req_idx: int, sampling_params: Any) -> bool:
         """Whether the request that takes slot ``req_idx`` is guarded (the slot's old state is
@@ -71,6 +72,7 @@ class V2Guard:
         guarded = self.policy.guards(sampling_params)
         self._guarded[req_idx] = guarded
         self._exempt.pop(req_idx, None)  # read from the slot's prompt at its first step
+        self._exempting[req_idx] = self.policy.exempts(sampling_params)
         return guarded
 
     def apply_staged_writes(self) -> None:
@@ -88,7 +90,7 @@ class V2Guard:
         slots = ctx.expanded_idx_mapping.to(torch.long)
         guarded = self._guarded_device.to(logits.device)[slots]
         try:
-            prompts = self._prompts(slots) if self.config.exempt_prompt else None
+            prompts = self._prompts(slots) if self.config.exempt_prompt is not False else None
             if self.rows.window is not None:
                 ids, full = self._windows(ctx, slots, self.rows.window)
                 mask, _ = self.rows.setup.banned_mask(ids, logits.shape[1], logits.device, prompts)
@@ -106,9 +108,11 @@ class V2Guard:
         found: list[PromptNgrams | None] = []
         for slot in slots.cpu().tolist():
             if slot not in self._exempt:
-                length = int(self.req_states.prompt_len.np[slot])
-                prompt = self.req_states.all_token_ids.gpu[slot, :length].cpu().tolist()
-                self._exempt[slot] = self.rows.setup.prompt_ngrams(prompt)
+                self._exempt[slot] = None
+                if self._exempting[slot]:
+                    length = int(self.req_states.prompt_len.np[slot])
+                    prompt = self.req_states.all_token_ids.gpu[slot, :length].cpu().tolist()
+                    self._exempt[slot] = self.rows.setup.prompt_ngrams(prompt)
             found.append(self._exempt[slot])
         return found
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "bench_engines.py"
@@ -50,6 +51,19 @@ def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         )
         return count
 
+    def stored_split(unit: str, prompt: list[int], output: list[int]) -> tuple[int, int]:
+        """Stored n-grams ``output`` created: (occurring in ``prompt``, not occurring in it)."""
+        n = filters[unit].n
+        row = prompt + output
+        windows = {tuple(prompt[i : i + n]) for i in range(len(prompt) - n + 1)}
+        created = [tuple(row[i - n + 1 : i + 1]) for i in range(len(prompt), len(row))]
+        if not created:
+            return 0, 0
+        hits = filters[unit].contains(np.array(created))
+        stored = [ngram for ngram, hit in zip(created, hits, strict=True) if hit]
+        inside = sum(ngram in windows for ngram in stored)
+        return inside, len(stored) - inside
+
     def run_bench(engine: str, out: Path) -> dict[str, Any]:
         command = [sys.executable, str(BENCH), engine, "--json", str(out)]
         command += ["--token-filter", str(paths["token"]), "--word-filter", str(paths["word"])]
@@ -69,6 +83,8 @@ def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "paths": paths,
         "stored": stored,
         "stored_text": stored_text,
+        "stored_split": stored_split,
+        "tokenizer": tokenizer,
         "run_bench": run_bench,
         "check": check,
     }

@@ -130,7 +130,11 @@ def test_vllm_openai_server_configured_by_the_environment_alone(
         "return_token_ids": True,
     }
     settings = tmp_path / "memfree.json"
-    config = {"filter": str(cp437_filters["paths"]["token"]), "allow_opt_out": True}
+    config = {
+        "filter": str(cp437_filters["paths"]["token"]),
+        "allow_opt_out": True,
+        "exempt_prompt": "on_request",
+    }
     settings.write_text(json.dumps({**config, "log_interval_s": 1}), encoding="utf-8")
     with _server(tmp_path, "configured", {"MEMFREE_CONFIG": str(settings)}) as (base, log):
         status, answer = _post(f"{base}/v1/completions", body)
@@ -147,6 +151,22 @@ def test_vllm_openai_server_configured_by_the_environment_alone(
         )
         assert status == 400, refused
         assert "0, 1, true or false" in json.dumps(refused)
+        # Quoting the prompt: a request that asks may repeat the stored passage it was given,
+        # and nothing stored that its prompt does not hold.
+        tokenizer = cp437_filters["tokenizer"]
+        passage = tokenizer.decode(prompt)
+        rag = tokenizer(
+            f"Retrieved:\n{passage}\nThe same, copied exactly:\n{passage[:60]}",
+            add_special_tokens=False,
+        )["input_ids"]
+        asked = {**body, "prompt": rag, "vllm_xargs": {"memfree_exempt_prompt": 1}}
+        status, quoted = _post(f"{base}/v1/completions", asked)
+        assert status == 200, quoted
+        status, unasked = _post(f"{base}/v1/completions", {**body, "prompt": rag})
+        quote, guarded_only = quoted["choices"][0]["token_ids"], unasked["choices"][0]["token_ids"]
+        assert cp437_filters["stored"]("token", rag, guarded_only) == 0
+        in_prompt, outside = cp437_filters["stored_split"]("token", rag, quote)
+        assert in_prompt > 0 and outside == 0, (quote, quoted["choices"][0]["text"])
         time.sleep(1.5)
         _post(f"{base}/v1/completions", {**body, "max_tokens": 2})  # a step after the interval
         text = log.read_text()

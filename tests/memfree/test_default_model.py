@@ -93,3 +93,50 @@ def test_default_model_dir_is_a_plain_model_directory(default_model: tuple[Any, 
     assert config["vocab_size"] == 49152
     assert (directory / "model.safetensors").exists()
     assert (directory / "tokenizer.json").exists()
+
+
+@pytest.mark.timeout(600)
+def test_exempt_prompt_lets_the_default_model_quote_a_retrieved_passage(
+    tmp_path: Path, default_model: tuple[Any, Any]
+) -> None:
+    """RAG-style: the prompt holds a passage of a stored file and asks for it back. The guard
+    with ``exempt_prompt`` lets the model quote the passage (stored n-grams, all of them in the
+    prompt); without it, nothing stored; with it, nothing stored that the prompt does not hold."""
+    import encodings.cp437 as module
+
+    import torch
+
+    model, tokenizer = default_model
+    source = Path(module.__file__)
+    build_filter(
+        [str(source)],
+        tmp_path / "cp437.memfree",
+        BuildSettings(workers=1),
+        tokenizer=tokenizer,
+        progress=False,
+    )
+    filt = NgramFilter.open(tmp_path / "cp437.memfree")
+    text = source.read_text()
+    lines = text[text.index("decoding_map.update") :].splitlines(keepends=True)
+    passage = "".join(lines[1:9])
+    prompt_text = f"Retrieved:\n{passage}\nThe same, copied exactly:\n{''.join(lines[1:3])}"
+    prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    windows = {tuple(prompt[i : i + 10]) for i in range(len(prompt) - 9)}
+    settings = DecodingSettings(max_new_tokens=48)
+    outputs = {}
+    for exempt in (False, True):
+        # Over the ids: canonical decoding would ban this model's first choice (a second "\n"
+        # after the prompt's, which its text tokenizes as one token) whatever the exemption.
+        guard = MemFreeLogitsProcessor(
+            filt, tokenizer=tokenizer, exempt_prompt=exempt, canonical=False
+        )
+        (completion,) = complete(model, tokenizer, [prompt], settings, guard)
+        row = prompt + completion.output_ids
+        created = [tuple(row[i - 9 : i + 1]) for i in range(len(prompt), len(row))]
+        hits = filt.contains(torch.tensor(created).numpy()) if created else []
+        stored = [ngram for ngram, hit in zip(created, hits, strict=True) if hit]
+        outputs[exempt] = (completion.text, stored)
+    assert outputs[False][1] == [], outputs[False][0]
+    quoted = outputs[True][1]
+    assert quoted, f"the model did not quote the passage: {outputs[True][0]!r}"
+    assert all(ngram in windows for ngram in quoted)  # nothing stored past what the prompt holds

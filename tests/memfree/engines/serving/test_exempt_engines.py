@@ -98,7 +98,7 @@ def test_llama_cpp_exempts_the_prompt_of_each_generation(data: Any, guarded: Any
 
 def test_the_operator_setting_is_checked(helpers: Any, tokenizer_dir: Path, guarded: Any) -> None:
     memfree = {"filter": str(guarded.filter.path), "exempt_prompt": "yes"}
-    with pytest.raises(ServingConfigError, match=r"\['exempt_prompt'\] must be true or false"):
+    with pytest.raises(ServingConfigError, match=r"\['exempt_prompt'\] must be true, false or"):
         VllmProcessor(helpers.vllm_config(tokenizer_dir, memfree), torch.device("cpu"), False)
 
 
@@ -126,3 +126,33 @@ def test_a_quote_is_lifted_and_a_continuation_is_not(
     output.extend(prompt[4:])  # the whole prompt quoted: its stored continuation stays banned
     out = v1.apply(logits.clone())[0]
     assert torch.isneginf(out[source[8]])
+
+
+def test_on_request_exempts_only_requests_that_ask(
+    token_guarded: Any, helpers: Any, tokenizer_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    guarded = token_guarded
+    source = max(guarded.corpus_ids, key=len)
+    prompt, quote = source[:8], source[:4]
+    logits = torch.zeros(2, guarded.width)
+
+    def run(setting: Any, asks: list[Any]) -> torch.Tensor:
+        memfree = {"filter": str(guarded.filter.path), "exempt_prompt": setting}
+        v1 = VllmProcessor(helpers.vllm_config(tokenizer_dir, memfree), torch.device("cpu"), False)
+        added = [
+            (row, SimpleNamespace(extra_args=ask), prompt, list(quote))
+            for row, ask in enumerate(asks)
+        ]
+        v1.update_state(SimpleNamespace(batch_size=2, removed=[], added=added, moved=[]))
+        return v1.apply(logits.clone())
+
+    asks = [None, {"memfree_exempt_prompt": 1}]
+    out = run("on_request", asks)
+    assert torch.isneginf(out[0, prompt[4]]) and not torch.isneginf(out[1, prompt[4]])
+    with caplog.at_level("WARNING", logger="vllm.memfree"):
+        out = run(False, asks)
+    assert torch.isneginf(out[:, prompt[4]]).all() and "asked to quote its prompt" in caplog.text
+    out = run(True, [None, None])
+    assert not torch.isneginf(out[:, prompt[4]]).any()
+    with pytest.raises(ValueError, match="memfree_exempt_prompt"):
+        VllmProcessor.validate_params(SimpleNamespace(extra_args={"memfree_exempt_prompt": "x"}))
