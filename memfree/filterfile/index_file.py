@@ -267,27 +267,9 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
                 path, f"size {identity.size_bytes} bytes, expected {offsets.size} from its header"
             )
         header = os.pread(handle.fileno(), offsets.blocks, 0)  # the header and the table
-        blocks = np.memmap(
-            handle,
-            dtype="<u8",
-            mode="c",
-            offset=offsets.blocks,
-            shape=(shape.num_blocks,),
-        )
-        directory = np.memmap(
-            handle,
-            dtype="<u4",
-            mode="c",
-            offset=offsets.directory,
-            shape=(shape.directory_entries,),
-        )
-        words = np.memmap(
-            handle,
-            dtype="<u8",
-            mode="c",
-            offset=offsets.words,
-            shape=((offsets.size - offsets.words) // 8,),
-        )
+        blocks = _mapped(handle, "<u8", offsets.blocks, shape.num_blocks)
+        directory = _mapped(handle, "<u4", offsets.directory, shape.directory_entries)
+        words = _mapped(handle, "<u8", offsets.words, (offsets.size - offsets.words) // 8)
         if words[-1] != 0:
             raise damaged_error(path, "the records do not end with a zero word")
         checks = BlockChecks(path, metadata, table, blocks, directory, words, offsets.word_starts)
@@ -313,6 +295,12 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
     filt = IndexFilter(path, metadata, arrays, checks)
     filt.file_watch = FileWatch(path, handle, identity, intact)
     return filt
+
+
+def _mapped(handle: Any, dtype: str, offset: int, count: int) -> np.ndarray:
+    """``count`` items of ``dtype`` at ``offset`` of the open file, mapped copy-on-write (the
+    file is never written through them)."""
+    return np.memmap(handle, dtype=dtype, mode="c", offset=offset, shape=(count,))
 
 
 def _write_small(
