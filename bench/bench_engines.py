@@ -5,8 +5,9 @@ guarded/unguarded wall time, measured in one run.
     python bench/bench_engines.py llama --token-filter T --word-filter W [--json OUT]
 
 vllm: a batch of 8 prompts, greedy, 64 new tokens, on three engines one after the other: none
-(plain), MemFreeV1LogitsProcessor with the token filter and opt-out allowed (guarded, opted-out,
-a mixed batch and a sampled batch), and with the word filter. llama: the same prompts one at a time
+(plain; memfree's entry point is loaded and inert), MemFreeLogitsProcessor with the token
+filter and opt-out allowed (guarded, opted-out, a mixed batch and a sampled batch), and with the
+word filter. llama: the same prompts one at a time
 (batch 1, n_threads=1), plain, token guard and word guard, greedy and sampled. The JSON holds every
 output's token ids, for `make test-engines` to check. Needs the `.venv-engines` environment.
 """
@@ -83,7 +84,7 @@ def run_vllm(token_filter: str, word_filter: str) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from memfree.engines.vllm import MemFreeV1LogitsProcessor
+    from memfree.engines.vllm import MemFreeLogitsProcessor
     from memfree.models import default_model_dir
 
     batch = prompts()
@@ -124,7 +125,7 @@ def run_vllm(token_filter: str, word_filter: str) -> dict[str, Any]:
 
     def guard(path: str, **memfree: Any) -> dict[str, Any]:
         return {
-            "logits_processors": [MemFreeV1LogitsProcessor],
+            "logits_processors": [MemFreeLogitsProcessor],  # also the entry point's: one guards
             "additional_config": {"memfree": {"filter": path, **memfree}},
         }
 
