@@ -16,7 +16,7 @@ A configuration that is present but wrong stops the engine with its message. Bui
 engine (the entry point and ``--logits-processors``), the second instance stands aside.
 
 Every ``log_interval_s`` seconds (60 by default) an active guard logs what it did: requests
-guarded and opted out, steps and rows checked, and how often it removed a row's first choice.
+guarded and opted out, steps and their rows, and how often it removed a row's first choice.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class ServingLog:
         line = (
             f"memfree: in the last {seconds:.0f} s, {self.window['requests']} requests guarded "
             f"({self.window['opted_out']} opted out), {self.window['steps']} steps, "
-            f"{self.window['rows']} rows checked, {self.window['removed']} first choices "
+            f"{self.window['rows']} rows, {self.window['removed']} first choices "
             f"removed; since start {self.totals['requests']} requests, {self.totals['rows']} "
             f"rows, {self.totals['removed']} removed (filter from {self.source})"
         )

@@ -219,6 +219,6 @@ def test_the_log_line_counts_what_the_guard_did(
     assert processor.log is not None
     with caplog.at_level(logging.INFO, logger=LOGGER):
         line = processor.log.flush()
-    assert "1 requests guarded (0 opted out), 3 steps, 3 rows checked" in line
+    assert "1 requests guarded (0 opted out), 3 steps, 3 rows," in line
     assert f"{removed} first choices removed" in line and line in caplog.text
     assert np.isclose(processor.log.interval, 3600)
