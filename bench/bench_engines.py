@@ -40,7 +40,8 @@ def prompts(count: int = 8, length: int = 50) -> list[list[int]]:
 
 
 def build_filters(directory: Path) -> dict[str, Path]:
-    """A token and a word 10-gram filter of encodings/cp437.py for the default model (reused)."""
+    """A token and a word 10-gram filter of encodings/cp437.py for the default model, in the
+    default layout (reused; built again when an earlier memfree wrote it)."""
     import encodings.cp437 as module
 
     from bloom_builder.build import build_filter
@@ -49,8 +50,21 @@ def build_filters(directory: Path) -> dict[str, Path]:
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
+    from memfree.errors import DamagedFilterError
+    from memfree.filterfile import open_filter
+    from memfree.filterfile.index_layout import INDEX_LAYOUT
+
     for unit in ("token", "word"):
         path = directory / f"cp437-{unit}.memfree"
+        if path.exists():
+            try:
+                found = open_filter(path)
+                stale = found.layout != INDEX_LAYOUT  # the default layout changed since
+                found.close()
+            except DamagedFilterError:  # written by an earlier memfree
+                stale = True
+            if stale:
+                path.unlink()
         if not path.exists():
             tokenizer = load_tokenizer(None) if unit == "token" else None
             settings = BuildSettings(workers=1, unit=unit)
