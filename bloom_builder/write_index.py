@@ -26,11 +26,14 @@ from bloom_builder.write import UnreachableRateError
 from memfree.errors import DamagedFilterError
 from memfree.filterfile.index_file import open_index
 from memfree.filterfile.index_layout import (
+    CONCENTRATION_SAMPLE,
     MAX_SECTION_RECORDS,
+    Concentration,
     IndexShape,
     choose_shape,
     encode_sections,
-    expected_rate,
+    natural_rate,
+    stated_rates,
     token_bits_for,
     word_rate,
     word_shape,
@@ -113,10 +116,17 @@ def write_section(task: SectionTask) -> SectionResult:
 
 @dataclass(frozen=True)
 class IndexShapeSummary:
-    """What the index was written with, for the build's summary."""
+    """What the index was written with, for the build's summary: its widths, and the rates its
+    header states (:func:`~memfree.filterfile.index_layout.stated_rates`: per natural query,
+    the target; per candidate of a whole-vocabulary row; any query's prefix-collision bound)."""
 
     shape: IndexShape
-    expected_false_positive_rate: float
+    rates: dict[str, float]
+
+    @property
+    def expected_false_positive_rate(self) -> float:
+        """False bans per natural query (a word index's: both halves)."""
+        return self.rates["expected_false_positive_rate"]
 
 
 def section_records(reduced: Reduced, tasks: list[ReduceTask], num_sections: int) -> np.ndarray:
@@ -151,7 +161,11 @@ def write_index(
     """
     tasks: list[ReduceTask] = reduced.of_kind("ngrams")
     total = sum(reduced.results["ngrams", task.index].kept for task in tasks)
-    shape, reached = index_shape(total, settings, int(metadata.get("vocab_size", 0)))
+    token_bits = index_token_bits(settings, int(metadata.get("vocab_size", 0)))
+    concentration = first_keys_concentration([Path(task.kept_path) for task in tasks], token_bits)
+    shape, reached = index_shape(
+        total, settings, int(metadata.get("vocab_size", 0)), concentration.value
+    )
     vocab_size = 1 << shape.token_bits if settings.unit == "word" else int(metadata["vocab_size"])
     metadata = {**metadata, "vocab_size": vocab_size}  # a word index's: its next-word field's
     if total and reached > settings.target_rate:
@@ -167,7 +181,7 @@ def write_index(
             f"a section of the index would hold {int(records.max()):,} n-grams, more than "
             "2**32 - 1: the corpus is beyond this layout's reach"
         )
-    writer = IndexFileWriter(output, metadata, shape, records)
+    writer = IndexFileWriter(output, metadata, shape, records, concentration)
     marker_dir = work / "sections"
     marker_dir.mkdir(parents=True, exist_ok=True)
     sections, partitions = shape.num_sections, len(tasks)
@@ -201,19 +215,37 @@ def write_index(
     except BaseException:
         writer.abort()
         raise
-    return IndexShapeSummary(shape, expected_rate(total, shape, vocab_size))
+    return IndexShapeSummary(
+        shape, stated_rates(total, shape, vocab_size, concentration.value, settings.unit)
+    )
+
+
+def first_keys_concentration(kept_paths: list[Path], token_bits: int) -> Concentration:
+    """The :class:`Concentration` of the first kept keys in key order (the partitions' kept files
+    in order are one sorted run): the same sample for any number of partitions or workers."""
+    parts: list[np.ndarray] = []
+    wanted = CONCENTRATION_SAMPLE
+    for path in kept_paths:
+        if wanted <= 0:
+            break
+        size = min(path.stat().st_size // 8, wanted)
+        if size:
+            parts.append(np.fromfile(path, dtype="<u8", count=size))
+            wanted -= size
+    keys = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+    return Concentration.of_keys(keys, token_bits)
 
 
 def index_shape(
-    total: int, settings: BuildSettings, vocab_size: int = 0
+    total: int, settings: BuildSettings, vocab_size: int, concentration: float
 ) -> tuple[IndexShape, float]:
-    """The widths of the index of ``total`` kept keys, and the false bans per candidate they give
-    after a stored prefix (to compare with the target rate)."""
+    """The widths of the index of ``total`` kept keys, and the false bans per natural query they
+    give (to compare with the target rate)."""
     if settings.unit == "word":
-        shape = word_shape(total, settings.target_rate)
-        return shape, word_rate(total, shape)
-    shape = choose_shape(total, token_bits_for(vocab_size), vocab_size, settings.target_rate)
-    return shape, expected_rate(total, shape, vocab_size, stored_prefix=True)
+        shape = word_shape(total, settings.target_rate, concentration)
+        return shape, word_rate(total, shape, concentration)
+    shape = choose_shape(total, token_bits_for(vocab_size), settings.target_rate, concentration)
+    return shape, natural_rate(total, shape, concentration)
 
 
 def index_token_bits(settings: BuildSettings, vocab_size: int) -> int:

@@ -36,7 +36,7 @@ def word_filter_from_texts(
 
     Args:
         layout: "blocked-512" (a Bloom filter; rate default 1e-3) or "prefix-index" (the
-            prefix-keyed index; rate default 1e-5 per candidate).
+            prefix-keyed index; rate default 1e-5 per natural query).
     """
     counts: Counter[tuple[int, ...]] = Counter()
     for text in texts:

@@ -30,6 +30,10 @@ _SHOWN_FIRST = frozenset(
         "section_bits",
         "remainder_bits",
         "max_bucket",
+        "uniform_false_positive_rate",
+        "prefix_collision_rate",
+        "concentration_sample",
+        "concentration_squares",
     }
 )
 
@@ -117,7 +121,6 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         filt: an opened filter (:class:`~memfree.NgramFilter` or a pybloomfiltermmap3 reader).
         metadata: its metadata, with ``size_bytes`` added.
     """
-    from memfree.filterfile.index_layout import word_rate
     from memfree.filterfile.native import describe_rate
 
     lines = [
@@ -137,17 +140,16 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
             f"{index.max_bucket}",
             f"  size {filt.size_bytes:,} bytes ({per_ngram:.2f} per n-gram)",
         ]
-        if word:
-            lines.append(
-                "  expected false bans per candidate word: after a stored prefix "
-                f"{describe_rate(word_rate(filt.num_ngrams, shape))}, after another "
-                f"{describe_rate(filt.expected_false_positive_rate)}"
-            )
-        else:
-            lines.append(
-                "  expected false bans per candidate token "
-                f"{describe_rate(filt.expected_false_positive_rate)}"
-            )
+        unit = "word" if word else "token"
+        lines += [
+            f"  expected false bans per natural query {describe_rate(filt.expected_false_positive_rate)}"
+            f" (a prefix and the {unit} that follows it in text like the corpus; next "
+            f"{unit}s' concentration "
+            f"{metadata['concentration_squares'] / max(metadata['concentration_sample'], 1) ** 2:.3g})",
+            f"  per candidate of a whole-vocabulary row "
+            f"{describe_rate(metadata['uniform_false_positive_rate'])}   any query at most "
+            f"{describe_rate(metadata['prefix_collision_rate'])} (a prefix collision)",
+        ]
     else:
         lines += [
             f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes",

@@ -22,6 +22,16 @@ _FILL_SIGMAS = 8.0
 # What decides where an n-gram's bits are: a header edit of any of these (with the header's
 # checksum recomputed) would make the filter answer "absent" for stored n-grams.
 _HASHING_FIELDS = ("hash_scheme", "hash_seed", "layout", "n", "num_probes", "num_bits", "unit")
+#: What the guard relies on besides where the bits are, bound in every native layout's digest: a
+#: deleted or edited tokenizer fingerprint would accept any tokenizer (and guard nothing), an
+#: edited special-token list would exempt ids, an edited normalizer would read other words.
+GUARD_FIELDS = (
+    "tokenizer_fingerprint",
+    "special_token_ids",
+    "vocab_size",
+    "normalizer",
+    "unicode_version",
+)
 
 
 def hashing_digest(metadata: dict[str, Any]) -> str:
@@ -35,8 +45,7 @@ def hashing_digest(metadata: dict[str, Any]) -> str:
     bound = {
         "bits_xxh3": metadata.get("bits_xxh3"),
         "prefix": [prefix.get("bits_xxh3"), prefix.get("num_probes"), prefix.get("num_bits")],
-        "normalizer": metadata.get("normalizer"),
-        **{field: metadata.get(field) for field in _HASHING_FIELDS},
+        **{field: metadata.get(field) for field in (*_HASHING_FIELDS, *GUARD_FIELDS)},
     }
     return xxhash.xxh3_64_hexdigest(json.dumps(bound, sort_keys=True).encode("utf-8"))
 
@@ -88,8 +97,10 @@ def binding_problem(metadata: dict[str, Any]) -> str | None:
         return "metadata has no 'hashing_xxh3'"
     if recorded != hashing_digest(metadata):
         return (
-            "its hashing parameters (hash_seed, n, num_probes, scheme, unit) are not those the "
-            "bit array was written with: the header was edited"
+            "its hashing parameters (hash_seed, n, num_probes, scheme, unit) or the fields the "
+            "guard relies on (tokenizer fingerprint, special tokens, normalizer) are not those "
+            "the bit array was written with: the header was edited, or written by an earlier "
+            "memfree (rebuild it with this version)"
         )
     return None
 
@@ -144,6 +155,7 @@ def fill_problem(name: str, set_bits: int, num_keys: int, num_bits: int, num_pro
 
 
 __all__ = [
+    "GUARD_FIELDS",
     "binding_problem",
     "bits_checksum",
     "bits_problem",

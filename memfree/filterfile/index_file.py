@@ -35,6 +35,7 @@ from memfree.filterfile.index_header import (
 )
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
+    Concentration,
     IndexShape,
     choose_shape,
     encode_sections,
@@ -45,7 +46,7 @@ from memfree.filterfile.index_layout import (
 )
 from memfree.filterfile.index_read import IndexArrays, contains_keys, lookup
 
-#: The index's default target: false bans per candidate (the Bloom layout's default is 1e-3).
+#: The index's default target: false bans per natural query (the Bloom layout's default is 1e-3).
 DEFAULT_INDEX_FALSE_POSITIVE_RATE = 1e-5
 
 
@@ -94,7 +95,7 @@ class IndexFilter:
             path,
             array,
             bits,
-            lambda keys: choose_shape(keys, bits, vocab_size, false_positive_rate),
+            lambda keys, spread: choose_shape(keys, bits, false_positive_rate, spread),
             false_positive_rate,
             hash_seed,
             {**(metadata or {}), "vocab_size": int(vocab_size)},
@@ -122,7 +123,7 @@ class IndexFilter:
             path,
             array,
             bits,
-            lambda keys: word_shape(keys, false_positive_rate),
+            lambda keys, spread: word_shape(keys, false_positive_rate, spread),
             false_positive_rate,
             hash_seed,
             header,
@@ -307,18 +308,19 @@ def _write_small(
     path: str | os.PathLike[str],
     rows: np.ndarray,
     token_bits: int,
-    shape_for: Callable[[int], IndexShape],
+    shape_for: Callable[[int, float], IndexShape],
     rate: float,
     hash_seed: int,
     metadata: dict[str, Any],
 ) -> IndexFilter:
     """Write an index of the n-gram ``rows`` (token ids or word hashes) in one task, sized by
-    ``shape_for(number of keys)``, and open it."""
+    ``shape_for(number of keys, concentration)``, and open it."""
     from memfree.filterfile.index_writer import IndexFileWriter
 
     prefixes = fingerprints_np(rows[:, :-1], hash_seed)
     keys = np.unique(index_keys(prefixes, rows[:, -1], token_bits))
-    shape = shape_for(keys.size)
+    concentration = Concentration.of_keys(keys, token_bits)
+    shape = shape_for(keys.size, concentration.value)
     encoded = encode_sections(keys, 0, shape.num_sections, shape)
     header = {
         **metadata,
@@ -327,7 +329,7 @@ def _write_small(
         "vocab_size": int(metadata["vocab_size"]),
         "target_false_positive_rate": rate,
     }
-    writer = IndexFileWriter(path, header, shape, encoded.records)
+    writer = IndexFileWriter(path, header, shape, encoded.records, concentration)
     try:
         written = writer.target(0, shape.num_sections).write(encoded)
     except BaseException:

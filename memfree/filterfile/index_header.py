@@ -32,12 +32,14 @@ import numpy as np
 import xxhash
 
 from memfree.filterfile.header import page_round
+from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
+    Concentration,
     IndexShape,
-    expected_rate,
     section_words,
+    stated_rates,
     token_bits_for,
 )
 
@@ -56,8 +58,10 @@ _INTS = (
     "block_bits",
     "max_bucket",
     "sections",
+    "concentration_sample",
+    "concentration_squares",
 )
-_BOUND = (*_INTS, "layout", "hash_scheme", "unit", "section_table_xxh3")
+_BOUND = (*_INTS, "layout", "hash_scheme", "unit", "section_table_xxh3", *GUARD_FIELDS)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:
@@ -75,8 +79,14 @@ def shape_of(metadata: dict[str, Any]) -> IndexShape:
     )
 
 
+def concentration_of(metadata: dict[str, Any]) -> Concentration:
+    """The stored next tokens' concentration a (checked) header states."""
+    return Concentration(metadata["concentration_sample"], metadata["concentration_squares"])
+
+
 def index_digest(metadata: dict[str, Any]) -> str:
-    """xxh3-64 binding the sections' checksums to the fields that placed their records."""
+    """xxh3-64 binding the sections' checksums to the fields that placed their records, and to
+    every field the guard relies on (tokenizer fingerprint, special tokens, normalizer)."""
     bound = {field: metadata.get(field) for field in _BOUND}
     return xxhash.xxh3_64_hexdigest(json.dumps(bound, sort_keys=True).encode("utf-8"))
 
@@ -89,6 +99,12 @@ def check_index_metadata(metadata: dict[str, Any]) -> str | None:
         return (
             "no block_bits: written by a development build of memfree before blocks had "
             "checksums; rebuild the filter with this version"
+        )
+    if "concentration_sample" not in metadata:
+        return (
+            "no concentration_sample: written by an earlier memfree, whose stated rate assumed "
+            "uniformly drawn tokens (natural text meets ~100x more false bans); rebuild the "
+            "filter with this version"
         )
     for key in _INTS:
         value = metadata.get(key)
@@ -119,14 +135,27 @@ def check_index_metadata(metadata: dict[str, Any]) -> str | None:
         metadata["section_table_xxh3"]
     ):
         return "section_table_xxh3 is not 16 hex digits"
-    stated = metadata.get("expected_false_positive_rate")
-    rate = expected_rate(metadata["num_ngrams"], shape, metadata["vocab_size"])
-    if not isinstance(stated, (int, float)) or abs(stated - rate) > 1e-9 + 1e-6 * rate:
-        return f"expected_false_positive_rate is {stated!r}, but the header's sizes give {rate:.6g}"
+    concentration = concentration_of(metadata)
+    problem = concentration.problem(metadata["num_ngrams"])
+    if problem:
+        return problem
+    rates = stated_rates(
+        metadata["num_ngrams"],
+        shape,
+        metadata["vocab_size"],
+        concentration.value,
+        metadata.get("unit", "token"),
+    )
+    for key, rate in rates.items():
+        stated = metadata.get(key)
+        if not isinstance(stated, (int, float)) or abs(stated - rate) > 1e-9 + 1e-6 * rate:
+            return f"{key} is {stated!r}, but the header's sizes give {rate:.6g}"
     if metadata.get("hashing_xxh3") != index_digest(metadata):
         return (
-            "its hashing parameters (seed, n, widths, sections) are not those its records were "
-            "written with: the header was edited"
+            "its hashing parameters (seed, n, widths, sections) or the fields the guard relies "
+            "on (tokenizer fingerprint, special tokens, normalizer) are not those its records "
+            "were written with: the header was edited, or written by an earlier memfree "
+            "(rebuild it with this version)"
         )
     return None
 
@@ -179,6 +208,7 @@ __all__ = [
     "TABLE_ENTRY",
     "IndexOffsets",
     "check_index_metadata",
+    "concentration_of",
     "index_digest",
     "index_offsets",
     "section_table",

@@ -20,9 +20,15 @@ token, ``R + t`` bits packed end to end in little-endian uint64 words. A row's p
 bucket; the records of that bucket whose remainder equals the row's are the tokens it bans.
 
 No false negatives: every stored n-gram's record sits in its prefix's bucket with its prefix's
-remainder. A false positive needs another prefix with the same top ``b + R`` bits: a candidate is
-banned falsely with probability about ``records_per_bucket * 2**-R / vocabulary`` (R is chosen
-from the target rate), and then only that prefix's few tokens are.
+remainder. A false positive needs another prefix with the same top ``b + R`` bits (a prefix
+collision, about ``records_per_bucket * 2**-R``), and then only that prefix's few tokens are
+banned. Which tokens those are is not random: the stored n-grams' next tokens are the corpus's
+common ones (a newline, a space, a parenthesis), and so is the token a model is about to write. So
+R is sized for a *natural* query, one whose token follows the corpus's own distribution: it is
+banned falsely with probability about ``records_per_bucket * 2**-R * concentration``
+(:class:`Concentration`, measured by the builder: 8.8e-3 for the stdlib's 10-grams under SmolLM2,
+against ``1 / 49,152`` for a token drawn uniformly). Sizing for uniform tokens stated 5e-6 while
+natural text met 2e-3.
 
 The directory holds, for each section, ``2**(b - p) + 1`` uint32 record offsets (each bucket's
 first record, local to its section, then the section's record count); a section's records start
@@ -69,26 +75,70 @@ def word_token_bits(rate: float) -> int:
     return min(40, max(8, math.ceil(math.log2(2.0 / float(rate)))))
 
 
-#: The distinct next words a word guard's row is taken to test (about a vocabulary's worth):
-#: a word index's rate is per candidate word for a row of that many.
-WORD_CANDIDATES = 1 << 16
+#: Records whose next-token field is counted to measure how concentrated the stored next tokens
+#: are: the first this many keys in key order, a random sample of prefixes (keys are sorted by
+#: their prefix's fingerprint), the same for any partitioning of the build.
+CONCENTRATION_SAMPLE = 1 << 20
 
 
-def word_shape(num_records: int, rate: float) -> IndexShape:
+@dataclass(frozen=True)
+class Concentration:
+    """How concentrated the stored next tokens are: the chance that two stored n-grams drawn at
+    random end with the same token (the sum of squared token shares, from a sample).
+
+    A natural query's next token is common (a newline, a space, a parenthesis) and so are the
+    stored n-grams' next tokens: when a query's prefix collides with a stored prefix, its token
+    is one of that prefix's stored tokens with about this probability, not ``1 / vocabulary``.
+    The index's rate is sized and stated with it (Ippolito et al.'s guard bans what a colliding
+    prefix stores, so this is what a guarded model meets).
+
+    Attributes:
+        sample: records counted (the first :data:`CONCENTRATION_SAMPLE` keys, or all).
+        squares: the sum over next-token values of their count in the sample, squared.
+    """
+
+    sample: int
+    squares: int
+
+    @classmethod
+    def of_keys(cls, sorted_keys: np.ndarray, token_bits: int) -> Concentration:
+        """The concentration of the first :data:`CONCENTRATION_SAMPLE` of ``sorted_keys``."""
+        head = np.asarray(sorted_keys[:CONCENTRATION_SAMPLE], dtype=np.uint64)
+        fields = head & np.uint64((1 << token_bits) - 1)
+        _, counts = np.unique(fields, return_counts=True)
+        return cls(int(head.size), int(np.square(counts.astype(np.int64)).sum()))
+
+    @property
+    def value(self) -> float:
+        """The sum of squared shares, in [1 / sample, 1] (1 for an empty sample)."""
+        return self.squares / self.sample**2 if self.sample else 1.0
+
+    def problem(self, num_records: int) -> str | None:
+        """Why these counts cannot come from ``num_records`` records, or None."""
+        if self.sample != min(num_records, CONCENTRATION_SAMPLE):
+            return (
+                f"concentration_sample is {self.sample}, expected "
+                f"min(num_ngrams, {CONCENTRATION_SAMPLE}) = {min(num_records, CONCENTRATION_SAMPLE)}"
+            )
+        if not self.sample <= self.squares <= self.sample**2:
+            return f"concentration_squares {self.squares} is not in [sample, sample**2]"
+        return None
+
+
+def word_shape(num_records: int, rate: float, concentration: float) -> IndexShape:
     """The widths of a word index of ``num_records`` records for a target ``rate`` of false bans
-    per candidate word: half of it for the next-word field (a stored prefix's own next words
+    per natural query: half of it for the next-word field (a stored prefix's own next words
     match another word 1 time in ``2**t``), half for the prefix remainder (another prefix's
-    stored next words, banned when the row's prefix shares its bucket and remainder, spread over
-    :data:`WORD_CANDIDATES` candidates)."""
+    stored next words, met when the row's prefix shares its bucket and remainder; a natural next
+    word is one of them with probability ``concentration``)."""
     bits = word_token_bits(rate)
-    return choose_shape(num_records, bits, WORD_CANDIDATES, float(rate) / 2)
+    return choose_shape(num_records, bits, float(rate) / 2, concentration)
 
 
-def word_rate(num_records: int, shape: IndexShape) -> float:
-    """Expected false bans per candidate word after a stored prefix with one stored next word
-    (:func:`word_shape`'s two halves)."""
-    collisions = expected_rate(num_records, shape, WORD_CANDIDATES, stored_prefix=True)
-    return collisions + 2.0**-shape.token_bits
+def word_rate(num_records: int, shape: IndexShape, concentration: float) -> float:
+    """Expected false bans of a natural query of a word index (:func:`word_shape`'s two halves):
+    a prefix collision, or a chance match of its next word's field."""
+    return natural_rate(num_records, shape, concentration) + 2.0**-shape.token_bits
 
 
 def index_keys(prefix_fingerprints: np.ndarray, tokens: np.ndarray, token_bits: int) -> np.ndarray:
@@ -174,10 +224,19 @@ class IndexShape:
         return None
 
 
-def choose_shape(num_records: int, token_bits: int, vocab_size: int, rate: float) -> IndexShape:
+def choose_shape(
+    num_records: int, token_bits: int, rate: float, concentration: float
+) -> IndexShape:
     """The widths for ``num_records`` records: about :data:`BUCKET_TARGET` records a bucket,
-    and the fewest remainder bits whose expected false-positive rate per candidate is at most
-    ``rate`` for any row, its prefix stored or not (:func:`expected_rate` is a random row's)."""
+    and the fewest remainder bits whose expected false bans per natural query
+    (:func:`natural_rate`) are at most ``rate`` for any row, its prefix stored or not.
+
+    Args:
+        num_records: stored n-grams.
+        token_bits: t, the width of the token field.
+        rate: the target false bans per natural query.
+        concentration: :attr:`Concentration.value` of the stored next tokens.
+    """
     wanted = round(math.log2(num_records / BUCKET_TARGET)) if num_records else 0
     bucket_bits = min(max(0, wanted), MAX_SECTION_BITS + 31, 64 - token_bits)
     room = min(64 - token_bits - bucket_bits, MAX_RECORD_BITS - token_bits)
@@ -186,20 +245,53 @@ def choose_shape(num_records: int, token_bits: int, vocab_size: int, rate: float
     per_bucket = num_records / 2**bucket_bits + 1
     remainder = 0
     if num_records:
-        remainder = max(0, math.ceil(math.log2(per_bucket / (rate * max(vocab_size, 1)))))
+        remainder = max(0, math.ceil(math.log2(per_bucket * concentration / rate)))
     section_bits = min(bucket_bits, MAX_SECTION_BITS)
     block_bits = min(bucket_bits - section_bits, BLOCK_BITS)
     return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room), block_bits)
 
 
-def expected_rate(
-    num_records: int, shape: IndexShape, vocab_size: int, stored_prefix: bool = False
-) -> float:
-    """Expected share of candidates banned falsely: a bucket's records whose remainder matches
-    by chance, spread over the vocabulary; for a random row, or (``stored_prefix``) for a row
-    whose prefix is stored, whose bucket holds one record more on average."""
-    per_bucket = num_records / 2**shape.bucket_bits + (1 if stored_prefix and num_records else 0)
-    return min(1.0, per_bucket / 2**shape.remainder_bits / max(vocab_size, 1))
+def prefix_collision_rate(num_records: int, shape: IndexShape) -> float:
+    """Expected records of another prefix that a row whose prefix is stored meets with its own
+    remainder: a bound on the false bans of any one query, whatever its next token."""
+    if not num_records:
+        return 0.0
+    per_bucket = num_records / 2**shape.bucket_bits + 1
+    return min(1.0, per_bucket / 2**shape.remainder_bits)
+
+
+def natural_rate(num_records: int, shape: IndexShape, concentration: float) -> float:
+    """Expected false bans of a natural query (a prefix and the token that follows it in text
+    like the corpus): a prefix collision, and the query's token among the colliding prefix's
+    stored tokens (``concentration``, :class:`Concentration`)."""
+    return min(1.0, prefix_collision_rate(num_records, shape) * concentration)
+
+
+def uniform_rate(num_records: int, shape: IndexShape, vocab_size: int) -> float:
+    """Expected share of a row's candidates banned falsely when every candidate of the
+    vocabulary is asked: a bucket's records whose remainder matches by chance, spread over it."""
+    return prefix_collision_rate(num_records, shape) / max(vocab_size, 1)
+
+
+def stated_rates(
+    num_records: int, shape: IndexShape, vocab_size: int, concentration: float, unit: str
+) -> dict[str, float]:
+    """The rates an index header states (each recomputed and checked when it is opened).
+
+    ``expected_false_positive_rate`` is per natural query (:func:`natural_rate`; a word index's
+    adds the next-word field's chance matches, :func:`word_rate`), the figure ``--fpr`` sizes;
+    ``uniform_false_positive_rate`` per candidate token of a row that asks the whole vocabulary;
+    ``prefix_collision_rate`` bounds any query whatever its token.
+    """
+    natural = natural_rate(num_records, shape, concentration)
+    uniform = uniform_rate(num_records, shape, vocab_size)
+    if unit == "word" and num_records:
+        natural, uniform = natural + 2.0**-shape.token_bits, uniform + 2.0**-shape.token_bits
+    return {
+        "expected_false_positive_rate": natural,
+        "uniform_false_positive_rate": uniform,
+        "prefix_collision_rate": prefix_collision_rate(num_records, shape),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,21 +397,25 @@ def pack_fields(
 __all__ = [
     "BLOCK_BITS",
     "BUCKET_TARGET",
+    "CONCENTRATION_SAMPLE",
     "INDEX_LAYOUT",
     "MAX_RECORD_BITS",
     "MAX_SECTION_BITS",
     "MAX_SECTION_RECORDS",
-    "WORD_CANDIDATES",
+    "Concentration",
     "EncodedSections",
     "IndexShape",
     "choose_shape",
     "encode_sections",
-    "expected_rate",
     "index_keys",
+    "natural_rate",
     "pack_fields",
+    "prefix_collision_rate",
     "section_words",
+    "stated_rates",
     "token_bits_for",
     "top_bits",
+    "uniform_rate",
     "word_rate",
     "word_shape",
     "word_token_bits",

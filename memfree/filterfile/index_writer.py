@@ -25,10 +25,11 @@ from memfree.filterfile.index_header import (
 )
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
+    Concentration,
     EncodedSections,
     IndexShape,
-    expected_rate,
     section_words,
+    stated_rates,
 )
 from memfree.filterfile.writer import header_bytes, json_bytes
 
@@ -135,6 +136,7 @@ class IndexFileWriter:
         metadata: header fields; must hold ``n``, ``hash_seed`` and ``vocab_size``.
         shape: the widths (:func:`~memfree.filterfile.index_layout.choose_shape`).
         section_records: records of each section, in order.
+        concentration: the stored next tokens' (:class:`Concentration`, from the first keys).
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class IndexFileWriter:
         metadata: Mapping[str, Any],
         shape: IndexShape,
         section_records: Sequence[int] | np.ndarray,
+        concentration: Concentration,
     ) -> None:
         self.path = Path(path)
         records = np.asarray(section_records, dtype=np.int64)
@@ -163,8 +166,14 @@ class IndexFileWriter:
             "remainder_bits": shape.remainder_bits,
             "block_bits": shape.block_bits,
             "sections": shape.num_sections,
-            "expected_false_positive_rate": expected_rate(
-                total, shape, int(metadata["vocab_size"])
+            "concentration_sample": concentration.sample,
+            "concentration_squares": concentration.squares,
+            **stated_rates(
+                total,
+                shape,
+                int(metadata["vocab_size"]),
+                concentration.value,
+                str(metadata.get("unit", "token")),
             ),
             # Placeholders as wide as any final value: the header's length is fixed here.
             "max_bucket": (1 << 32) - 1,

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
 from memfree.filterfile.pybloom_hash import MAX_HASHES
 
@@ -111,7 +112,26 @@ def read_sidecar(path: Path, damaged: Callable[[str], Exception]) -> dict[str, A
         )
     if loaded.get("key_bytes", 4 * loaded["n"]) != 4 * loaded["n"]:
         raise damaged(f"sidecar key_bytes {loaded['key_bytes']!r} does not fit n={loaded['n']}")
+    if "bits_xxh3" in loaded and loaded.get("fields_xxh3") != fields_digest(loaded):
+        raise damaged(
+            f"sidecar {sidecar.name}: its n, checksums or the fields the guard relies on "
+            "(tokenizer fingerprint, special tokens, normalizer) are not those memfree wrote: "
+            "it was edited, or written by an earlier memfree (rebuild the filter with this "
+            "version)"
+        )
     return loaded
+
+
+def fields_digest(sidecar: dict[str, Any]) -> str:
+    """xxh3-64 binding a sidecar's checksums to n and the fields the guard relies on (tokenizer
+    fingerprint, special tokens, normalizer): a sidecar edited to drop or change one of them,
+    with its checksums kept, is refused. A sidecar written by hand (no checksums) binds nothing:
+    the interchange format has no header of memfree's own to protect it."""
+    bound = {
+        key: sidecar.get(key)
+        for key in ("n", "unit", "hash_seed", "bits_xxh3", "header_xxh3", *GUARD_FIELDS)
+    }
+    return xxhash.xxh3_64_hexdigest(json.dumps(bound, sort_keys=True).encode("utf-8"))
 
 
 def xxh3_hex(data: bytes | np.ndarray) -> str:
@@ -129,6 +149,7 @@ __all__ = [
     "LAYOUT",
     "MAGIC",
     "PREAMBLE_BYTES",
+    "fields_digest",
     "parse_header",
     "read_sidecar",
     "sidecar_path",

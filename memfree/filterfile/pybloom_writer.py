@@ -20,6 +20,7 @@ from memfree.filterfile.pybloom_format import (
     KEY_ENCODING,
     MAGIC,
     PREAMBLE_BYTES,
+    fields_digest,
     parse_header,
     sidecar_path,
     xxh3_hex,
@@ -121,6 +122,7 @@ class PybloomWriter:
                 num_ngrams, self.num_bits, self.num_hashes
             ),
         }
+        full["fields_xxh3"] = fields_digest(full)
         try:
             sidecar = json.dumps(full, sort_keys=True, indent=1, allow_nan=False).encode("utf-8")
         except (TypeError, ValueError) as error:

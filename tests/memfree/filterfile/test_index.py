@@ -24,9 +24,11 @@ from memfree.filterfile.header import PREAMBLE
 from memfree.filterfile.index_file import IndexFilter, verify_written
 from memfree.filterfile.index_header import index_digest
 from memfree.filterfile.index_layout import (
+    Concentration,
     choose_shape,
     encode_sections,
     index_keys,
+    natural_rate,
     pack_fields,
     token_bits_for,
 )
@@ -127,15 +129,22 @@ def test_empty_and_unigram_filters(tmp_path: Path) -> None:
 
 
 def test_widths_follow_the_target_rate() -> None:
-    loose = choose_shape(4_000_000, 16, 49_152, 1e-5)
-    tight = choose_shape(4_000_000, 16, 49_152, 1e-9)
+    uniform = 1 / 49_152
+    loose = choose_shape(4_000_000, 16, 1e-5, uniform)
+    tight = choose_shape(4_000_000, 16, 1e-9, uniform)
     assert loose.bucket_bits == 18  # about 16 records a bucket
-    assert loose.section_bits == 12 and choose_shape(100, 16, 49_152, 1e-5).section_bits == 3
+    assert loose.section_bits == 12 and choose_shape(100, 16, 1e-5, uniform).section_bits == 3
     assert tight.remainder_bits > loose.remainder_bits
-    # 15.3 records a bucket, 16.3 as a stored prefix's row sees it: 6 remainder bits, 16.3 / 64 /
-    # 49,152 = 5.2e-6 false bans per candidate at most; 3.0 bytes per n-gram (a 22-bit record,
-    # 2 bits of directory).
-    assert loose.record_bits == 22
+    # Tokens drawn uniformly: 6 or 7 remainder bits (~3 bytes per n-gram) meet 1e-5.
+    assert natural_rate(4_000_000, loose, uniform) <= 1e-5 < natural_rate(
+        4_000_000, dataclasses.replace(loose, remainder_bits=loose.remainder_bits - 1), uniform
+    )
+    assert loose.record_bits == 22  # 6 remainder bits
+    # Natural text's next tokens (the stdlib's 10-grams under SmolLM2: 8.8e-3) need
+    # log2(8.8e-3 * 49,152) = 8.8 more bits for the same rate per natural query.
+    natural = choose_shape(4_000_000, 16, 1e-5, 8.8e-3)
+    assert natural.remainder_bits - loose.remainder_bits in (8, 9)
+    assert natural_rate(4_000_000, natural, 8.8e-3) <= 1e-5
     assert token_bits_for(49_152) == 16 and token_bits_for(2) == 1 and token_bits_for(1) == 1
 
 
@@ -152,7 +161,7 @@ def test_packed_fields_read_back(width: int, values: list[int]) -> None:
 
 
 def test_encoding_refuses_unsorted_or_foreign_keys() -> None:
-    shape = choose_shape(64, 8, 200, 1e-5)  # 4 buckets, 4 sections
+    shape = choose_shape(64, 8, 1e-5, 1 / 200)  # 4 buckets, 4 sections
     keys = np.sort(index_keys(np.array([1, 2, 3], np.uint64) << np.uint64(60), [1, 2, 3], 8))
     with pytest.raises(ValueError, match="outside"):
         encode_sections(keys | np.uint64(1 << 63), 0, 2, shape)
@@ -262,12 +271,16 @@ def test_a_reader_checks_only_the_blocks_it_reads(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     ngrams = rng.integers(0, 500, size=(150_000, 4))
     keys = np.unique(index_keys(fingerprints_np(ngrams[:, :-1], 1), ngrams[:, -1], 9))
-    shape = dataclasses.replace(choose_shape(keys.size, 9, 500, 1e-5), block_bits=0)
+    shape = dataclasses.replace(choose_shape(keys.size, 9, 1e-5, 1 / 500), block_bits=0)
     assert shape.blocks_per_section == 2 and shape.num_sections == 4096
     encoded = encode_sections(keys, 0, shape.num_sections, shape)
     path = tmp_path / "blocks.memfree"
     writer = IndexFileWriter(
-        path, {"n": 4, "hash_seed": 1, "vocab_size": 500}, shape, encoded.records
+        path,
+        {"n": 4, "hash_seed": 1, "vocab_size": 500},
+        shape,
+        encoded.records,
+        Concentration.of_keys(keys, 9),
     )
     writer.commit([writer.target(0, shape.num_sections).write(encoded)], check=verify_written)
     filt = open_filter(path)
@@ -359,7 +372,7 @@ def test_info_checks_every_section(index_file: Path, capsys: pytest.CaptureFixtu
     assert cli_main(["info", str(index_file)]) == 0
     shown = capsys.readouterr().out
     assert "prefix-index-v1" in shown and "per n-gram)" in shown
-    assert "false bans per candidate token" in shown
+    assert "false bans per natural query" in shown
     flip(index_file, "records")
     assert cli_main(["info", str(index_file)]) == 2
     assert "checksum mismatch" in capsys.readouterr().err
