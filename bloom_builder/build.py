@@ -27,6 +27,7 @@ from bloom_builder.outputs import (
     output_path,
     prepare_work_dir,
     remove_empty_folders,
+    remove_stale_temporaries,
     sidecar_of,
 )
 from bloom_builder.plan import BuildPlan, nothing_usable, plan_build, unit_parts
@@ -96,6 +97,10 @@ def build_filter(
         try:
             make_folders(output)
             with locked(output, work):
+                # Under the lock, every temporary named for this output is a build's own: one
+                # killed before its rename left it (full size, for the index).
+                for stale, size in remove_stale_temporaries(output, pybloom):
+                    _log(f"memfree: removed {stale} ({size:,} bytes), left by an interrupted build")
                 return _build(
                     paths, output, work, settings, keep_work, progress, tokenizer, started
                 )
@@ -122,6 +127,7 @@ def _build(
     written = [str(output), str(work)] + ([str(sidecar_of(output))] if pybloom else [])
     plan = plan_build(paths, output, written, settings, parts)
     workdir = prepare_work_dir(work, plan.config, plan.config_hash)
+    workdir.remove_temporaries()  # of tasks killed mid-write: they run again
     try:
         summary = _run(paths, output, work, settings, parts, plan, progress, started)
     except UnreachableRateError:
@@ -193,6 +199,8 @@ def _run(
             size = output.stat().st_size
             shape = FilterShape(size * 8, 0, index.expected_false_positive_rate)
             summary = _summary(output, settings, plan, stats, map_results, reduced, shape, started)
+            summary.uniform_false_positive_rate = index.rates["uniform_false_positive_rate"]
+            summary.prefix_collision_rate = index.rates["prefix_collision_rate"]
             summary.seconds_writing = time.perf_counter() - writing
             return summary
     shape = write_filter(
@@ -306,6 +314,7 @@ def _summary(
     """What the build did, for the user (printed, or as JSON)."""
     kept = reduced.kept("ngrams")
     seconds = time.perf_counter() - started
+    empty = _empty_filter(output, settings, stats, reduced)
     return BuildSummary(
         output=str(output),
         unit=settings.unit,
@@ -331,7 +340,31 @@ def _summary(
         workers=settings.workers,
         skipped=plan.problems.to_dict(),
         layout=settings.resolved_layout,
+        empty=empty is not None,
+        warnings=[empty] if empty else [],
     )
+
+
+def _empty_filter(
+    output: Path, settings: BuildSettings, stats: MapStats, reduced: Reduced
+) -> str | None:
+    """The warning for a filter of no n-gram (it blocks nothing), naming why and the setting
+    to change by its field; None when it holds some."""
+    if reduced.kept("ngrams"):
+        return None
+    n, unit = settings.ngram_size, settings.unit
+    if stats.ngrams == 0:
+        why = (
+            f"no document has {n} {unit}s (ngram_size {n} is above every document's length: "
+            f"{stats.documents:,} documents, {stats.tokens:,} {unit}s in all); lower ngram_size"
+        )
+    else:
+        why = (
+            f"none of the corpus's {reduced.distinct('ngrams'):,} distinct n-grams was seen "
+            f"{settings.min_count} times (min_count {settings.min_count} is above every n-gram's "
+            "count); lower min_count"
+        )
+    return f"{output} holds no n-gram, so a guard using it blocks nothing: {why}"
 
 
 def _log(message: str) -> None:

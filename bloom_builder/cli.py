@@ -14,6 +14,7 @@ from memfree.cli.common import fail, interrupted
 from memfree.errors import SettingError, in_flag_terms
 
 if TYPE_CHECKING:
+    from bloom_builder.errors import WorkerDied
     from bloom_builder.settings import BuildSettings
 
 #: BuildSettings fields and the ``memfree build`` options that set them: library errors name
@@ -122,7 +123,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.false_positive_rate,
         help="target false-positive rate (default: 1e-3 for the Bloom layout, one n-gram test; "
-        "1e-5 false bans per candidate token for --layout prefix-index)",
+        "1e-5 false bans per natural query for --layout prefix-index: a prefix and the token, "
+        "or word, that follows it in text like the corpus)",
     )
     parser.add_argument(
         "--prefix-fpr",
@@ -213,10 +215,10 @@ def _add_reading_and_output_options(
         "--layout",
         choices=LAYOUTS,
         default=defaults.layout,
-        help="layout of a memfree filter: prefix-index answers a guarded row with one lookup "
-        "(the default for --unit token); blocked-512 is a blocked Bloom filter with a prefix "
-        "section (the default, and the only layout, for --unit word; the one earlier memfree "
-        "releases read); see docs/index.md",
+        help="layout of a memfree filter: prefix-index (the default, for --unit token and "
+        "--unit word alike) answers a guarded row with one lookup; blocked-512 is a blocked "
+        "Bloom filter with a prefix section (the one earlier memfree releases read); see "
+        "docs/index.md",
     )
     parser.add_argument(
         "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"
@@ -275,12 +277,12 @@ def settings_from_args(args: argparse.Namespace) -> BuildSettings:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``memfree build``; returns the exit status (2 for bad settings or inputs, 130 when
-    interrupted: rerunning the same command resumes)."""
+    """Run ``memfree build``; returns the exit status (2 for bad settings or inputs, 1 when a
+    task failed or a worker died, 130 when interrupted: rerunning the same command resumes)."""
     import sys
 
     from bloom_builder.build import BuildError, build_filter
-    from bloom_builder.errors import RayUnavailable, TaskFailed
+    from bloom_builder.errors import RayUnavailable, TaskFailed, WorkerDied
     from memfree.errors import MissingDependencyError
     from memfree.vocab.tokenizer import TokenizerNotFoundError
 
@@ -304,6 +306,9 @@ def run(args: argparse.Namespace) -> int:
         return fail(setting_message(error))
     except (BuildError, RayUnavailable, TokenizerNotFoundError, MissingDependencyError) as error:
         return fail(str(error))  # a missing extra: the message names the pip command
+    except WorkerDied as error:  # finished tasks are kept: the build said where
+        print(f"memfree: error: {error}; {_after_a_death(error, args, settings)}", file=sys.stderr)
+        return 1
     except TaskFailed as error:  # finished tasks are kept: the build said where
         print(f"memfree: error: {error}", file=sys.stderr)
         return 1
@@ -312,8 +317,25 @@ def run(args: argparse.Namespace) -> int:
         return fail(f"{where}{error.strerror or error} (building {args.output})")
     except KeyboardInterrupt:
         return interrupted()
+    # Library warnings name settings by their fields: said in the options' names, on stderr
+    # and in the JSON summary alike.
+    summary.warnings = [in_flag_terms(warning, FLAGS) for warning in summary.warnings]
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        print(json.dumps(summary.to_dict(), indent=2), flush=True)
     else:
-        print(summary.to_text())
+        print(summary.to_text(), flush=True)
+    for warning in summary.warnings:  # after the summary: the last thing on the terminal
+        print(f"memfree: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _after_a_death(error: WorkerDied, args: argparse.Namespace, settings: BuildSettings) -> str:
+    """What to do after a worker died: for SIGKILL (the out-of-memory killer's signal), give
+    each worker less to hold; in every case, rerun to resume."""
+    resume = "rerun the same command to resume"
+    if not error.likely_out_of_memory:
+        return resume
+    return (
+        f"give each worker less to hold: a lower --memory-limit (now {args.memory_limit}) or "
+        f"fewer --workers (now {settings.workers}), then {resume}"
+    )

@@ -1,6 +1,7 @@
 """The builder's user-facing errors: why a build cannot produce a filter (and what to do), a task
-that failed on every attempt, and a Ray cluster that cannot be joined; and how a task is named in
-them. (A setting out of range is a :class:`memfree.errors.SettingError`.)"""
+that failed on every attempt, a local worker process that died, and a Ray cluster that cannot be
+joined; and how a task is named in them. (A setting out of range is a
+:class:`memfree.errors.SettingError`.)"""
 
 from __future__ import annotations
 
@@ -25,6 +26,40 @@ class TaskFailed(RuntimeError):
     The message names the task (its shard or key range) and the last error. Finished tasks stay
     in the work directory: fix the cause and rerun the same command to resume.
     """
+
+
+class WorkerDied(TaskFailed):
+    """A worker process of the local executor died while it ran tasks (a signal, or an exit
+    without a result): the process pool breaks, and every task not finished fails with it.
+
+    The message names the process and how it ended; SIGKILL with no error of its own is most
+    often the kernel's out-of-memory killer. Finished tasks stay in the work directory: rerun
+    the same command (with less memory per worker) to resume.
+
+    Attributes:
+        pid: the dead worker's process id (None when it could not be told).
+        signal: the signal that ended it (None: it exited, or it could not be told).
+        exit_status: its exit status when it exited without a signal (else None).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        pid: int | None = None,
+        signal: int | None = None,
+        exit_status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.signal = signal
+        self.exit_status = exit_status
+
+    @property
+    def likely_out_of_memory(self) -> bool:
+        """Whether the worker was killed by SIGKILL (the out-of-memory killer's signal)."""
+        import signal as signals
+
+        return self.signal == signals.SIGKILL
 
 
 class RayUnavailable(ConnectionError):

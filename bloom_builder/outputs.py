@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -189,6 +190,60 @@ def check_not_an_input(output: Path, inputs: Iterable[str], pybloom: bool) -> No
 
 
 # ------------------------------------------------------------------------------------------------
+# Temporaries left by interrupted builds
+
+#: The random part of a temporary file's name (``tempfile.mkstemp``: 8 of ``[a-z0-9_]``), which
+#: :class:`memfree.fileio.PendingFile` puts between ``.NAME.`` and ``.tmp``.
+_RANDOM_PART = r"[a-z0-9_]{8}"
+
+
+def temporaries_of(target: Path) -> list[Path]:
+    """The temporary files an atomic write of ``target`` leaves beside it when its writer dies
+    (``kill -9``, a power cut): ``.NAME.XXXXXXXX.tmp`` (:class:`memfree.fileio.PendingFile`).
+
+    Only names of exactly that form are matched: ``.NAME.json.XXXXXXXX.tmp`` (another target's)
+    and the lock file ``.NAME.lock`` are not.
+    """
+    pattern = re.compile(re.escape(f".{target.name}.") + _RANDOM_PART + r"\.tmp")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return []
+    return sorted(target.parent / name for name in names if pattern.fullmatch(name))
+
+
+def remove_stale_temporaries(output: Path, pybloom: bool) -> list[tuple[Path, int]]:
+    """Remove the temporary filters (and sidecars) earlier builds of ``output`` left behind.
+
+    A build writes its filter to a temporary beside the output, full size from the start (the
+    index's section tasks write into it in place), and renames it into place; a build killed
+    before the rename leaves it there. Call this holding the output's lock
+    (:func:`locked`): then every temporary named for this output is a build's own, and none
+    is being written.
+
+    Args:
+        output: the build's output (absolute).
+        pybloom: the build writes a pybloomfiltermmap3 sidecar too (its temporaries go as well).
+
+    Returns:
+        Each file removed, with its size in bytes.
+    """
+    targets = [output] + ([sidecar_of(output)] if pybloom else [])
+    removed = []
+    for target in targets:
+        for path in temporaries_of(target):
+            try:
+                info = path.lstat()
+                if not stat.S_ISREG(info.st_mode):
+                    continue  # a build writes regular files only: anything else is not its own
+                path.unlink()
+            except OSError:
+                continue
+            removed.append((path, info.st_size))
+    return removed
+
+
+# ------------------------------------------------------------------------------------------------
 # Locks
 
 
@@ -259,6 +314,24 @@ class WorkDir:
         for pattern in _WORK_ENTRIES:
             for entry in self.path.glob(pattern):
                 shutil.rmtree(entry, ignore_errors=True)
+
+    def remove_temporaries(self) -> int:
+        """Remove the temporary files that tasks killed mid-write left inside what a build put
+        here (``.NAME.tmp`` of a run, ``.NAME.XXXXXXXX.tmp`` of a kept file or a marker); the
+        task that wrote one runs again and writes a new one. Call it holding the work
+        directory's lock. Returns how many bytes were freed."""
+        freed = 0
+        for pattern in _WORK_ENTRIES:
+            for entry in self.path.glob(pattern):
+                for path in entry.rglob(".*.tmp") if entry.is_dir() else ():
+                    try:
+                        info = path.lstat()
+                        if stat.S_ISREG(info.st_mode):
+                            path.unlink()
+                            freed += info.st_size
+                    except OSError:
+                        continue
+        return freed
 
     def remove(self) -> None:
         """Clear it, drop the marker, and remove the folder if this build created it and it is

@@ -43,8 +43,8 @@ class BuildSettings:
         min_count: keep n-grams seen at least this many times in the corpus.
         false_positive_rate: target false-positive rate the filter is sized for (None: the
             layout's default, :attr:`target_rate`): for the Bloom layout the rate of one n-gram
-            test, for the prefix-keyed index the expected false bans per candidate (token, or
-            word for the word unit).
+            test, for the prefix-keyed index the expected false bans per natural query (a prefix
+            and the token, or word, that follows it in text like the corpus).
         tokenizer: a tokenizer directory, ``.gguf`` file or cached name; None = default model's.
         text_field: JSONL field / Parquet column / dataset column holding the text.
         executor: "local" (a process pool on this machine) or "ray" (Ray Core tasks with
@@ -57,9 +57,9 @@ class BuildSettings:
         exclude: fnmatch patterns excluding files inside walked directories.
         output_format: "memfree" (native) or "pybloomfiltermmap3" (interchange).
         layout: the native format's layout: "prefix-index" (the prefix-keyed index: one lookup
-            per guarded row; token unit only) or "blocked-512" (a blocked Bloom filter with a
-            prefix section); None (the default): the index where it applies (a token filter in
-            the memfree format), else the Bloom filter (:attr:`resolved_layout`).
+            per guarded row; either unit) or "blocked-512" (a blocked Bloom filter with a prefix
+            section); None (the default): the index in the memfree format, the Bloom filter in
+            the pybloomfiltermmap3 format (:attr:`resolved_layout`).
         workers: parallel map/reduce processes (1 = in this process).
         memory_limit_bytes: budget across all workers for what the build sizes itself: each
             worker's share goes half to tokenization batches, half to counting buffers (the
@@ -152,7 +152,8 @@ class BuildSettings:
     @property
     def target_rate(self) -> float:
         """The false-positive rate the filter is sized for: the setting, or the layout's default
-        (1e-3 for a Bloom filter; 1e-5 false bans per candidate for the prefix-keyed index)."""
+        (1e-3 for a Bloom filter; 1e-5 false bans per natural query for the prefix-keyed
+        index)."""
         if self.false_positive_rate is not None:
             return float(self.false_positive_rate)
         return 1e-5 if self.uses_index else 1e-3

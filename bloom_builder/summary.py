@@ -38,6 +38,12 @@ class BuildSummary:
     layout: str = "blocked-512"
     seconds_writing: float = 0.0  # the write step's wall time (the driver's serial part for
     # the Bloom layout; for the index, the section tasks on the workers and the header)
+    uniform_false_positive_rate: float | None = None  # the index's, per candidate of a row
+    # that asks the whole vocabulary (``expected_false_positive_rate`` is per natural query)
+    prefix_collision_rate: float | None = None  # the index's bound for any one query
+    empty: bool = False  # the filter holds no n-gram: it blocks nothing (see ``warnings``)
+    warnings: list[str] = field(default_factory=list)  # what the user should know (a message
+    # naming settings by their fields, as :class:`~bloom_builder.settings.BuildSettings` does)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,7 +54,10 @@ class BuildSummary:
             shape_lines = [
                 f"wrote {self.output} (memfree prefix-index, {self.size_bytes:,} bytes; "
                 f"{self.size_bytes / max(self.kept_ngrams, 1):.2f} bytes per n-gram)",
-                f"  expected false bans per candidate token {self.expected_false_positive_rate:.3g}",
+                f"  expected false bans per natural query "
+                f"{self.expected_false_positive_rate:.3g}   per candidate {self.unit} of a "
+                f"whole-vocabulary row {self.uniform_false_positive_rate or 0:.3g}   any query "
+                f"at most {self.prefix_collision_rate or 0:.3g}",
             ]
         else:
             shape_lines = [

@@ -6,11 +6,14 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed, wait
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import get_context
 from typing import Any
 
+from bloom_builder.errors import WorkerDied
 from bloom_builder.executors.base import WorkerSetup
 from bloom_builder.executors.markers import ResultT, TaskT, record_done, split_finished
 
@@ -59,21 +62,29 @@ class LocalExecutor:
     def run(
         self, function: Callable[[TaskT], ResultT], tasks: Sequence[TaskT]
     ) -> Iterator[tuple[TaskT, ResultT]]:
-        """Yield ``(task, result)`` for every task in completion order (see ``Executor.run``)."""
+        """Yield ``(task, result)`` for every task in completion order (see ``Executor.run``).
+
+        Raises:
+            WorkerDied: a pool worker died (a signal, e.g. the out-of-memory killer's SIGKILL,
+                or an exit): named with its process id and how it ended; the tasks that
+                finished keep their markers.
+        """
         finished, pending = split_finished(tasks)
         yield from finished
         if self._pool is None:
             for task in pending:
                 yield task, record_done(task, function(task))
             return
-        futures: dict[Future[ResultT], TaskT] = {
-            self._pool.submit(function, task): task for task in pending
-        }
+        futures: dict[Future[ResultT], TaskT] = {}
         collected: set[Future[ResultT]] = set()
         try:
+            for task in pending:
+                futures[self._pool.submit(function, task)] = task
             for future in as_completed(futures):
                 collected.add(future)
                 yield futures[future], record_done(futures[future], future.result())
+        except BrokenProcessPool as error:  # a worker died: name it, not the pool's internals
+            raise _worker_died(self._pool) from error
         finally:
             _keep_finished(futures, collected)
 
@@ -89,6 +100,50 @@ def _keep_finished(futures: dict[Future[Any], Any], collected: set[Any]) -> None
         if future in collected or future.cancelled() or future.exception() is not None:
             continue
         record_done(task, future.result())
+
+
+def _worker_died(pool: ProcessPoolExecutor, wait_seconds: float = 2.0) -> WorkerDied:
+    """The error of a pool broken by a worker's death, naming the worker and how it ended.
+
+    The pool terminates its other workers (SIGTERM) once one has died, so a death by another
+    signal, or by an exit status, is the cause; SIGTERM is named only when every death was one.
+    The workers are read from the pool's process table (``_processes``, kept until shutdown);
+    where it cannot be read the message says only that a worker died.
+    """
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    deadline = time.monotonic() + wait_seconds
+    deaths: list[tuple[int, int]] = []
+    while True:
+        deaths = [
+            (process.pid, code)
+            for process in processes
+            if (code := process.exitcode) is not None and code != 0
+        ]
+        if any(code != -signal.SIGTERM for _, code in deaths) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)  # the dead worker is reaped by the pool's own thread: give it a moment
+    if not deaths:
+        return WorkerDied("a build worker process died before its tasks finished")
+    pid, code = next(((p, c) for p, c in deaths if c != -signal.SIGTERM), deaths[0])
+    if code > 0:
+        return WorkerDied(
+            f"a build worker process (pid {pid}) exited with status {code} before its tasks "
+            "finished",
+            pid=pid,
+            exit_status=code,
+        )
+    number = -code
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "an unknown signal"
+    message = f"a build worker process (pid {pid}) was killed by signal {number} ({name})"
+    if number == signal.SIGKILL:
+        message += (
+            ", most likely by the kernel's out-of-memory killer: the build ran out of memory "
+            "(`dmesg` names the process if so)"
+        )
+    return WorkerDied(message, pid=pid, signal=number)
 
 
 def _start_worker(setup: WorkerSetup | None) -> None:

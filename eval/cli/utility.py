@@ -31,7 +31,10 @@ def run_utility_command(args: argparse.Namespace) -> int:
         return fail(f"no readable text in {', '.join(args.texts)}{skipped_why}")
     from eval.utility import run_utility
 
-    result = run_utility(texts, tokenizer, ngram_filter)
+    try:
+        result = run_utility(texts, tokenizer, ngram_filter)
+    except FilterError as error:  # a damaged block or section, checked when first read
+        return fail(_naming(str(args.filter), error))
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
         return 0
@@ -44,6 +47,14 @@ def run_utility_command(args: argparse.Namespace) -> int:
     for example in result.examples:
         print(f"  {example.first_stored_ngram!r} in {example.text[:80]!r}")
     return 0
+
+
+def _naming(filter_path: str, error: Exception) -> str:
+    """A filter's error as the user reads it, the file named first. The library's errors name
+    it already, with the problem and the fix (``FILTER: section 3, block 0: checksum mismatch;
+    the file is damaged ..., rebuild it with memfree build``)."""
+    message = str(error)
+    return message if filter_path in message else f"{filter_path}: {message}"
 
 
 def _filter_and_tokenizer(filter_path: str, tokenizer_name: str | None) -> tuple[Any, Any]:
