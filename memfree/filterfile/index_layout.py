@@ -227,9 +227,12 @@ class IndexShape:
 def choose_shape(
     num_records: int, token_bits: int, rate: float, concentration: float
 ) -> IndexShape:
-    """The widths for ``num_records`` records: about :data:`BUCKET_TARGET` records a bucket,
-    and the fewest remainder bits whose expected false bans per natural query
-    (:func:`natural_rate`) are at most ``rate`` for any row, its prefix stored or not.
+    """The widths for ``num_records`` records that meet ``rate`` false bans per natural query
+    (:func:`natural_rate`, for any row, its prefix stored or not) in the fewest bytes: of the
+    bucket widths that give 8 to 32 records a bucket (around :data:`BUCKET_TARGET`), each with
+    the fewest remainder bits that meet the rate, the one whose records and directory are
+    smallest. (A remainder bit is a whole bit per record; a bucket bit costs a directory entry
+    per bucket: which wins depends on where the rate falls between two remainder widths.)
 
     Args:
         num_records: stored n-grams.
@@ -237,18 +240,27 @@ def choose_shape(
         rate: the target false bans per natural query.
         concentration: :attr:`Concentration.value` of the stored next tokens.
     """
-    wanted = round(math.log2(num_records / BUCKET_TARGET)) if num_records else 0
-    bucket_bits = min(max(0, wanted), MAX_SECTION_BITS + 31, 64 - token_bits)
-    room = min(64 - token_bits - bucket_bits, MAX_RECORD_BITS - token_bits)
-    # A row whose prefix is stored meets its bucket's other records: one more than a random
-    # row's bucket holds on average (size-biased), so the rate is met for both.
-    per_bucket = num_records / 2**bucket_bits + 1
-    remainder = 0
-    if num_records:
+    if not num_records:
+        return IndexShape(token_bits, 0, 0, 0, 0)
+    wanted = round(math.log2(num_records / BUCKET_TARGET))
+    best: tuple[bool, int, IndexShape] | None = None
+    for candidate in (wanted, wanted - 1, wanted + 1):  # ties keep about 16 a bucket
+        bucket_bits = min(max(0, candidate), MAX_SECTION_BITS + 31, 64 - token_bits)
+        room = min(64 - token_bits - bucket_bits, MAX_RECORD_BITS - token_bits)
+        # A row whose prefix is stored meets its bucket's other records: one more than a random
+        # row's bucket holds on average (size-biased), so the rate is met for both.
+        per_bucket = num_records / 2**bucket_bits + 1
         remainder = max(0, math.ceil(math.log2(per_bucket * concentration / rate)))
-    section_bits = min(bucket_bits, MAX_SECTION_BITS)
-    block_bits = min(bucket_bits - section_bits, BLOCK_BITS)
-    return IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room), block_bits)
+        section_bits = min(bucket_bits, MAX_SECTION_BITS)
+        block_bits = min(bucket_bits - section_bits, BLOCK_BITS)
+        shape = IndexShape(token_bits, bucket_bits, section_bits, min(remainder, room), block_bits)
+        size_bits = shape.record_bits * num_records + 32 * shape.directory_entries
+        # A width that cannot reach the rate (its remainder capped by the 64-bit key) loses.
+        candidate_key = (remainder > room, size_bits, shape)
+        if best is None or candidate_key[:2] < best[:2]:
+            best = candidate_key
+    assert best is not None  # three candidates
+    return best[2]
 
 
 def prefix_collision_rate(num_records: int, shape: IndexShape) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import struct
 import tempfile
 from pathlib import Path
@@ -25,6 +26,7 @@ from memfree.filterfile.index_file import IndexFilter, verify_written
 from memfree.filterfile.index_header import index_digest
 from memfree.filterfile.index_layout import (
     Concentration,
+    IndexShape,
     choose_shape,
     encode_sections,
     index_keys,
@@ -128,23 +130,38 @@ def test_empty_and_unigram_filters(tmp_path: Path) -> None:
     assert type(open_filter(tmp_path / "u.memfree")) is IndexFilter
 
 
+def size_bits(shape: IndexShape, records: int = 4_000_000) -> int:
+    return shape.record_bits * records + 32 * shape.directory_entries
+
+
 def test_widths_follow_the_target_rate() -> None:
     uniform = 1 / 49_152
     loose = choose_shape(4_000_000, 16, 1e-5, uniform)
     tight = choose_shape(4_000_000, 16, 1e-9, uniform)
-    assert loose.bucket_bits == 18  # about 16 records a bucket
-    assert loose.section_bits == 12 and choose_shape(100, 16, 1e-5, uniform).section_bits == 3
+    assert 17 <= loose.bucket_bits <= 19  # 8 to 32 records a bucket
+    assert loose.section_bits == 12 and choose_shape(100, 16, 1e-5, uniform).section_bits in (2, 3)
     assert tight.remainder_bits > loose.remainder_bits
     # Tokens drawn uniformly: 6 or 7 remainder bits (~3 bytes per n-gram) meet 1e-5.
-    assert natural_rate(4_000_000, loose, uniform) <= 1e-5 < natural_rate(
-        4_000_000, dataclasses.replace(loose, remainder_bits=loose.remainder_bits - 1), uniform
+    assert (
+        natural_rate(4_000_000, loose, uniform)
+        <= 1e-5
+        < natural_rate(
+            4_000_000, dataclasses.replace(loose, remainder_bits=loose.remainder_bits - 1), uniform
+        )
     )
-    assert loose.record_bits == 22  # 6 remainder bits
+    assert loose.record_bits in (22, 23)  # 6 or 7 remainder bits: ~3 bytes per n-gram
     # Natural text's next tokens (the stdlib's 10-grams under SmolLM2: 8.8e-3) need
     # log2(8.8e-3 * 49,152) = 8.8 more bits for the same rate per natural query.
     natural = choose_shape(4_000_000, 16, 1e-5, 8.8e-3)
     assert natural.remainder_bits - loose.remainder_bits in (8, 9)
     assert natural_rate(4_000_000, natural, 8.8e-3) <= 1e-5
+    # Of the bucket widths near 16 records, the one whose records and directory take fewest bits.
+    for bucket_bits in range(natural.bucket_bits - 1, natural.bucket_bits + 2):
+        per_bucket = 4_000_000 / 2**bucket_bits + 1
+        remainder = math.ceil(math.log2(per_bucket * 8.8e-3 / 1e-5))
+        other = IndexShape(16, bucket_bits, 12, remainder, min(bucket_bits - 12, 10))
+        assert natural_rate(4_000_000, other, 8.8e-3) <= 1e-5
+        assert size_bits(natural) <= size_bits(other)
     assert token_bits_for(49_152) == 16 and token_bits_for(2) == 1 and token_bits_for(1) == 1
 
 
@@ -161,7 +178,7 @@ def test_packed_fields_read_back(width: int, values: list[int]) -> None:
 
 
 def test_encoding_refuses_unsorted_or_foreign_keys() -> None:
-    shape = choose_shape(64, 8, 1e-5, 1 / 200)  # 4 buckets, 4 sections
+    shape = IndexShape(8, 2, 2, 8, 0)  # 4 buckets, 4 sections
     keys = np.sort(index_keys(np.array([1, 2, 3], np.uint64) << np.uint64(60), [1, 2, 3], 8))
     with pytest.raises(ValueError, match="outside"):
         encode_sections(keys | np.uint64(1 << 63), 0, 2, shape)
