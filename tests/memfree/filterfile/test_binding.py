@@ -79,7 +79,7 @@ def test_an_edited_guard_field_is_refused(
 def test_an_edited_normalizer_is_refused(tmp_path: Path, layout: str) -> None:
     from memfree.vocab.words import ngram_hash_rows, word_metadata
 
-    words = "one two three four five six seven".split()
+    words = ["one", "two", "three", "four", "five", "six", "seven"]
     rows = ngram_hash_rows([words[i : i + 3] for i in range(5)])
     path = tmp_path / "w.memfree"
     if layout == "prefix-index":
