@@ -26,15 +26,17 @@ from bloom_builder.write import UnreachableRateError
 from memfree.errors import DamagedFilterError
 from memfree.filterfile.index_file import open_index
 from memfree.filterfile.index_layout import (
-    CONCENTRATION_SAMPLE,
     MAX_SECTION_RECORDS,
-    Concentration,
     IndexShape,
-    choose_shape,
     encode_sections,
+    token_bits_for,
+)
+from memfree.filterfile.index_sizing import (
+    CONCENTRATION_SAMPLE,
+    Concentration,
+    choose_shape,
     natural_rate,
     stated_rates,
-    token_bits_for,
     word_rate,
     word_shape,
     word_token_bits,

@@ -35,16 +35,13 @@ from memfree.filterfile.index_header import (
 )
 from memfree.filterfile.index_layout import (
     INDEX_LAYOUT,
-    Concentration,
     IndexShape,
-    choose_shape,
     encode_sections,
     index_keys,
     token_bits_for,
-    word_shape,
-    word_token_bits,
 )
 from memfree.filterfile.index_read import IndexArrays, contains_keys, lookup
+from memfree.filterfile.index_sizing import Concentration, choose_shape, word_shape, word_token_bits
 
 #: The index's default target: false bans per natural query (the Bloom layout's default is 1e-3).
 DEFAULT_INDEX_FALSE_POSITIVE_RATE = 1e-5

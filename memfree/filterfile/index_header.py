@@ -34,14 +34,8 @@ import xxhash
 from memfree.filterfile.header import page_round
 from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
-from memfree.filterfile.index_layout import (
-    INDEX_LAYOUT,
-    Concentration,
-    IndexShape,
-    section_words,
-    stated_rates,
-    token_bits_for,
-)
+from memfree.filterfile.index_layout import INDEX_LAYOUT, IndexShape, section_words, token_bits_for
+from memfree.filterfile.index_sizing import Concentration, stated_rates
 
 INDEX_HASH_SCHEME = "horner-fmix64-prefix-index-v1"
 _HEX16 = re.compile(r"[0-9a-f]{16}\Z")

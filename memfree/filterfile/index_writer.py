@@ -23,14 +23,8 @@ from memfree.filterfile.index_header import (
     index_offsets,
     section_table,
 )
-from memfree.filterfile.index_layout import (
-    INDEX_LAYOUT,
-    Concentration,
-    EncodedSections,
-    IndexShape,
-    section_words,
-    stated_rates,
-)
+from memfree.filterfile.index_layout import INDEX_LAYOUT, EncodedSections, IndexShape, section_words
+from memfree.filterfile.index_sizing import Concentration, stated_rates
 from memfree.filterfile.writer import header_bytes, json_bytes
 
 

@@ -25,16 +25,14 @@ from memfree.filterfile.header import PREAMBLE
 from memfree.filterfile.index_file import IndexFilter, verify_written
 from memfree.filterfile.index_header import index_digest
 from memfree.filterfile.index_layout import (
-    Concentration,
     IndexShape,
-    choose_shape,
     encode_sections,
     index_keys,
-    natural_rate,
     pack_fields,
     token_bits_for,
 )
 from memfree.filterfile.index_read import read_fields
+from memfree.filterfile.index_sizing import Concentration, choose_shape, natural_rate
 from memfree.filterfile.index_writer import IndexFileWriter
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.index_layout import natural_rate
+from memfree.filterfile.index_sizing import natural_rate
 
 N = 6
 
@@ -79,6 +79,7 @@ def test_natural_queries_meet_the_stated_rate(
     expected = 1.25 * stated * queries.shape[0]
     assert natural * queries.shape[0] <= expected + 4 * expected**0.5 + 3, (natural, stated)
     assert uniform <= natural  # the uniform figure flatters the layout, never the reverse
-    assert uniform * uniform_queries.shape[0] <= 3 + 4 * metadata[
-        "uniform_false_positive_rate"
-    ] * uniform_queries.shape[0] * 4
+    assert (
+        uniform * uniform_queries.shape[0]
+        <= 3 + 4 * metadata["uniform_false_positive_rate"] * uniform_queries.shape[0] * 4
+    )
