@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="colour in --explain output (default: when writing to a terminal)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON records on stdout")
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="accept a filter that stores no n-gram (refused by default: it guards nothing)",
+    )
 
 
 def read_prompts(path: str) -> list[str]:
@@ -164,6 +169,13 @@ def run(args: argparse.Namespace) -> int:
         ngram_filter = NgramFilter.open(args.filter)
     except (FileNotFoundError, FilterError) as error:
         return fail(str(error))
+    if len(ngram_filter) == 0 and not args.allow_empty:  # before the model loads
+        from memfree.engines.setup import EmptyFilterError
+
+        empty = EmptyFilterError(
+            args.filter, ngram_filter.unit, ngram_filter.n, "pass --allow-empty"
+        )
+        return fail(str(empty))
 
     from memfree.cli.common import disable_download_bars
 
@@ -175,7 +187,9 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer = load_model(args.model, device=args.device)
         # The guard refuses a filter of another tokenizer (FilterMismatchError, a FilterError).
         canonical = None if args.canonical else False
-        guard = MemFreeLogitsProcessor(ngram_filter, tokenizer=tokenizer, canonical=canonical)
+        guard = MemFreeLogitsProcessor(
+            ngram_filter, tokenizer=tokenizer, canonical=canonical, allow_empty=args.allow_empty
+        )
     except (ModelNotFoundError, FilterError) as error:
         return fail(str(error))
     if args.chat:

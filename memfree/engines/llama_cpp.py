@@ -5,7 +5,10 @@ the next token's scores, from inside a ctypes callback of llama.cpp's sampler ch
 swallows exceptions: an error would leave the scores as they were, unguarded. So this processor
 fails closed: if anything goes wrong inside a step, the step allows nothing but end of sequence,
 and the error is kept and raised afterwards by :meth:`~MemFreeLlamaCppLogitsProcessor.check` (or
-on leaving a ``with`` block). A token the guard did not check is never emitted.
+on leaving a ``with`` block). A token the guard did not check is never emitted. A filter error
+(a block of an index filter found damaged on its first read) is logged once per problem, naming
+the file and the block; the guard keeps serving later generations, and each step it failed is
+still raised by :meth:`~MemFreeLlamaCppLogitsProcessor.check`.
 
 Example::
 
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 
 from memfree.core.exempt import PromptNgrams
+from memfree.engines.faults import StepFaults
 from memfree.engines.rows import RowGuard
 from memfree.engines.setup import GuardSetup
 from memfree.errors import FilterError, FilterMismatchError
@@ -58,9 +62,12 @@ class MemFreeLlamaCppLogitsProcessor:
             see :class:`~memfree.MemFreeLogitsProcessor`).
         exempt_prompt: a stored n-gram that occurs in the generation's own prompt (the row at
             its first step) is not banned (:mod:`memfree.core.exempt`).
+        allow_empty: accept a filter that stores no n-gram (refused by default: it guards
+            nothing).
 
     Raises:
         FilterMismatchError: the filter does not fit the model's vocabulary, n or unit.
+        EmptyFilterError: the filter stores no n-gram (pass ``allow_empty=True`` to accept it).
         FilterError: the filter cannot be opened, or the model's end-of-sequence token is not one
             of the filter's special tokens.
     """
@@ -74,6 +81,7 @@ class MemFreeLlamaCppLogitsProcessor:
         ngram_size: int | None = None,
         canonical: bool | None = None,
         exempt_prompt: bool = False,
+        allow_empty: bool = False,
     ) -> None:
         if tokenizer is None:
             tokenizer = gguf_tokenizer(llama)
@@ -81,7 +89,12 @@ class MemFreeLlamaCppLogitsProcessor:
         self.n_vocab = int(llama.n_vocab())
         eos = int(llama.token_eos())
         setup = GuardSetup.create(
-            ngram_filter, tokenizer, ngram_size=ngram_size, eos_token_id=eos, canonical=canonical
+            ngram_filter,
+            tokenizer,
+            ngram_size=ngram_size,
+            eos_token_id=eos,
+            canonical=canonical,
+            allow_empty=allow_empty,
         )
         if not setup.eos_token_ids:
             raise FilterError(
@@ -90,9 +103,10 @@ class MemFreeLlamaCppLogitsProcessor:
                 "rebuild the filter with this model's tokenizer"
             )
         self.setup = setup
-        self.rows = RowGuard(setup)
-        self.eos_token_id = eos
         self.failures: list[BaseException] = []
+        # A row closed for a filter error is a failed step too: logged once, raised by check().
+        self.rows = RowGuard(setup, StepFaults(logger, lambda error: self.failures.append(error)))
+        self.eos_token_id = eos
         self.steps = 0
         self.exempt_prompt = bool(exempt_prompt)
         self._prompt: np.ndarray | None = None  # the generation's prompt, and its n-grams

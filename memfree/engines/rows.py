@@ -5,17 +5,21 @@ input ids), some of them not known yet (vLLM's ``-1`` placeholders under async s
 core takes one `(rows, width)` tensor. :class:`RowGuard` builds it for the filter's unit: the token
 unit reads only each row's last n-1 ids; the word unit reads the whole row, left-padded with ``-1``
 (which adds no text). A row whose ids the masker would read are not all known is *closed*: the
-adapter lets it take nothing but end of sequence, so no unchecked token is ever emitted.
+adapter lets it take nothing but end of sequence, so no unchecked token is ever emitted. So is a row
+whose lookup raised a filter error (a damaged block of the filter): the other rows are answered,
+and the error is logged once (:mod:`memfree.engines.faults`).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from memfree.core.exempt import PromptNgrams
+from memfree.engines.faults import StepFaults, step_masks
 from memfree.engines.setup import GuardSetup, ban_scores, fail_closed
 
 
@@ -24,10 +28,12 @@ class RowGuard:
 
     Args:
         setup: the guard's checked settings and core (:class:`~memfree.engines.setup.GuardSetup`).
+        faults: where filter errors inside a step are logged (default: the ``memfree`` logger).
     """
 
-    def __init__(self, setup: GuardSetup) -> None:
+    def __init__(self, setup: GuardSetup, faults: StepFaults | None = None) -> None:
         self.setup = setup
+        self.faults = faults or StepFaults(logging.getLogger("memfree"))
         self.n = setup.n
         self.eos_token_ids = setup.eos_token_ids
         # The ids of a row the masker reads: the token masker's last n-1; the word masker's, all.
@@ -100,7 +106,8 @@ class RowGuard:
 
         Returns:
             (bool `(rows, vocab_width)` banned candidates, bool `(rows,)` closed rows), on
-            ``device``.
+            ``device``. A row whose lookup raised a filter error is closed, and the error logged
+            (once per problem, :attr:`faults`).
 
         Raises:
             FilterChangedError: the filter file was rewritten in place (see
@@ -111,13 +118,19 @@ class RowGuard:
         banned = torch.zeros((len(rows), vocab_width), dtype=torch.bool, device=device)
         if checked.any():
             which = np.flatnonzero(checked)
-            mask, _ = self.setup.banned_mask(
+            step = step_masks(
+                self.setup.masker,
+                self.setup.file_watch,
                 torch.from_numpy(np.ascontiguousarray(contexts[which])),
                 vocab_width,
                 device,
                 None if prompts is None else [prompts[i] for i in which.tolist()],
             )
-            banned[torch.from_numpy(which).to(device)] = mask
+            banned[torch.from_numpy(which).to(device)] = step.banned
+            if step.failed is not None:
+                failed = which[step.failed.cpu().numpy()]
+                closed[failed] = True
+                self.faults.report(step, len(failed), len(rows))
         return banned, torch.from_numpy(closed).to(device)
 
     def guard(
@@ -130,7 +143,8 @@ class RowGuard:
         prompts: Sequence[PromptNgrams | None] | None = None,
     ) -> torch.Tensor:
         """``scores`` `(rows, vocab_width)` with every banned candidate at ``-inf``, closed rows
-        left with end of sequence only, and no guarded row left with nothing allowed.
+        (ids not known yet, or a lookup that raised a filter error) left with end of sequence
+        only, and no guarded row left with nothing allowed.
 
         Args:
             scores: the step's scores.

@@ -7,7 +7,7 @@ every argument checked once, at construction. At each step they ask :func:`check
 (the masker's answer, read from a filter file that was not rewritten in place meanwhile: see
 :mod:`memfree.filterfile.filewatch`), then edit the scores with :func:`ban_scores` (blocked tokens at
 ``-inf``, end of sequence rescued) or, when a row's context is not known, :func:`fail_closed`
-(nothing but end of sequence).
+(nothing but end of sequence); a filter error inside a step: :mod:`memfree.engines.faults`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,28 @@ import torch
 
 from memfree.core import Masker, MaskerOptions, exempt_token_ids
 from memfree.core.exempt import PromptNgrams, exempt_banned_mask
-from memfree.errors import FilterMismatchError
+from memfree.errors import FilterError, FilterMismatchError
 from memfree.filterfile import open_filter
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.protocol import NgramSet
 from memfree.units import Unit, get_unit, unit_of
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.tokenizer import check_tokenizer
+
+
+class EmptyFilterError(FilterError):
+    """A filter that stores no n-gram (``path``, of ``unit`` ``n``-grams) was given to a guard,
+    which would then guard nothing; ``opt_in`` says how the caller accepts one anyway."""
+
+    def __init__(self, path: str | os.PathLike[str], unit: str, n: int, opt_in: str) -> None:
+        super().__init__(
+            f"{path}: the filter stores no n-gram (0 {unit} {n}-grams), so a guard over it "
+            "would guard nothing; rebuild it with a lower --n or --min-count (`memfree build`, "
+            f"or from more text), or, if an empty filter is what you want, {opt_in}"
+        )
+        self.path = path
+        self.unit = unit
+        self.n = n
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,7 @@ class GuardSetup:
         pad_token_id: int | None = None,
         options: MaskerOptions | None = None,
         canonical: bool | None = None,
+        allow_empty: bool = False,
     ) -> GuardSetup:
         """Open and check everything a guard needs (see :class:`~memfree.MemFreeLogitsProcessor`
         for the arguments). The tokenizer (a Hugging Face one, or its
@@ -121,15 +137,20 @@ class GuardSetup:
 
         ``canonical`` (token filters): None turns canonical decoding on when there is a
         tokenizer; True asks for it (a tokenizer is then needed); False guards the ids only.
+        ``allow_empty``: accept a filter that stores no n-gram (refused by default: such a guard
+        changes nothing, which is almost always a build gone wrong).
 
         Raises:
             FilterMismatchError: tokenizer fingerprint, n or unit differs from the filter's.
+            EmptyFilterError: the filter stores no n-gram and ``allow_empty`` is False.
             CanonicalUnsupportedError: canonical decoding asked for (or by default) with a
                 tokenizer it is not exact for.
             ValueError: a bad argument.
         """
         if canonical is not None and not isinstance(canonical, bool):
             raise ValueError(f"canonical must be True, False or None, got {canonical!r}")
+        if not isinstance(allow_empty, bool):
+            raise ValueError(f"allow_empty must be True or False, got {allow_empty!r}")
         ngram_filter = open_filter(ngram_filter)
         n = ngram_filter.n
         if ngram_size is not None and ngram_size != n:
@@ -137,6 +158,8 @@ class GuardSetup:
                 f"{ngram_filter.path}: holds {n}-grams, but ngram_size={ngram_size} was "
                 f"asked for; rebuild it with `memfree build --n {ngram_size}` or drop ngram_size"
             )
+        if len(ngram_filter) == 0 and not allow_empty:
+            raise EmptyFilterError(ngram_filter.path, ngram_filter.unit, n, "pass allow_empty=True")
         special: set[int] = set()
         eos_ids: list[int] = []
         info = None if tokenizer is None else TokenizerInfo.of(tokenizer)
@@ -362,6 +385,7 @@ def token_ids(name: str, value: Any) -> list[int]:
 
 
 __all__ = [
+    "EmptyFilterError",
     "GuardSetup",
     "ban_scores",
     "checked_banned_mask",

@@ -5,6 +5,7 @@ stored n-gram (MemFree decoding, Ippolito et al. 2023, Algorithm 1), over the en
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable, Sequence
@@ -14,7 +15,14 @@ import torch
 
 from memfree.core import Masker, MaskerOptions
 from memfree.core.exempt import PromptNgrams
-from memfree.engines.setup import GuardSetup, ban_scores, ban_scores_cpu, checked_banned_mask
+from memfree.engines.faults import StepFaults, step_masks
+from memfree.engines.setup import (
+    GuardSetup,
+    ban_scores,
+    ban_scores_cpu,
+    checked_banned_mask,
+    fail_closed,
+)
 from memfree.engines.stats import GuardStats, StatsRecorder
 from memfree.errors import FilterError
 from memfree.filterfile.filewatch import FileWatch
@@ -56,6 +64,15 @@ class MemFreeLogitsProcessor(_Base):
     ``generate()`` calls and on candidate tokens that are later rejected: its statistics describe
     the latest of those calls, not the output.
 
+    A block of an index filter is verified when first read, so a damaged block can surface in the
+    middle of a generation (:class:`~memfree.errors.DamagedFilterError`). The guard then closes
+    only the rows whose lookup reads it: they may take only end of sequence at that step (so they
+    end there), every other row is guarded as usual, and the problem (the file, its section and
+    block) is logged once as an error on the ``memfree`` logger and kept in :attr:`faults`.
+    ``generate()`` returns; a stored n-gram is never emitted. Without an end-of-sequence id no
+    row can be closed, and the error is raised instead. A filter file rewritten in place still
+    stops the generation (:meth:`__call__`).
+
     Args:
         ngram_filter: an :class:`~memfree.NgramFilter` (or another filter format's reader) or the
             path of a filter file.
@@ -81,6 +98,12 @@ class MemFreeLogitsProcessor(_Base):
         exempt_prompt: a stored n-gram that occurs in a row's own prompt is not banned (the
             model may quote, translate or edit the text it was given); every other stored n-gram
             is (:mod:`memfree.core.exempt`). The prompt is each row at a generation's first step.
+        allow_empty: accept a filter that stores no n-gram (by default refused: such a guard
+            changes nothing, which is almost always a build gone wrong).
+
+    Attributes:
+        faults: the filter errors met inside steps, each logged once
+            (:attr:`StepFaults.problems <memfree.engines.faults.StepFaults.problems>`).
 
     Raises:
         FilterMismatchError: tokenizer fingerprint or n differs from the filter's (or, for a word
@@ -88,6 +111,7 @@ class MemFreeLogitsProcessor(_Base):
         CanonicalUnsupportedError: canonical decoding with a tokenizer it is not exact for
             (anything but byte-level BPE with GPT-2's pre-tokenizer): pass ``canonical=False``,
             or guard with a word filter.
+        EmptyFilterError: the filter stores no n-gram (pass ``allow_empty=True`` to accept it).
         ValueError: a bad argument.
 
     Example:
@@ -116,6 +140,7 @@ class MemFreeLogitsProcessor(_Base):
         cuda_graphs: bool = True,
         canonical: bool | None = None,
         exempt_prompt: bool = False,
+        allow_empty: bool = False,
     ) -> None:
         setup = GuardSetup.create(
             ngram_filter,
@@ -127,6 +152,7 @@ class MemFreeLogitsProcessor(_Base):
             pad_token_id=pad_token_id,
             options=MaskerOptions(skip_rows=bool(skip_rows), cuda_graphs=bool(cuda_graphs)),
             canonical=canonical,
+            allow_empty=allow_empty,
         )
         self.setup = setup
         self.canonical = setup.canonical
@@ -143,17 +169,20 @@ class MemFreeLogitsProcessor(_Base):
         self.masker: Masker = setup.masker
         self.file_watch: FileWatch | None = setup.file_watch
         self._recorder = StatsRecorder()
+        self.faults = StepFaults(logging.getLogger("memfree"))
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles start with no statistics (even shallow copies)."""
         state = self.__dict__.copy()
         state["_recorder"] = StatsRecorder()
         state["_prompts"] = None  # thread-local: a copy reads its own prompts
+        state["faults"] = None  # holds a lock: a copy logs its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._prompts = threading.local()
+        self.faults = StepFaults(logging.getLogger("memfree"))
 
     @property
     def tokenizer(self) -> Any:
@@ -192,11 +221,16 @@ class MemFreeLogitsProcessor(_Base):
         Returns:
             A new `(batch, vocab)` tensor; ``scores`` is not modified.
 
+        A row whose lookup raises another filter error (a damaged block) takes only end of
+        sequence at this step, and the error is logged once (see the class's description).
+
         Raises:
             FilterChangedError: the filter file was rewritten in place while the guard had it
                 open (see :mod:`memfree.filterfile.filewatch`). Raised, not swallowed: ``generate()`` stops
                 and nothing the guard did not check is emitted. Replace filters by renaming a new
                 file over the old one; a running guard then keeps the old one.
+            FilterError: a row's lookup failed and the guard has no end-of-sequence id to close
+                it with.
         """
         if input_ids.dim() != 2 or scores.dim() != 2 or input_ids.shape[0] != scores.shape[0]:
             raise ValueError(
@@ -204,16 +238,27 @@ class MemFreeLogitsProcessor(_Base):
                 f"batch, got {tuple(input_ids.shape)} and {tuple(scores.shape)}"
             )
         prompts = self._prompt_ngrams(input_ids) if self.exempt_prompt else None
-        mask, checked = self.blocked_mask(input_ids, scores.shape[1], scores.device, prompts)
+        step = step_masks(
+            self.masker, self.file_watch, input_ids, scores.shape[1], scores.device, prompts
+        )
+        if step.failed is not None and not self.eos_token_ids:
+            raise step.errors[0]  # no end of sequence to close the rows with
+        mask, checked = step.banned, step.checked
         fast = ban_scores_cpu(scores, mask, self.eos_token_ids, inplace=False)
         if fast is None:
             guarded = ban_scores(scores, mask, self.eos_token_ids, inplace=False)
             if self.record_stats:
                 self._recorder.record(input_ids, scores, mask, checked)
-            return guarded  # type: ignore[return-value]
-        if self.record_stats:  # the first choices and counts the fast path found on the way
-            self._recorder.record(input_ids, scores, mask, checked, fast.first_choice, fast.counts)
-        return fast.scores  # type: ignore[return-value]
+        else:
+            guarded = fast.scores
+            if self.record_stats:  # the first choices and counts the fast path found on the way
+                self._recorder.record(
+                    input_ids, scores, mask, checked, fast.first_choice, fast.counts
+                )
+        if step.failed is not None:  # rows whose lookup raised a filter error: end them here
+            self.faults.report(step, int(step.failed.sum()), scores.shape[0])
+            guarded = fail_closed(guarded, step.failed, self.eos_token_ids)
+        return guarded  # type: ignore[return-value]
 
     def _prompt_ngrams(self, input_ids: torch.Tensor) -> list[PromptNgrams | None]:
         """Each row's prompt n-grams: read at a generation's first step (a step whose rows do

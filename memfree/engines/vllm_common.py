@@ -3,8 +3,12 @@ and the per-request decision (see :mod:`memfree.engines.policy`).
 
 vLLM calls a logits processor's ``apply()`` inside the engine's step, where an exception kills the
 engine. So everything that can fail (the configuration, the filter file, its tokenizer fingerprint
-against the engine's tokenizer, n, unit) is checked here, when the engine builds the processor:
-a bad setting stops the engine at start-up with a message that names it.
+against the engine's tokenizer, n, unit, a filter that stores nothing) is checked here, when the
+engine builds the processor: a bad setting stops the engine at start-up with a message that names
+it. What can only fail inside a step never raises there: a block of the filter found damaged on its
+first read closes the rows whose lookup reads it (end of sequence only), logged once per problem
+(:func:`~memfree.engines.faults.step_masks`); a filter file rewritten in place closes every guarded
+row from then on (:class:`ChangedFilterGuard`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from memfree.engines.faults import StepFaults
 from memfree.engines.policy import (
     CONFIG_ENV,
     FILTER_ENV,
@@ -25,7 +30,7 @@ from memfree.engines.policy import (
     requested_guard,
 )
 from memfree.engines.rows import RowGuard
-from memfree.engines.setup import GuardSetup, fail_closed
+from memfree.engines.setup import EmptyFilterError, GuardSetup, fail_closed
 from memfree.errors import FilterChangedError, FilterError
 
 if TYPE_CHECKING:
@@ -89,17 +94,24 @@ def guard_for(config: ServingConfig, vllm_config: Any) -> RowGuard:
     """The guard the operator's ``config`` asks for, over the engine's tokenizer.
 
     Raises:
-        FilterError: the filter cannot be opened, or does not fit the engine's tokenizer (its
-            fingerprint), n or unit; the message says how to rebuild it.
+        FilterError: the filter cannot be opened (a missing file is named with the setting that
+            gave its path), does not fit the engine's tokenizer (its fingerprint), n or unit; the
+            message says how to rebuild it.
+        EmptyFilterError: the filter stores no n-gram and the configuration does not allow it.
     """
     tokenizer = engine_tokenizer(vllm_config)
     try:
         setup = GuardSetup.create(
-            config.filter, tokenizer, ngram_size=config.ngram_size, canonical=config.canonical
+            config.filter,
+            tokenizer,
+            ngram_size=config.ngram_size,
+            canonical=config.canonical,
+            allow_empty=config.allow_empty,
         )
     except FileNotFoundError as error:
-        where = FILTER_ENV if config.source == FILTER_ENV else f"{config.source}['filter']"
-        raise FilterError(f"{where}: {error}; build one with `memfree build`") from None
+        raise FilterError(config.missing_filter(error)) from None
+    except EmptyFilterError as error:  # the fix in the configuration's terms
+        raise EmptyFilterError(error.path, error.unit, error.n, config.allow_empty_fix()) from None
     logger.info(
         "memfree %s: guarding every request with %s (%s %d-grams; promise: %s%s; from %s)",
         _version(),
@@ -110,7 +122,7 @@ def guard_for(config: ServingConfig, vllm_config: Any) -> RowGuard:
         ", requests may opt out" if config.allow_opt_out else "",
         config.source,
     )
-    return RowGuard(setup)
+    return RowGuard(setup, StepFaults(logger))
 
 
 class ChangedFilterGuard:

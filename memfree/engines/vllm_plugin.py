@@ -12,8 +12,16 @@ class subclasses both bases and picks the implementation from the arguments
 With no configuration (no ``additional_config["memfree"]``, no ``MEMFREE_FILTER`` or
 ``MEMFREE_CONFIG``) it is inert: it says so once at start-up, guards nothing and costs one call
 that returns the logits (V1) or nothing at all (V2, which skips a processor no request needs).
-A configuration that is present but wrong stops the engine with its message. Built twice in one
-engine (the entry point and ``--logits-processors``), the second instance stands aside.
+A configuration that is present but wrong stops the engine with its message; so does one that is
+present but empty (``MEMFREE_FILTER=`` or ``MEMFREE_CONFIG=`` exported empty,
+``{"memfree": null}`` or ``{"memfree": {}}``), which would otherwise leave the engine unguarded, and
+a filter that stores no n-gram (unless ``"allow_empty": true``). Built twice in one engine (the
+entry point and ``--logits-processors``), the second instance stands aside.
+
+Inside a step nothing raises (an exception there would kill the engine and every request on it): a
+block of the filter found damaged on its first read closes the rows whose lookup reads it (end of
+sequence only, at that step), the others are served, and the problem is logged once on
+``vllm.memfree``, naming the file and the block.
 
 Every ``log_interval_s`` seconds (60 by default) an active guard logs what it did: requests
 guarded and opted out, steps and their rows, and how often it removed a row's first choice.

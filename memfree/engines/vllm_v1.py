@@ -124,9 +124,11 @@ class V1Guard:
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """The logits (edited in place) with every stored n-gram's last token at ``-inf``.
 
-        A row no request was added for is closed: it may take only end of sequence. If the
-        filter file was rewritten in place, every guarded row is closed from then on and the
-        error is logged (see :class:`~memfree.engines.vllm_common.ChangedFilterGuard`).
+        A row no request was added for is closed: it may take only end of sequence. So is, at
+        this step, a row whose lookup raises a filter error (a damaged block of the filter): the
+        others are answered and the error is logged once (:mod:`memfree.engines.faults`). If
+        the filter file was rewritten in place, every guarded row is closed from then on and
+        the error is logged (see :class:`~memfree.engines.vllm_common.ChangedFilterGuard`).
         """
         count = logits.shape[0]
         window = self.rows.window

@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from memfree.core.exempt import PromptNgrams
+from memfree.engines.faults import step_masks
 from memfree.engines.policy import ServingConfig
-from memfree.engines.setup import ban_scores
+from memfree.engines.setup import ban_scores, fail_closed
 from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
@@ -82,8 +83,11 @@ class V2Guard:
     def apply(self, logits: torch.Tensor, ctx: Any) -> torch.Tensor:
         """The logits (edited in place) with every stored n-gram's last token at ``-inf``.
 
-        If the filter file was rewritten in place, every guarded row is closed from then on and
-        the error is logged (see :class:`~memfree.engines.vllm_common.ChangedFilterGuard`).
+        A row whose lookup raises a filter error (a damaged block of the filter) is closed at
+        this step, the others are answered, and the error is logged once
+        (:func:`~memfree.engines.faults.step_masks`). If the filter file was rewritten in place,
+        every guarded row is closed from then on and the error is logged (see
+        :class:`~memfree.engines.vllm_common.ChangedFilterGuard`).
         """
         if not self._guarded[np.asarray(ctx.idx_mapping_np)].any():
             return logits
@@ -93,9 +97,22 @@ class V2Guard:
             prompts = self._prompts(slots) if self.config.exempt_prompt is not False else None
             if self.rows.window is not None:
                 ids, full = self._windows(ctx, slots, self.rows.window)
-                mask, _ = self.rows.setup.banned_mask(ids, logits.shape[1], logits.device, prompts)
+                setup = self.rows.setup
+                step = step_masks(
+                    setup.masker, setup.file_watch, ids, logits.shape[1], logits.device, prompts
+                )
+                mask = step.banned
                 mask &= (full & guarded).unsqueeze(1)
-                return ban_scores(logits, mask, self.rows.eos_token_ids, inplace=True, rows=guarded)
+                eos = self.rows.eos_token_ids
+                out = ban_scores(logits, mask, eos, inplace=True, rows=guarded)
+                if step.failed is None:
+                    return out
+                # A row of fewer than n-1 ids completes no n-gram: its lookup is not needed.
+                failed = step.failed & full & guarded
+                closed = int(failed.sum())
+                if closed:
+                    self.rows.faults.report(step, closed, logits.shape[0])
+                return fail_closed(out, failed, eos)
             rows = self._host_rows(ctx, slots)
             return self.rows.guard(
                 logits, rows, guarded=guarded.cpu().numpy(), inplace=True, prompts=prompts

@@ -280,6 +280,24 @@ def test_cli_generate_refuses_a_filter_of_another_tokenizer(
     assert "Rebuild the filter" in capsys.readouterr().err
 
 
+def test_cli_generate_refuses_an_empty_filter_unless_allowed(
+    tmp_path: Path, saved_llama: Path, tokenizer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A filter of no n-gram guards nothing: refused (before the model loads) with the fix and
+    the opt-in in the command's own terms; ``--allow-empty`` runs it."""
+    path = tmp_path / "empty.memfree"
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    NgramFilter.from_ngrams(
+        path, np.zeros((0, 3), np.int64), metadata={"tokenizer_fingerprint": fingerprint}
+    )
+    common = ["generate", "--filter", str(path), "--model", str(saved_llama), "--prompt", "x"]
+    assert cli_main([*common, "--max-new-tokens", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "stores no n-gram" in error and "pass --allow-empty" in error
+    assert "allow_empty=True" not in error
+    assert cli_main([*common, "--max-new-tokens", "2", "--allow-empty"]) == 0
+
+
 def short_context_llama(tokenizer: Any, context: int) -> Any:
     """A tiny Llama (random weights) whose context is ``context`` positions."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -342,7 +342,7 @@ def test_nothing_stored_changes_nothing(
     with tempfile.TemporaryDirectory() as directory:
         empty = np.zeros((0, scenario["n"]), dtype=np.int64)
         filt = NgramFilter.from_ngrams(Path(directory) / "f.memfree", empty)
-        guard = MemFreeLogitsProcessor(filt, eos_token_id=eos)
+        guard = MemFreeLogitsProcessor(filt, eos_token_id=eos, allow_empty=True)
         ids, mask = left_pad(scenario["prompts"], eos)
         outputs = []
         for processors in ([guard], None):

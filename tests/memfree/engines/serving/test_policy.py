@@ -68,7 +68,8 @@ def test_canonical_is_an_operator_setting() -> None:
     [
         (None, "has no configuration"),
         ("x.memfree", "must be a mapping"),
-        ({}, r"\['filter'\] must be the path"),
+        ({}, r"\['memfree'\] is empty \(\{\}\): .*present but empty is refused"),
+        ({"allow_opt_out": True}, r"\['filter'\] must be the path"),
         ({"filter": "f", "allow_optout": True}, "unknown key"),
         ({"filter": "f", "allow_opt_out": "yes"}, "must be true or false"),
         ({"filter": "f", "ngram_size": 0}, "positive integer"),
@@ -100,4 +101,91 @@ def test_the_engine_refuses_a_filter_that_does_not_fit(
     with pytest.raises(ServingConfigError, match="skip_tokenizer_init"):
         config = helpers.vllm_config(tokenizer_dir, {"filter": str(token_guarded.filter.path)})
         config.model_config.skip_tokenizer_init = True
+        MemFreeV1LogitsProcessor(config, torch.device("cpu"), False)
+
+
+PRESENT_BUT_EMPTY = "present but empty is refused rather than leave the engine unguarded"
+
+
+@pytest.mark.parametrize(
+    ("additional_config", "message"),
+    [
+        ({"memfree": None}, r"^additional_config\['memfree'\] is null: "),
+        (SimpleNamespace(memfree=None), r"^additional_config\['memfree'\] is null: "),
+        ({"memfree": {}}, r"^additional_config\['memfree'\] is empty \(\{\}\): "),
+    ],
+)
+def test_a_present_but_empty_configuration_is_refused(additional_config: Any, message: str) -> None:
+    with pytest.raises(ServingConfigError, match=message + f".*{PRESENT_BUT_EMPTY}.*PATH"):
+        ServingConfig.find(additional_config, environ={})
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"MEMFREE_FILTER": ""},
+        {"MEMFREE_FILTER": "  "},
+        {"MEMFREE_CONFIG": ""},
+        {"MEMFREE_CONFIG": "", "MEMFREE_FILTER": "f.memfree"},  # the empty one is named
+    ],
+)
+def test_an_exported_but_empty_variable_is_refused(environ: dict[str, str]) -> None:
+    name = next(key for key, value in environ.items() if not value.strip())
+    message = (
+        rf"^{name} is set but empty \({name}='\s*'\): .*{PRESENT_BUT_EMPTY}; set {name} to the "
+        rf"path of .*, or unset it \(`unset {name}`\) to run without the guard$"
+    )
+    with pytest.raises(ServingConfigError, match=message):
+        ServingConfig.find({}, environ=environ)
+    assert ServingConfig.find({}, environ={}) is None  # nothing set: not configured
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("null", rf"=\S+ is null: .*{PRESENT_BUT_EMPTY}"),
+        ("{}", rf"=\S+ is empty \(\{{\}}\): .*{PRESENT_BUT_EMPTY}"),
+        ("[1, 2]", r"=\S+ must hold a JSON object of settings like \{.*\}, got a list \[1, 2\]$"),
+        ('"f.memfree"', r"=\S+ must hold a JSON object of settings .*got a string 'f.memfree'$"),
+        ('{"filter": "f", "log_interval_s": NaN}', r"=\S+\['log_interval_s'\] must be a finite"),
+        ('{"filter": "f", "log_interval_s": Infinity}', r"=\S+\['log_interval_s'\] .* got inf$"),
+        ('{"filter": "f", "allow_opt_out": "yes"}', r"=\S+json\['allow_opt_out'\] must be"),
+    ],
+)
+def test_a_settings_file_is_refused_in_its_own_terms(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    """The file holds the settings themselves: no ['memfree'] in its messages."""
+    settings = tmp_path / "memfree.json"
+    settings.write_text(content, encoding="utf-8")
+    with pytest.raises(ServingConfigError, match=f"^MEMFREE_CONFIG{message}") as error:
+        ServingConfig.find({}, environ={"MEMFREE_CONFIG": str(settings)})
+    assert "['memfree']" not in str(error.value)
+
+
+@pytest.mark.parametrize("interval", [float("nan"), float("inf"), -1])
+def test_a_log_interval_must_be_a_finite_number_of_seconds(interval: float) -> None:
+    with pytest.raises(ServingConfigError, match=r"\['log_interval_s'\] must be a finite number"):
+        ServingConfig.parse({"memfree": {"filter": "f", "log_interval_s": interval}})
+    config = ServingConfig.parse({"memfree": {"filter": "f", "log_interval_s": 0}})
+    assert config.log_interval_s == 0
+
+
+def test_a_missing_filter_file_is_named_with_its_setting(
+    tmp_path: Path, token_guarded: Any, helpers: Any, tokenizer_dir: Path
+) -> None:
+    missing = tmp_path / "no-such.memfree"
+    config = helpers.vllm_config(tokenizer_dir, {"filter": str(missing)})
+    with pytest.raises(FilterError) as error:
+        MemFreeV1LogitsProcessor(config, torch.device("cpu"), False)
+    assert str(error.value) == (
+        f"additional_config['memfree']['filter'] ({missing}): the filter file does not exist; "
+        "set additional_config['memfree']['filter'] to the path of an existing filter file "
+        "(a relative path is read from the engine's working directory), or build one there with "
+        "`memfree build`"
+    )
+    link = tmp_path / "link.memfree"
+    link.symlink_to(missing)
+    config = helpers.vllm_config(tokenizer_dir, {"filter": str(link)})
+    with pytest.raises(FilterError, match=r"\(.*link\.memfree\): a symbolic link to .*no-such"):
         MemFreeV1LogitsProcessor(config, torch.device("cpu"), False)

@@ -24,6 +24,7 @@ from memfree.engines.vllm import (
 )
 from memfree.engines.vllm_v1 import V1Guard
 from memfree.engines.vllm_v2 import V2Guard
+from memfree.errors import FilterError
 from memfree.integrations import vllm as integration
 
 LOGGER = "vllm.memfree"
@@ -164,7 +165,11 @@ def test_bad_environments_are_refused_by_name(
     with pytest.raises(ServingConfigError, match="both MEMFREE_CONFIG and MEMFREE_FILTER"):
         build()
     monkeypatch.delenv("MEMFREE_CONFIG")
-    with pytest.raises(Exception, match=r"MEMFREE_FILTER: .*f\.memfree"):
+    with pytest.raises(
+        FilterError,
+        match=r"^MEMFREE_FILTER=f\.memfree: the filter file does not exist \(looked for /.*; set "
+        r"MEMFREE_FILTER to the path of an existing filter file.*`memfree build`$",
+    ):
         build()  # the filter file does not exist
 
 
@@ -222,3 +227,36 @@ def test_the_log_line_counts_what_the_guard_did(
     assert "1 requests guarded (0 opted out), 3 steps, 3 rows," in line
     assert f"{removed} first choices removed" in line and line in caplog.text
     assert np.isclose(processor.log.interval, 3600)
+
+
+@pytest.mark.parametrize(
+    ("memfree", "environ", "message"),
+    [
+        (None, {"MEMFREE_FILTER": ""}, "MEMFREE_FILTER is set but empty"),
+        (None, {"MEMFREE_CONFIG": ""}, "MEMFREE_CONFIG is set but empty"),
+        ({}, {}, r"additional_config\['memfree'\] is empty"),
+    ],
+)
+def test_a_present_but_empty_configuration_stops_the_engine(
+    helpers: Any,
+    tokenizer_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    memfree: Any,
+    environ: dict[str, str],
+    message: str,
+) -> None:
+    """Not "not configured" (inert, one info line): the engine does not start unguarded."""
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    config = _config(helpers, tokenizer_dir, memfree)
+    with pytest.raises(ServingConfigError, match=message):
+        MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+    with pytest.raises(ServingConfigError, match=message):
+        MemFreeLogitsProcessor(config, _v2_states(50))
+
+
+def test_a_null_configuration_stops_the_engine(helpers: Any, tokenizer_dir: Path) -> None:
+    config = _config(helpers, tokenizer_dir)
+    config.additional_config = {"memfree": None}
+    with pytest.raises(ServingConfigError, match=r"additional_config\['memfree'\] is null"):
+        MemFreeLogitsProcessor(config, torch.device("cpu"), False)
