@@ -47,12 +47,17 @@ def test_version_comes_from_the_package_metadata() -> None:
     assert memfree.__version__ == importlib.metadata.version("memfree")
 
 
-def test_no_module_exceeds_400_lines() -> None:
+#: A module holds one structure or one algorithm: the anchors' single structures run 420-750
+#: lines (issue 36 replaced a 400-line cap that cut algorithms across files); past this is bloat.
+MODULE_LINE_BUDGET = 750
+
+
+def test_no_module_exceeds_its_budget() -> None:
     long = {
         str(path.relative_to(ROOT)): count
         for package in ("memfree", "bloom_builder", "eval")
         for path in (ROOT / package).rglob("*.py")
-        if (count := len(path.read_text(encoding="utf-8").splitlines())) > 400
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINE_BUDGET
     }
     assert not long, f"cut these along their seams: {long}"
 
