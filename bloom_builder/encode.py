@@ -8,10 +8,11 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from bloom_builder.segments import Document, split_long, take_batch
+from bloom_builder.segments import Document, SpansEncoder, split_long, take_batch
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, read_unit
 from memfree.units import Encoder, EncoderPayload
 
@@ -53,7 +54,10 @@ def encoded_batches(
     """The documents of one unit with their ids, batch by batch, in file order.
 
     Documents longer than a segment are cut first (``continues`` says which piece goes on), so
-    no text beyond :data:`~bloom_builder.segments.SEGMENT_BYTES` is encoded at once.
+    no text beyond :data:`~bloom_builder.segments.SEGMENT_BYTES` is encoded at once; with a
+    tokenizer that gives character offsets, a long document is tokenized there, in overlapping
+    windows spliced where they agree, to exactly the ids of its whole text
+    (:func:`~bloom_builder.segments.split_long`).
 
     Args:
         unit: the work unit to read.
@@ -68,11 +72,15 @@ def encoded_batches(
         Lists of ``(document, ids)``: ids an integer array `(num_ids,)` per document piece.
     """
     seconds = seconds if seconds is not None else EncodeSeconds()
-    documents = split_long(_usable_ids(read_unit(unit, options, problems), encoder, problems))
+    spans = spans_encoder(encoder)
+    timed = None if spans is None else _timed(spans, seconds)
+    usable = _usable_ids(read_unit(unit, options, problems), encoder, problems)
+    documents = split_long(usable, encode=timed)
     while True:
-        started = time.perf_counter()
+        started, encoding = time.perf_counter(), seconds.encoding
         batch = take_batch(documents, batch_documents, batch_bytes)
-        seconds.reading += time.perf_counter() - started
+        # what split_long spent tokenizing long documents is encoding time, not reading time
+        seconds.reading += time.perf_counter() - started - (seconds.encoding - encoding)
         if not batch:
             return
         started = time.perf_counter()
@@ -84,6 +92,64 @@ def encoded_batches(
         ]
         seconds.encoding += time.perf_counter() - started
         yield list(zip(batch, ids, strict=True))
+
+
+def spans_encoder(encoder: Encoder) -> SpansEncoder | None:
+    """How to tokenize one text with each token's character offsets, when ``encoder`` can: a
+    Hugging Face fast tokenizer's ``tokenizers`` backend (kept by
+    :class:`~memfree.units.BatchEncoder`; an encoder may also offer its own ``encode_spans``).
+    None for the word unit and for tokenizers without a backend, whose long texts are cut."""
+    own = getattr(encoder, "encode_spans", None)
+    if callable(own):
+        return own
+    backend = getattr(encoder, "_backend", None)
+    if backend is None or not callable(getattr(backend, "encode", None)):
+        return None
+
+    def encode(text: str) -> BackendSpans:
+        return BackendSpans(backend.encode(text, add_special_tokens=False))
+
+    return encode
+
+
+class BackendSpans:
+    """A ``tokenizers.Encoding`` as :class:`~bloom_builder.segments.Spans`: its ids, and each
+    token's offsets and word read on demand (a window of 256 KiB has some 100,000 tokens; a
+    splice reads a few thousand: all of them would cost a fifth of the tokenization)."""
+
+    def __init__(self, encoding: Any) -> None:
+        self._encoding = encoding
+        self.ids = np.asarray(encoding.ids, dtype=np.uint32)
+
+    def offsets(self, first: int, stop: int) -> np.ndarray:
+        """int64 `(stop - first, 2)`: the [start, end) characters of tokens first..stop-1 (a
+        token of no place in the text, which no encoding of one text without special tokens
+        has, is given an empty one where the token before it ends)."""
+        spans = []
+        end = 0 if first == 0 else self._encoding.token_to_chars(first - 1)[1]
+        for index in range(first, stop):
+            found = self._encoding.token_to_chars(index) or (end, end)
+            spans.append(found)
+            end = found[1]
+        return np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+
+    def words(self, first: int, stop: int) -> np.ndarray | None:
+        """int64 `(stop - first,)`: the pre-token of each token (-1: none)."""
+        words = (self._encoding.token_to_word(index) for index in range(first, stop))
+        return np.fromiter((-1 if word is None else word for word in words), np.int64)
+
+
+def _timed(encode: SpansEncoder, seconds: EncodeSeconds) -> SpansEncoder:
+    """``encode``, its time added to ``seconds.encoding``."""
+
+    def timed(text: str) -> Any:
+        started = time.perf_counter()
+        try:
+            return encode(text)
+        finally:
+            seconds.encoding += time.perf_counter() - started
+
+    return timed
 
 
 def _usable_ids(
