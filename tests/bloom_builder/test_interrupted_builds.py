@@ -22,23 +22,7 @@ from bloom_builder.errors import WorkerDied
 from bloom_builder.executors import LocalExecutor
 from bloom_builder.outputs import remove_stale_temporaries, temporaries_of
 from memfree.cli import main as cli_main
-
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "return",
-    "self",
-    "def",
-    "class",
-    "import",
-    "for",
-    "in",
-    "range",
-    "print",
-    "total",
-]
+from tests.bloom_builder.test_build import WORDS
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads the build's workers from /proc"

@@ -14,23 +14,7 @@ from bloom_builder.settings import BuildSettings
 from memfree.cli import main as cli_main
 from memfree.filterfile import open_filter
 from memfree.filterfile.index_file import IndexFilter
-
-WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "return",
-    "self",
-    "def",
-    "class",
-    "import",
-    "for",
-    "in",
-    "range",
-    "print",
-    "total",
-]
+from tests.bloom_builder.test_build import WORDS
 
 
 def test_a_block_found_damaged_while_counting_is_refused_naming_the_filter(
