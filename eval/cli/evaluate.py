@@ -142,9 +142,11 @@ def _model_and_filters(args: argparse.Namespace, settings: Any) -> tuple[Any, An
 
 
 def _default_filter(unit: str, tokenizer: Any) -> Any:
-    """The standard library's token or word filter, built the first time it is needed."""
+    """The standard library's token or word filter, built the first time it is needed (and again
+    when the one there cannot be reused: written by an earlier memfree, or damaged)."""
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
+    from memfree.errors import DamagedFilterError
     from memfree.filterfile.native import NgramFilter
     from memfree.units import get_unit
 
@@ -152,11 +154,15 @@ def _default_filter(unit: str, tokenizer: Any) -> Any:
         "token": (DEFAULT_FILTER, BuildSettings()),
         "word": (DEFAULT_WORD_FILTER, BuildSettings(unit="word", ngram_size=DEFAULT_WORD_N)),
     }[unit]
-    if not Path(path).exists():
-        print(f"building {path} from stdlib: ...", file=sys.stderr)
-        # The token filter is the model's tokenizer's; a word filter reads no tokenizer.
-        reads_ids = get_unit(unit).reads_token_ids
-        build_filter(["stdlib:"], path, settings, tokenizer=tokenizer if reads_ids else None)
+    if Path(path).exists():
+        try:
+            return NgramFilter.open(path)
+        except DamagedFilterError as error:  # e.g. an earlier memfree's: this one builds it anew
+            print(f"cannot reuse {path} ({error}); building it again", file=sys.stderr)
+    print(f"building {path} from stdlib: ...", file=sys.stderr)
+    # The token filter is the model's tokenizer's; a word filter reads no tokenizer.
+    reads_ids = get_unit(unit).reads_token_ids
+    build_filter(["stdlib:"], path, settings, tokenizer=tokenizer if reads_ids else None)
     return NgramFilter.open(path)
 
 

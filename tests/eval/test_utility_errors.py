@@ -47,3 +47,20 @@ def test_a_block_found_damaged_while_counting_is_refused_naming_the_filter(
     assert message.startswith(f"memfree: error: {path}: section ")
     assert "checksum mismatch" in message and "rebuild it with `memfree build`" in message
     assert message.count("\n") == 1 and "Traceback" not in error
+
+
+def test_a_default_filter_that_cannot_be_reused_is_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`memfree eval`'s default word filter, left damaged (or by an earlier memfree) in out/, is
+    built again rather than failing every run until someone deletes it."""
+    from eval.cli.evaluate import _default_filter
+    from eval.cli.evaluate_options import DEFAULT_WORD_FILTER
+
+    monkeypatch.chdir(tmp_path)
+    stale = tmp_path / DEFAULT_WORD_FILTER
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"MEMFREE\x00" + bytes(4088))
+    filt = _default_filter("word", None)
+    assert filt.unit == "word" and len(filt) > 100_000
+    assert "cannot reuse" in capsys.readouterr().err
