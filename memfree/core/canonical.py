@@ -36,13 +36,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from memfree.core.canonical_split import SplitChunks
-from memfree.core.canonical_state import RowStates
+from memfree.core.canonical_state import RowStates, Tail
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -95,9 +95,13 @@ class CanonicalMasker:
         self._first_space = vocabulary.first_space
         self._runs = vocabulary.runs
         self._word_run = vocabulary.word_run
+        self._split_enter = vocabulary.split_enter
         self._after_apostrophe = vocabulary.after_apostrophe
         self._masks: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self._bigrams: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._readings: OrderedDict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = (
+            OrderedDict()
+        )
         self._prefixes: dict[str, np.ndarray] = {}
         self.split = vocabulary.split if (self.bpe.pattern or _split) else None
         if _split and self.split is None:
@@ -112,7 +116,7 @@ class CanonicalMasker:
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles start with empty caches (and their own lock)."""
         state = self.__dict__.copy()
-        for name in ("_lock", "_masks", "_bigrams"):
+        for name in ("_lock", "_masks", "_bigrams", "_readings"):
             state.pop(name)
         return state
 
@@ -120,6 +124,7 @@ class CanonicalMasker:
         self.__dict__.update(state)
         self._masks = OrderedDict()
         self._bigrams = OrderedDict()
+        self._readings = OrderedDict()
         self._lock = threading.Lock()
 
     # -- the step -------------------------------------------------------------------------------
@@ -130,11 +135,22 @@ class CanonicalMasker:
         """bool `(rows, vocab_width)`: candidates that make the row not canonical; every row is
         checked. Negative ids on the left are padding (they add no text). Ids past the
         tokenizer's vocabulary are banned (no text gives them)."""
+        banned, active, _ = self.step(contexts, vocab_width, device)
+        return banned, active
+
+    def step(
+        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Pending]]:
+        """:meth:`banned_mask`, and each allowed candidate that leaves its row pending (a
+        whitespace run whose split waits on the next character) with the other reading of
+        its text: what the text, ended there, is tokenized as."""
         device = torch.device(device or contexts.device)
         arrays = contexts.detach().cpu().numpy().astype(np.int64, copy=False)
         rows = arrays.tolist()
         banned = np.ones((len(rows), vocab_width), dtype=bool)
         size = min(vocab_width, self.bpe.vocab_size)
+        ends = [token for token in self.end_token_ids if token < vocab_width]
+        pending: list[Pending] = []
         for index, row in enumerate(rows):
             first = 0
             while first < len(row) and row[first] < 0:  # left padding (adds no text)
@@ -142,19 +158,33 @@ class CanonicalMasker:
             row = row[first:]
             if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
                 self.states.note(" (it holds an id past the tokenizer's vocabulary)")
+                banned[index, ends] = False
                 continue
-            allowed = self.allowed(row, arrays[index, first:])
+            key, tail = self.states.read(row, arrays[index, first:])
+            allowed = self._allowed(key)
             np.logical_not(allowed[:size], out=banned[index, :size])
-        for token in self.end_token_ids:
-            if token < vocab_width:
-                banned[:, token] = False
+            if _may_end(key, allowed):
+                banned[index, ends] = False
+            if key[0] == "space" and tail is not None:
+                for token, tokens in self._other_readings(tail):
+                    if token < vocab_width and allowed[token]:
+                        at = first + len(row) - len(tail.tokens)
+                        pending.append(Pending(index, token, at, tokens))
         active = torch.ones(len(rows), dtype=torch.bool, device=device)
-        return torch.from_numpy(banned).to(device), active
+        return torch.from_numpy(banned).to(device), active, pending
 
     def allowed(self, ids: list[int], array: np.ndarray | None = None) -> np.ndarray:
         """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded);
         ``array``: the same ids as int64, when the caller has them."""
-        key = self.states.state(ids, array)
+        return self._allowed(self.states.state(ids, array))
+
+    def may_end(self, ids: list[int]) -> bool:
+        """Whether end of sequence is allowed after ``ids``: their text, ended here, is
+        tokenized as ``ids`` (or the row is not canonical at all: only a prompt makes one)."""
+        key = self.states.state(ids)
+        return _may_end(key, self._allowed(key))
+
+    def _allowed(self, key: tuple[Any, ...]) -> np.ndarray:
         fixes: tuple[Any, ...] = ()
         if key[0] == "split":
             key, fixes = key[:-1], key[-1]
@@ -162,6 +192,28 @@ class CanonicalMasker:
         if fixes and self.split is not None:
             mask = self.split.fix(key[1], fixes, mask)
         return mask
+
+    def _other_readings(self, tail: Tail) -> list[tuple[int, tuple[int, ...]]]:
+        """A row in a whitespace run (its last chunks ``tail``): each whitespace character's
+        token that enters the split reading, with the tokens its text would have if it ended
+        there (the run and the character merged), where they differ."""
+        key = tail.tokens
+        with self._lock:
+            known = self._readings.get(key)
+        if known is not None:
+            return known
+        found = []
+        for token in np.flatnonzero(self._split_enter):
+            char = self.bpe.texts[int(token)]
+            assert char is not None
+            tokens = tuple(self.bpe.encode(tail.text + char))
+            if tokens != (*tail.tokens, int(token)):
+                found.append((int(token), tokens))
+        with self._lock:
+            self._readings[key] = found
+            if len(self._readings) > _CACHE:
+                self._readings.popitem(last=False)
+        return found
 
     def _cached(self, key: tuple[Any, ...]) -> np.ndarray:
         with self._lock:
@@ -221,6 +273,9 @@ class CanonicalMasker:
             _, a, last_char, split_ok = key[:4]
             mask = self._runs[RUN_SPACE] & self._bigram(a)
             mask |= self._first_space & (self.bpe.run != RUN_SPACE) & new
+            # The split reading: the run as it stands, then one whitespace character that a
+            # non-space character will follow (a newline alone, a space joined to a word).
+            mask |= self._split_enter
             if split_ok:
                 if last_char == " ":
                     space = self.bpe.ids_of[" "]
@@ -295,6 +350,7 @@ class _Vocabulary:
     first_space: np.ndarray
     runs: dict[int, np.ndarray]  # run kind -> tokens that are one such run and come back alone
     word_run: np.ndarray
+    split_enter: np.ndarray  # see _split_enter
     after_apostrophe: np.ndarray  # see _contraction_heads
     split: SplitChunks | None  # a split pattern's chunk rules (Llama 3, Qwen 2)
 
@@ -312,6 +368,7 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
             added[token] = True
     first, run = bpe.first, bpe.run
     runs = {kind: (run == kind) & bpe.self_ok for kind in range(4)}
+    word_run = runs[RUN_LETTERS] | runs[RUN_NUMBERS] | runs[RUN_PUNCT]
     vocabulary = _Vocabulary(
         cuts=frozenset(info.special_token_ids) | frozenset(bpe.added.values()),
         new=bpe.self_ok & ~special,
@@ -321,7 +378,8 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         first_punct=(first == PUNCT) | (first == APOSTROPHE),
         first_space=(first == SP) | (first == WS),
         runs=runs,
-        word_run=runs[RUN_LETTERS] | runs[RUN_NUMBERS] | runs[RUN_PUNCT],
+        word_run=word_run,
+        split_enter=_split_enter(bpe, bpe.self_ok & ~special & ~added, word_run),
         after_apostrophe=_contraction_heads(bpe),
         split=SplitChunks(bpe, _written(bpe, special | added)) if bpe.pattern else None,
     )
@@ -333,6 +391,46 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
 def _written(bpe: ByteLevelBpe, cut: np.ndarray) -> np.ndarray:
     """The tokens that write text of their own: whole characters, not special or added."""
     return np.array([text is not None for text in bpe.texts]) & ~cut
+
+
+def _split_enter(bpe: ByteLevelBpe, new: np.ndarray, word_run: np.ndarray) -> np.ndarray:
+    """GPT-2's pattern: the tokens that may follow a whitespace run as its split reading, the
+    run's tokens as they stand and then one whitespace character that a non-space character
+    will follow (``\\s+(?!\\S)`` leaves a run's last character to what follows it). A token is
+    one iff its text is exactly one whitespace character that comes back alone; a space only if
+    some word keeps a lone space before it (the space joins the word's chunk). None for a split
+    pattern (its chunks are read through the pre-tokenizer)."""
+    enter = np.zeros(bpe.vocab_size, dtype=bool)
+    if bpe.pattern:
+        return enter
+    for token in np.flatnonzero(new):
+        text = bpe.texts[int(token)]
+        if text is not None and len(text) == 1 and bpe.char_class(text) in (SP, WS):
+            enter[token] = True
+    space = bpe.ids_of.get(" ")
+    if space is not None and enter[space] and not (word_run & bpe.bigram_allowed(space)).any():
+        enter[space] = False
+    return enter
+
+
+def _may_end(key: tuple[Any, ...], allowed: np.ndarray) -> bool:
+    """Whether a row in state ``key`` may end here: its text, ended here, is tokenized as its
+    ids; or no candidate keeps it extendable (a prompt's fault: end of sequence ends it)."""
+    kind = key[0]
+    if kind in _ENDS_CANONICAL or (kind == "split" and key[1][3]):
+        return True
+    return not allowed.any()
+
+
+class Pending(NamedTuple):
+    """An allowed candidate that leaves its row's text pending: the ids are a prefix of the
+    tokenization of the text with what comes next, but the text ended there is tokenized
+    ``row[:at] + tokens`` (``row``: the padded context row ``row``)."""
+
+    row: int
+    token: int
+    at: int
+    tokens: tuple[int, ...]
 
 
 def _contraction_heads(bpe: ByteLevelBpe) -> np.ndarray:
@@ -389,4 +487,4 @@ def bpe_tables(info: TokenizerInfo) -> ByteLevelBpe:
         return tables
 
 
-__all__ = ["CanonicalMasker", "bpe_tables"]
+__all__ = ["CanonicalMasker", "Pending", "bpe_tables"]

@@ -16,7 +16,7 @@ import threading
 import unicodedata
 import warnings
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,6 +30,13 @@ _TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
 _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
+
+
+class Tail(NamedTuple):
+    """A canonical row's last two pre-tokenizer chunks: their text and their tokens."""
+
+    text: str
+    tokens: tuple[int, ...]
 
 
 class RowStates:
@@ -90,6 +97,14 @@ class RowStates:
         the facts the rules read; plus the added-token contents its text has begun. Rows that
         are not canonical get an exact answer by other means (``tail``, ``broken``, ``dead``).
         ``array``: the same ids as int64, when the caller has them."""
+        return self.read(ids, array)[0]
+
+    def read(
+        self, ids: list[int], array: np.ndarray | None = None
+    ) -> tuple[tuple[Any, ...], Tail | None]:
+        """The row's state (:meth:`state`) and, for a canonical row, its last two chunks' text
+        and tokens (what appended text may change: the other reading of a pending whitespace
+        run is read from them)."""
         if array is None:
             array = np.asarray(ids, dtype=np.int64)
         cut_at = np.flatnonzero(np.take(self._is_cut, array, mode="clip"))
@@ -97,10 +112,10 @@ class RowStates:
         hashes = self._hashes(array)
         if start and not self._segments_canonical(ids[:start], hashes):
             self.note()
-            return ("dead", ())
+            return ("dead", ()), None
         segment = ids[start:]
         if not segment:
-            return ("start", ())
+            return ("start", ()), Tail("", ())
         width = _WINDOW
         while True:
             window = segment[-width:]
@@ -109,7 +124,7 @@ class RowStates:
             text = _decode_tail(data, whole)
             if text is None:
                 self.note(" (it ends inside a character)")
-                return ("broken", tuple(segment))
+                return ("broken", tuple(segment)), None
             chunks = self.bpe.chunks(text)
             if whole or (
                 len(chunks) > _TAIL_CHUNKS and not self._inside_number(segment, width, text)
@@ -122,28 +137,30 @@ class RowStates:
         tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
         if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
             self.note()
-            return ("dead", ())
+            return ("dead", ()), None
         pending = self._pending_added(text)
         if self.split is not None:
             if self.bpe.nfc and unicodedata.normalize("NFC", tail_text) != tail_text:
                 self.note(" (its text is not NFC)")
-                return ("dead", ())
+                return ("dead", ()), None
             key, fixes = self.split.state(tail_text, tail)
-            return ("split", key, pending, fixes)
+            return ("split", key, pending, fixes), Tail(tail_text, tuple(tail))
         last = chunks[-1]
         canonical = self.bpe.encode(last)
         if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:
             if self._split_run(chunks, tail):
-                return ("space_split", last[-1], pending)
+                return ("space_split", last[-1], pending), Tail(tail_text, tuple(tail))
             self.note()
-            return ("tail", tuple(tail), tail_text, pending)
+            return ("tail", tuple(tail), tail_text, pending), None
         previous = chunks[-2] if len(chunks) >= 2 else None
-        return (*self._kind(last, canonical, previous), pending)
+        return (*self._kind(last, canonical, previous), pending), Tail(tail_text, tuple(tail))
 
     def _split_run(self, chunks: list[str], tail: list[int]) -> bool:
         """Whether the row ends in a whitespace run tokenized as it is when a word follows (all
-        but its last character, then that character): a prompt cut from a longer text ends so.
-        Then only a candidate that starts that word makes the row canonical."""
+        but its last character, then that character): a pending run, written one whitespace
+        character after a run (``"\\n", "\\n"`` before ``"def"``), or a prompt cut from a
+        longer text. Only a candidate that starts that word keeps the row extendable, and the
+        row does not end here (its text alone is tokenized otherwise)."""
         last = chunks[-1]
         if len(last) < 2 or any(self.bpe.char_class(c) not in (SP, WS) for c in last):
             return False
@@ -339,4 +356,4 @@ def _tokens_of_tail(window: list[int], token_bytes: list[bytes], length: int) ->
     return []
 
 
-__all__ = ["RowStates"]
+__all__ = ["RowStates", "Tail"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from memfree.core.text_promise import TextPromiseMasker
+from memfree.core.text_promise import TextPromiseMasker, ban_readings
 from memfree.core.word import WordMasker
 from memfree.vocab.words import ngram_hash_rows, word_ngrams
 
@@ -64,10 +64,14 @@ def exempt_banned_mask(
     candidates whose stored n-grams all occur in that row's prompt (``prompts[row]``; None: no
     exemption)."""
     if isinstance(masker, TextPromiseMasker):  # the filter's bans only; canonical's stay
-        banned, active = masker.token.banned_mask(contexts, vocab_width, device)
-        banned = _lift_ids(banned, contexts, prompts, masker.n)
-        noncanonical, _ = masker.canonical.banned_mask(contexts, vocab_width, device)
-        return banned | noncanonical, active
+        banned, active, noncanonical, readings = masker.parts(contexts, vocab_width, device)
+        banned = _lift_ids(banned, contexts, prompts, masker.n) | noncanonical
+        kept = [
+            (row, token)
+            for row, token, stored in readings
+            if not _all_in_prompt(stored, prompts[row])
+        ]
+        return ban_readings(banned, kept), active
     banned, active = masker.banned_mask(contexts, vocab_width, device)  # type: ignore[attr-defined]
     if isinstance(masker, WordMasker):
         return _lift_words(masker, banned, contexts, prompts), active
@@ -98,6 +102,13 @@ def _lift_ids(
         banned = banned.clone()
         banned[torch.tensor(rows), torch.tensor(tokens)] = False
     return banned
+
+
+def _all_in_prompt(ngrams: list[tuple[int, ...]], prompt: PromptNgrams | None) -> bool:
+    """Whether every one of ``ngrams`` is a window of the prompt's ids."""
+    if prompt is None:
+        return False
+    return all(ngram[-1] in prompt.next_ids.get(ngram[:-1], ()) for ngram in ngrams)
 
 
 def _lift_words(

@@ -1,19 +1,24 @@
-"""The token guard with canonical decoding: the union of two maskers that only remove candidates.
+"""The token guard with canonical decoding: the union of maskers that only remove candidates.
 
 :class:`TextPromiseMasker` bans a candidate when the token masker does (it completes a stored
-n-gram of token ids) or the canonical masker does (the row's ids with it appended would not be
-its text's tokenization). Together: the generated ids are their text's tokenization, and hold no
-stored n-gram, so the text, tokenized again, holds none either. End of sequence stays allowed
-by both.
+n-gram of token ids), when the canonical masker does (no text that begins with the row's text
+is tokenized with the row's ids and it as a prefix), or when it leaves the row pending and the
+other reading of its text holds a stored n-gram: a whitespace run followed by one whitespace
+character is tokenized one way when a word follows and another when the text ends there; the
+output may be cut there by a length limit, so both readings are checked. Together: an output
+ended by end of sequence is its text's tokenization; one cut anywhere is, but for a pending
+run, whose other reading was checked too; neither holds a stored n-gram.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from memfree.core.canonical import CanonicalMasker
+from memfree.core.canonical import CanonicalMasker, Pending
 from memfree.core.token import TokenMasker
 from memfree.core.token_index import IndexMasker
 from memfree.vocab.info import TokenizerInfo
@@ -49,11 +54,68 @@ class TextPromiseMasker:
     def banned_mask(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The union of both maskers' bans; the rows checked against the filter."""
+        """The union of the bans; the rows checked against the filter."""
+        banned, active, noncanonical, readings = self.parts(contexts, vocab_width, device)
+        banned = banned | noncanonical
+        return ban_readings(banned, [(row, token) for row, token, _ in readings]), active
+
+    def parts(
+        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[StoredReading]]:
+        """The bans apart, for ``exempt_prompt`` to lift the filter's: the token masker's bans
+        and rows checked, canonical decoding's bans, and each pending candidate whose other
+        reading holds stored n-grams, with them ``(row, token, n-grams)``."""
         device = torch.device(device or contexts.device)
         banned, active = self.token.banned_mask(contexts, vocab_width, device)
-        noncanonical, _ = self.canonical.banned_mask(contexts, vocab_width, device)
-        return banned | noncanonical, active
+        noncanonical, _, pending = self.canonical.step(contexts, vocab_width, device)
+        readings: list[StoredReading] = []
+        if pending:
+            for item, stored in zip(pending, self._stored_readings(contexts, pending), strict=True):
+                if stored:
+                    readings.append((item.row, item.token, stored))
+        return banned, active, noncanonical, readings
+
+    def _stored_readings(
+        self, contexts: torch.Tensor, pending: Sequence[Pending]
+    ) -> list[list[tuple[int, ...]]]:
+        """For each pending candidate, the stored n-grams of its other reading that hold one of
+        its new tokens (windows with a special id are skipped, as the builder skips them)."""
+        n, special = self.n, set(self.special_token_ids)
+        history = contexts.detach().cpu().numpy()
+        windows: list[tuple[int, ...]] = []
+        owners: list[int] = []
+        for index, item in enumerate(pending):
+            row = history[item.row].tolist()
+            reading = [*row[: item.at], *item.tokens]
+            written = [*row, item.token]
+            same = 0
+            while same < min(len(reading), len(written)) and reading[same] == written[same]:
+                same += 1
+            for end in range(max(same, n - 1), len(reading)):
+                window = tuple(reading[end - n + 1 : end + 1])
+                if min(window) >= 0 and not special.intersection(window):
+                    windows.append(window)
+                    owners.append(index)
+        found: list[list[tuple[int, ...]]] = [[] for _ in pending]
+        if windows:
+            hits = self.token.filter.contains(np.asarray(windows, dtype=np.int64))
+            for index, window, hit in zip(owners, windows, hits, strict=True):
+                if hit:
+                    found[index].append(window)
+        return found
 
 
-__all__ = ["TextPromiseMasker"]
+StoredReading = tuple[int, int, list[tuple[int, ...]]]  # row, candidate, stored n-grams
+
+
+def ban_readings(banned: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> torch.Tensor:
+    """``banned`` with each ``(row, candidate)`` of ``pairs`` banned too."""
+    if not pairs:
+        return banned
+    banned = banned.clone()
+    index = torch.tensor(pairs, device=banned.device)
+    banned[index[:, 0], index[:, 1]] = True
+    return banned
+
+
+__all__ = ["StoredReading", "TextPromiseMasker", "ban_readings"]

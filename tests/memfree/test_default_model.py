@@ -140,3 +140,65 @@ def test_exempt_prompt_lets_the_default_model_quote_a_retrieved_passage(
     quoted = outputs[True][1]
     assert quoted, f"the model did not quote the passage: {outputs[True][0]!r}"
     assert all(ngram in windows for ngram in quoted)  # nothing stored past what the prompt holds
+
+
+CODE_PROMPTS = [
+    'import os\n\n\ndef read_lines(path):\n    """Return the lines of a file."""\n',
+    "class Counter:\n    def __init__(self):\n        self.count = 0\n\n    def add(self, n):\n"
+    "        self.count += n\n",
+    "# Utilities for strings\n\ndef shout(text):\n    return text.upper()\n\n",
+    "x = 1\ny = 2\n\n# the sum\n",
+]
+CHAT_PROMPTS = [
+    "Give me a numbered list of three fruits.",
+    "Write a Python function that reverses a string, with an example.",
+]
+
+
+@pytest.mark.timeout(600)
+def test_canonical_decoding_changes_no_greedy_output_where_nothing_is_stored(
+    tmp_path: Path, default_model: tuple[Any, Any]
+) -> None:
+    """Issue 35: with a filter that stores nothing the model writes, canonical decoding leaves
+    every greedy output whose ids are already their text's tokenization as it is, in code and in
+    chat answers; blank lines before a line at column 0 survive (the rule "as if the text ended
+    here" banned the second newline of every such blank line)."""
+    from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+
+    model, tokenizer = default_model
+    nothing = NgramFilter.from_ngrams(
+        tmp_path / "nothing.memfree",
+        [[49000, 49001, 49002, 49003]],
+        false_positive_rate=1e-9,
+        metadata={
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "special_token_ids": list(special_token_ids(tokenizer)),
+        },
+    )
+    chats = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        for question in CHAT_PROMPTS
+    ]
+    prompts = [
+        tokenizer(text, add_special_tokens=False)["input_ids"] for text in CODE_PROMPTS + chats
+    ]
+    settings = DecodingSettings(max_new_tokens=48)
+    plain = complete(model, tokenizer, prompts, settings)
+    guard = MemFreeLogitsProcessor(nothing, tokenizer=tokenizer)
+    assert guard.canonical
+    guarded = complete(model, tokenizer, prompts, settings, guard)
+    compared = blank_lines = 0
+    for prompt, unguarded, canonical in zip(prompts, plain, guarded, strict=True):
+        row = prompt + unguarded.output_ids
+        if tokenizer(tokenizer.decode(row), add_special_tokens=False)["input_ids"] != row:
+            continue  # the model itself wrote another split: canonical decoding must change it
+        compared += 1
+        assert canonical.output_ids == unguarded.output_ids, (unguarded.text, canonical.text)
+        blank_lines += sum(
+            1
+            for i in range(len(unguarded.text) - 2)
+            if unguarded.text[i : i + 2] == "\n\n" and not unguarded.text[i + 2].isspace()
+        )
+    assert compared >= 5 and blank_lines >= 3  # the outputs held what the old rule banned

@@ -6,6 +6,9 @@ The tokenizer is built as Qwen 2's ``tokenizer.json`` is: each token's merge rec
 ranks as tiktoken's BPE makes it (151,387 merges, as Qwen 2's ``merges.txt`` has), its split
 pattern, NFC, ByteLevel. Every row below is checked against the definition for every one of
 the 151,646 candidates.
+
+The split patterns' rule is still "the row as it ends" (``extendable=False``): a whitespace
+run whose split waits on what follows is not yet written with them (issue 35).
 """
 
 from __future__ import annotations
@@ -115,4 +118,6 @@ def test_qwen2_allowed_iff_canonical_for_every_candidate(
 ) -> None:
     tokenizer, masker = qwen
     ids = _split(tokenizer, text, how, 5)
-    _check_rows(tokenizer, masker, [ids[:end] for end in (1, len(ids) // 2, len(ids))])
+    _check_rows(
+        tokenizer, masker, [ids[:end] for end in (1, len(ids) // 2, len(ids))], extendable=False
+    )

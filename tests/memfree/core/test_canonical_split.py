@@ -6,6 +6,9 @@ word after it, digits in groups of three, contractions in any case; ``ignore_mer
 file can be fetched on this machine. Checked with Hypothesis against the definition for every
 candidate, as for GPT-2's pattern in test_canonical.py; and the same reading run over SmolLM2's
 tokenizer must agree with the definition too.
+
+The split patterns' rule is still "the row as it ends" (``extendable=False``): a whitespace
+run whose split waits on what follows is not yet written with them (issue 35).
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def test_split_patterns_allowed_iff_canonical_for_every_candidate(
 ) -> None:
     tokenizer, masker = family
     ids = _split(tokenizer, text, how, cut)
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +95,7 @@ def test_split_patterns_every_prefix_of_hard_texts(
 ) -> None:
     tokenizer, masker = family
     ids = _encode(tokenizer, text)
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
 
 
 def test_a_boundary_known_in_one_row_is_not_trusted_inside_a_whitespace_run(
@@ -107,8 +110,10 @@ def test_a_boundary_known_in_one_row_is_not_trusted_inside_a_whitespace_run(
     assert first == space + space + _encode(tokenizer, "1")
     second = space + _encode(tokenizer, "  def f(x)")
     assert second[:2] == space + space and _encode(tokenizer, "   def f(x)") != second
-    _check_rows(tokenizer, masker, [first[:end] for end in range(len(first) + 1)])
-    _check_rows(tokenizer, masker, [second[:end] for end in range(len(second) + 1)])
+    _check_rows(tokenizer, masker, [first[:end] for end in range(len(first) + 1)], extendable=False)
+    _check_rows(
+        tokenizer, masker, [second[:end] for end in range(len(second) + 1)], extendable=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +130,7 @@ def test_the_split_reading_agrees_with_the_definition_on_smollm2(
     """GPT-2's pattern read the split way: a second, independent implementation."""
     tokenizer, masker = smol_split
     ids = _split(tokenizer, text, how, cut)
-    _check_rows(tokenizer, masker, [ids[: len(ids) // 2], ids])
+    _check_rows(tokenizer, masker, [ids[: len(ids) // 2], ids], extendable=False)
 
 
 def test_a_split_pattern_tokenizer_is_guarded_canonically_by_default(tmp_path: Path) -> None:
@@ -187,7 +192,7 @@ def test_a_window_that_starts_inside_a_multibyte_digit_is_widened(
 ) -> None:
     tokenizer, masker = family
     ids = _encode(tokenizer, "x\u0663" + "1" * 15)  # an Arabic-Indic three, then ones
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
 
 
 def test_a_prefix_verdict_is_kept_per_next_character_not_per_next_byte() -> None:
@@ -204,7 +209,7 @@ def test_a_prefix_verdict_is_kept_per_next_character_not_per_next_byte() -> None
     for order in ((first, second), (second, first)):
         info = TokenizerInfo.of(tokenizer)
         masker = CanonicalMasker(info, [info.eos_token_id])
-        _check_rows(tokenizer, masker, list(order))
+        _check_rows(tokenizer, masker, list(order), extendable=False)
 
 
 def test_an_added_token_follows_only_a_row_that_is_its_own_tokenization() -> None:
@@ -214,7 +219,7 @@ def test_an_added_token_follows_only_a_row_that_is_its_own_tokenization() -> Non
     masker = CanonicalMasker(info, [info.eos_token_id])
     split = _encode(tokenizer, "it") + _encode(tokenizer, "'") + _encode(tokenizer, "s")
     assert split != _encode(tokenizer, "it's")
-    _check_rows(tokenizer, masker, [_encode(tokenizer, "it's"), split])
+    _check_rows(tokenizer, masker, [_encode(tokenizer, "it's"), split], extendable=False)
 
 
 def test_split_maskers_pickle_with_empty_caches(family: tuple[Any, CanonicalMasker]) -> None:
