@@ -125,11 +125,9 @@ def test_exempt_prompt_lets_the_default_model_quote_a_retrieved_passage(
     settings = DecodingSettings(max_new_tokens=48)
     outputs = {}
     for exempt in (False, True):
-        # Over the ids: canonical decoding would ban this model's first choice (a second "\n"
-        # after the prompt's, which its text tokenizes as one token) whatever the exemption.
-        guard = MemFreeLogitsProcessor(
-            filt, tokenizer=tokenizer, exempt_prompt=exempt, canonical=False
-        )
+        # Canonical (the default): before issue 35 it banned this model's first choice, a
+        # second "\n" after the prompt's (a blank line before a column-0 line).
+        guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, exempt_prompt=exempt)
         (completion,) = complete(model, tokenizer, [prompt], settings, guard)
         row = prompt + completion.output_ids
         created = [tuple(row[i - 9 : i + 1]) for i in range(len(prompt), len(row))]
