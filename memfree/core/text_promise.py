@@ -85,8 +85,9 @@ class TextPromiseMasker:
         windows: list[tuple[int, ...]] = []
         owners: list[int] = []
         for index, item in enumerate(pending):
-            row = history[item.row].tolist()
-            reading = [*row[: item.at], *item.tokens]
+            base = max(0, item.at - (n - 1))  # the first id a new window can reach
+            row = history[item.row, base:].tolist()
+            reading = [*row[: item.at - base], *item.tokens]
             written = [*row, item.token]
             same = 0
             while same < min(len(reading), len(written)) and reading[same] == written[same]:
