@@ -1,14 +1,20 @@
-"""Canonical decoding: a candidate is allowed only if the row's ids with it appended are exactly
-the tokenizer's own tokenization of their text (as if the text ended there).
+"""Canonical decoding: a candidate is allowed only if the row's ids with it appended can still be
+the tokenizer's own tokenization of their text: a prefix of the tokenization of some text that
+begins with their text. End of sequence is allowed only where the ids are the tokenization of
+their text as it stands.
 
-Every prefix of the generated ids is then the tokenization of its text, so the token guard's
+An output ended by end of sequence is then its text's tokenization, so the token guard's
 promise (no stored n-gram in the ids) holds over the text: tokenizing the output's text again
-gives back the ids the guard checked. Without it a model blocked from the corpus's split spells
-the same text with another split (``"  "`` where the corpus has ``" ", " "``), which no
-tokenizer would produce from that text.
+gives back the ids the guard checked. An output cut elsewhere agrees but for a pending
+whitespace run (one whitespace character after a run, split as it is before the next word):
+its other reading is returned with the step (:class:`Pending`) and checked against the filter
+by :class:`~memfree.core.text_promise.TextPromiseMasker`. Without canonical decoding a model
+blocked from the corpus's split spells the same text with another split (``"  "`` where the
+corpus has ``" ", " "``), which no tokenizer would produce from that text.
 
 The condition is decided per row from the row's last pre-tokenizer chunk. Llama 3's and Qwen 2's
-patterns are read through the pre-tokenizer itself (:mod:`memfree.core.canonical_split`);
+patterns are read through the pre-tokenizer itself (:mod:`memfree.core.canonical_split`; there
+the rule is still the narrower "their text's tokenization as if it ended there");
 GPT-2's pattern (runs of letters, numbers, punctuation or whitespace, contractions, a whitespace
 run that gives its last space to the next word) has these rules. For candidate ``c`` after a
 chunk ``C`` whose last token is ``a``:
@@ -20,7 +26,9 @@ chunk ``C`` whose last token is ``a``:
   :meth:`~memfree.vocab.bpe.ByteLevelBpe.bigram_allowed`);
 - a whitespace run followed by a non-space: the run gives its last character to the new chunk
   (a space joins the word, a newline stands alone), so the run's tokens must end in that
-  character; an apostrophe followed by ``s t m d re ve ll``: a contraction.
+  character; so after a run tokenized as it stands, a token that is exactly one whitespace
+  character is allowed (the split reading), and then only a token that starts the next chunk;
+  an apostrophe followed by ``s t m d re ve ll``: a contraction.
 
 Text is cut at special and added tokens, as the tokenizer cuts it. A special token is allowed
 only to end the output (end of sequence): elsewhere it would sit inside the text, invisible once
@@ -72,7 +80,8 @@ class CanonicalMasker:
     Args:
         info: the tokenizer (byte-level BPE with GPT-2's pre-tokenizer; see
             :mod:`memfree.vocab.bpe`).
-        end_token_ids: ids that may end the output (always allowed).
+        end_token_ids: ids that may end the output (allowed where the row is its text's
+            tokenization, or where nothing else is).
 
     Raises:
         CanonicalUnsupportedError: another tokenizer family.
