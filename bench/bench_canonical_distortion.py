@@ -16,10 +16,10 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from memfree import MemFreeLogitsProcessor, NgramFilter
+from memfree import MemFreeLogitsProcessor
 from memfree.generation import DecodingSettings, complete
 from memfree.models import load_model
-from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+from memfree.testing import token_filter_from_ngrams
 
 MODULES = ("textwrap", "shlex", "netrc", "fnmatch", "glob", "colorsys", "bisect", "sched")
 CHATS = (
@@ -59,14 +59,8 @@ def main() -> None:
     args = parser.parse_args()
     model, tokenizer = load_model()
     with tempfile.TemporaryDirectory() as directory:
-        nothing = NgramFilter.from_ngrams(
-            Path(directory) / "nothing.memfree",
-            [[49000, 49001, 49002, 49003]],
-            false_positive_rate=1e-9,
-            metadata={
-                "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-                "special_token_ids": list(special_token_ids(tokenizer)),
-            },
+        nothing = token_filter_from_ngrams(
+            Path(directory) / "nothing.memfree", [[49000, 49001, 49002, 49003]], tokenizer
         )
         chats = [
             tokenizer(

@@ -2,6 +2,8 @@
 
 - :func:`word_filter_from_texts`: a word filter written straight from a few texts (corpora go
   through ``memfree build --unit word``, which gives the same filter for the same texts).
+- :func:`token_filter_from_ngrams`: a token filter of a few explicit id n-grams, bound to a
+  tokenizer (a guard made with that tokenizer accepts it).
 """
 
 from __future__ import annotations
@@ -66,4 +68,27 @@ def word_filter_from_texts(
     )
 
 
-__all__ = ["word_filter_from_texts"]
+def token_filter_from_ngrams(
+    path: str | os.PathLike[str],
+    ngrams: Iterable[Iterable[int]],
+    tokenizer: object,
+    *,
+    false_positive_rate: float = 1e-9,
+) -> NgramFilter:
+    """Write a Bloom filter of exactly ``ngrams`` (token ids), bound to ``tokenizer``'s
+    fingerprint and special ids: for tests and benchmarks that need a filter that stores a
+    chosen set (or nothing the model writes)."""
+    from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+
+    return NgramFilter.from_ngrams(
+        path,
+        [list(ngram) for ngram in ngrams],
+        false_positive_rate=false_positive_rate,
+        metadata={
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "special_token_ids": list(special_token_ids(tokenizer)),
+        },
+    )
+
+
+__all__ = ["token_filter_from_ngrams", "word_filter_from_texts"]

@@ -161,17 +161,11 @@ def test_canonical_decoding_changes_no_greedy_output_where_nothing_is_stored(
     every greedy output whose ids are already their text's tokenization as it is, in code and in
     chat answers; blank lines before a line at column 0 survive (the rule "as if the text ended
     here" banned the second newline of every such blank line)."""
-    from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+    from memfree.testing import token_filter_from_ngrams
 
     model, tokenizer = default_model
-    nothing = NgramFilter.from_ngrams(
-        tmp_path / "nothing.memfree",
-        [[49000, 49001, 49002, 49003]],
-        false_positive_rate=1e-9,
-        metadata={
-            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-            "special_token_ids": list(special_token_ids(tokenizer)),
-        },
+    nothing = token_filter_from_ngrams(
+        tmp_path / "nothing.memfree", [[49000, 49001, 49002, 49003]], tokenizer
     )
     chats = [
         tokenizer.apply_chat_template(
