@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from memfree.core.canonical_split import SplitChunks
-from memfree.core.canonical_state import RowStates, Tail
+from memfree.core.canonical_state import Read, RowStates, Tail
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -72,6 +72,11 @@ _RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
 # States of rows that are canonical as they stand (an added token may follow them).
 _ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
 _CACHE = 512
+_SLOTS = 1024  # states whose banned rows a masker keeps (more while one step needs more)
+_UNPICKLED = (
+    *("_lock", "_masks", "_bigrams", "_readings", "_seen"),
+    *("_table", "_used", "_slots", "_steps", "_capacity", "_table_lock"),
+)
 
 
 class CanonicalMasker:
@@ -116,8 +121,10 @@ class CanonicalMasker:
         if _split and self.split is None:
             special = np.isin(np.arange(self.bpe.vocab_size), list(info.special_token_ids))
             self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
-        self.states = RowStates(self.bpe, self._bytes, self._cuts, self.split)
+        self.states = RowStates(self.bpe, self._bytes, self._cuts, self.split, self._bigram)
         self._lock = threading.Lock()
+        self._seen = threading.local()  # per thread: its last step's rows (bytes) -> their read
+        self._start_table()
 
     def describe(self) -> dict[str, Any]:
         return {}
@@ -125,7 +132,7 @@ class CanonicalMasker:
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles start with empty caches (and their own lock)."""
         state = self.__dict__.copy()
-        for name in ("_lock", "_masks", "_bigrams", "_readings"):
+        for name in _UNPICKLED:
             state.pop(name)
         return state
 
@@ -135,6 +142,16 @@ class CanonicalMasker:
         self._bigrams = OrderedDict()
         self._readings = OrderedDict()
         self._lock = threading.Lock()
+        self._seen = threading.local()
+        self._start_table()
+
+    def _start_table(self) -> None:
+        self._table = np.ones((0, 0), dtype=bool)  # banned candidates of the states seen lately
+        self._used = np.zeros(0, dtype=np.int64)  # the step that last used each table row
+        self._slots: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # state -> table row
+        self._steps = 0
+        self._capacity = _SLOTS  # rows past which the least recently used state is dropped
+        self._table_lock = threading.Lock()
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -156,10 +173,10 @@ class CanonicalMasker:
         device = torch.device(device or contexts.device)
         arrays = contexts.detach().cpu().numpy().astype(np.int64, copy=False)
         rows = arrays.tolist()
-        banned = np.ones((len(rows), vocab_width), dtype=bool)
-        size = min(vocab_width, self.bpe.vocab_size)
-        ends = [token for token in self.end_token_ids if token < vocab_width]
         pending: list[Pending] = []
+        keys: list[tuple[Any, ...] | None] = []
+        before = getattr(self._seen, "rows", {})  # the calling thread's rows at its last step
+        seen: dict[bytes, Read] = {}
         for index, row in enumerate(rows):
             first = 0
             while first < len(row) and row[first] < 0:  # left padding (adds no text)
@@ -167,20 +184,88 @@ class CanonicalMasker:
             row = row[first:]
             if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
                 self.states.note(" (it holds an id past the tokenizer's vocabulary)")
-                banned[index, ends] = False
+                keys.append(None)
                 continue
-            key, tail = self.states.read(row, arrays[index, first:])
-            allowed = self._allowed(key)
-            np.logical_not(allowed[:size], out=banned[index, :size])
-            if _may_end(key, allowed):
-                banned[index, ends] = False
+            array = arrays[index, first:]
+            read = None
+            if before and row:
+                last = before.get(array[:-1].tobytes())
+                if last is not None:
+                    read = self.states.advance(last[0], last[1], row[-1])
+            if read is None:
+                read = self.states.read(row, array)
+            seen[array.tobytes()] = read
+            key, tail = read
+            keys.append(key)
             if key[0] == "space" and tail is not None:
-                for token, tokens in self._other_readings(tail):
+                allowed = self._allowed(key)
+                replaced, readings = self._other_readings(tail)
+                for token, tokens in readings:
                     if token < vocab_width and allowed[token]:
-                        at = first + len(row) - len(tail.tokens)
+                        at = first + len(row) - replaced
                         pending.append(Pending(index, token, at, tokens))
+        self._seen.rows = seen
+        banned = self._gather(keys, vocab_width)
         active = torch.ones(len(rows), dtype=torch.bool, device=device)
         return torch.from_numpy(banned).to(device), active, pending
+
+    def _gather(self, keys: list[tuple[Any, ...] | None], width: int) -> np.ndarray:
+        """bool `(len(keys), width)`: each state's banned row (None: a row that holds an id past
+        the vocabulary, which may only end), from a table of the states seen lately: a step
+        copies one row per row, whatever the answer cost."""
+        with self._table_lock:
+            if self._table.shape[1] != width:
+                self._table = np.ones((0, width), dtype=bool)
+                self._slots.clear()
+            self._steps += 1
+            slots = np.empty(len(keys), dtype=np.int64)
+            for index, key in enumerate(keys):
+                slots[index] = self._slot(key if key is not None else ("past",), width)
+            return self._table[slots]
+
+    def _slot(self, key: tuple[Any, ...], width: int) -> int:
+        """The table row of a state's banned candidates, computed on first use. Past the
+        table's capacity the least recently used state gives its row up, unless this step
+        uses it too (then the table grows). Called under the table's lock."""
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) < len(self._table):
+                slot = len(self._slots)
+            else:
+                oldest = next(iter(self._slots.values()), None)
+                if (
+                    len(self._table) < self._capacity
+                    or oldest is None
+                    or self._used[oldest] == self._steps
+                ):
+                    slot = len(self._table)
+                    grown = np.ones((2 * slot or min(64, self._capacity), width), dtype=bool)
+                    grown[:slot] = self._table
+                    used = np.zeros(len(grown), dtype=np.int64)
+                    used[:slot] = self._used
+                    self._table, self._used = grown, used
+                else:
+                    self._slots.popitem(last=False)
+                    slot = oldest
+            self._fill(self._table[slot], key, width)
+            self._slots[key] = slot
+        else:
+            self._slots.move_to_end(key)
+        self._used[slot] = self._steps
+        return slot
+
+    def _fill(self, row: np.ndarray, key: tuple[Any, ...], width: int) -> None:
+        """``row``: the candidates a state bans (ids past the vocabulary always; end of
+        sequence where the state may not end)."""
+        row[:] = True
+        ends = [token for token in self.end_token_ids if token < width]
+        if key[0] != "past":
+            allowed = self._allowed(key)
+            size = min(width, self.bpe.vocab_size)
+            np.logical_not(allowed[:size], out=row[:size])
+            if not _may_end(key, allowed):
+                return
+        row[ends] = False
 
     def allowed(self, ids: list[int], array: np.ndarray | None = None) -> np.ndarray:
         """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded);
@@ -202,27 +287,30 @@ class CanonicalMasker:
             mask = self.split.fix(key[1], fixes, mask)
         return mask
 
-    def _other_readings(self, tail: Tail) -> list[tuple[int, tuple[int, ...]]]:
-        """A row in a whitespace run (its last chunks ``tail``): each whitespace character's
-        token that enters the split reading, with the tokens its text would have if it ended
-        there (the run and the character merged), where they differ."""
-        key = tail.tokens
+    def _other_readings(self, tail: Tail) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
+        """A row that ends in a whitespace run (its last chunks ``tail``): each whitespace
+        character's token that enters the split reading, with the tokens the run and the
+        character would have if the text ended there (one chunk), where they differ; and how
+        many of the row's last tokens those replace (the run's). The chunk before the run
+        keeps its tokens (its end is fixed), so this is kept per run."""
+        chars, count = tail.last if tail.last is not None else (0, 0)
+        run, run_tokens = tail.text[chars:], tail.tokens[count:]
         with self._lock:
-            known = self._readings.get(key)
+            known = self._readings.get(run_tokens)
         if known is not None:
-            return known
+            return len(run_tokens), known
         found = []
         for token in np.flatnonzero(self._split_enter):
             char = self.bpe.texts[int(token)]
             assert char is not None
-            tokens = tuple(self.bpe.encode(tail.text + char))
-            if tokens != (*tail.tokens, int(token)):
+            tokens = tuple(self.bpe.encode(run + char))
+            if tokens != (*run_tokens, int(token)):
                 found.append((int(token), tokens))
         with self._lock:
-            self._readings[key] = found
+            self._readings[run_tokens] = found
             if len(self._readings) > _CACHE:
                 self._readings.popitem(last=False)
-        return found
+        return len(run_tokens), found
 
     def _cached(self, key: tuple[Any, ...]) -> np.ndarray:
         with self._lock:

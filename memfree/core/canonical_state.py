@@ -16,12 +16,25 @@ import threading
 import unicodedata
 import warnings
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from memfree.core.canonical_split import SplitChunks
-from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
+from memfree.vocab.bpe import (
+    APOSTROPHE,
+    LETTER,
+    NONE,
+    NUMBER,
+    PUNCT,
+    RUN_LETTERS,
+    RUN_NUMBERS,
+    RUN_PUNCT,
+    SP,
+    WS,
+    ByteLevelBpe,
+)
 
 _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
@@ -30,13 +43,30 @@ _TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
 _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
+_ADVANCES = 1 << 16  # rows advanced by one token, kept per tail, added-token progress and token
+_ADVANCING = frozenset(
+    {"start", "contraction", "run", "apostrophe", "open", "space", "space_split", "split"}
+)
+_MISSING = object()
+_RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
 
 
 class Tail(NamedTuple):
-    """A canonical row's last two pre-tokenizer chunks: their text and their tokens."""
+    """A canonical row's last two pre-tokenizer chunks: their text and their tokens; and where
+    the last chunk starts in them (characters, tokens; None where not known)."""
 
     text: str
     tokens: tuple[int, ...]
+    last: tuple[int, int] | None = None
+
+
+Read = tuple[tuple[Any, ...], "Tail | None"]  # a row's state, and its last chunks if canonical
+
+
+def _pending_of(key: tuple[Any, ...]) -> tuple[str, ...]:
+    """The added-token rests a state carries (its last field; the third of a split state)."""
+    rests: tuple[str, ...] = key[2] if key[0] == "split" else key[-1]
+    return rests
 
 
 class RowStates:
@@ -57,9 +87,11 @@ class RowStates:
         token_bytes: list[bytes],
         cuts: frozenset[int],
         split: SplitChunks | None = None,
+        bigram: Callable[[int], np.ndarray] | None = None,
     ) -> None:
         self.bpe = bpe
         self.split = split
+        self._bigram = bigram or bpe.bigram_allowed
         self._bytes = token_bytes
         self._cuts = cuts
         self._is_cut = np.zeros(bpe.vocab_size + 1, dtype=bool)  # the last: ids past the end
@@ -77,6 +109,7 @@ class RowStates:
         self._longest_begun = max(map(len, self._begun), default=0)
         self._first_chars = sorted({content[0] for content in bpe.added if content})
         self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
+        self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
@@ -86,6 +119,7 @@ class RowStates:
         state = self.__dict__.copy()
         state.pop("_lock")
         state["_prefix_checks"] = OrderedDict()
+        state["_advances"] = OrderedDict()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -99,9 +133,7 @@ class RowStates:
         ``array``: the same ids as int64, when the caller has them."""
         return self.read(ids, array)[0]
 
-    def read(
-        self, ids: list[int], array: np.ndarray | None = None
-    ) -> tuple[tuple[Any, ...], Tail | None]:
+    def read(self, ids: list[int], array: np.ndarray | None = None) -> Read:
         """The row's state (:meth:`state`) and, for a canonical row, its last two chunks' text
         and tokens (what appended text may change: the other reading of a pending whitespace
         run is read from them)."""
@@ -131,17 +163,107 @@ class RowStates:
             ):
                 break
             width *= 2
+        return self._finish(segment, start, hashes, window, chunks, self._pending_added(text))
+
+    def advance(self, key: tuple[Any, ...], tail: Tail | None, token: int) -> Read | None:
+        """The read of a row one token longer than a row read as ``(key, tail)``: from the
+        tail alone (its first chunk starts at a boundary no appended text moves, and everything
+        before it was checked), so a step costs the row's last chunks, not its length. Kept per
+        tail, added-token progress and token: rows that repeat a tail share the answer. None
+        where only a full read can say (a row that is not canonical, a special or added token,
+        a token that is not whole characters): read the row instead."""
+        if (
+            tail is None
+            or key[0] not in _ADVANCING
+            or self._is_cut[min(token, self.bpe.vocab_size)]
+        ):
+            return None
+        if key[0] == "run" and not key[-1] and tail.last is not None and self.split is None:
+            stepped = self._run_step(key[1], key[2], tail, token)
+            if stepped is not None:
+                return stepped
+        pending = _pending_of(key)
+        memo = (tail.tokens, pending, token)
+        with self._lock:
+            known = self._advances.get(memo, _MISSING)
+        if known is not _MISSING:
+            return known  # type: ignore[return-value]
+        found: Read | None = None
+        try:
+            appended = self._bytes[token].decode("utf-8")
+        except UnicodeDecodeError:
+            appended = None
+        if appended is not None:
+            segment = [*tail.tokens, token]
+            array = np.asarray(segment, dtype=np.int64)
+            text = tail.text + appended
+            chunks = self.bpe.chunks(text)
+            # Fewer than two chunks: the token joined the tail's chunks, and the row's last two
+            # chunks reach before the tail (a full read sees them).
+            if len(chunks) >= _TAIL_CHUNKS:
+                rests = self._advance_pending(pending, appended)
+                read = self._finish(
+                    segment, 0, self._hashes(array), segment, chunks, rests, quiet=True
+                )
+                if read[1] is not None:  # canonical: else the full read says why
+                    found = read
+        with self._lock:
+            self._advances[memo] = found
+            if len(self._advances) > _ADVANCES:
+                self._advances.popitem(last=False)
+        return found
+
+    def _run_step(self, cls: int, a: int, tail: Tail, token: int) -> Read | None:
+        """GPT-2's pattern, a row ending in a run of letters, digits or punctuation (last token
+        ``a``), without reading text: ``token`` either goes on with the run (its whole text is
+        of the run's class: the chunk goes on, canonical iff no merge joins it to ``a``, the
+        merge-tree test) or starts a chunk (its first character cannot go on with the run: the
+        run's chunk is final, and the new chunk is canonical iff the tokenizer gives ``token``
+        back alone). None where it does neither or its text begins an added token's content
+        (read the tail instead)."""
+        run = _RUN_OF_CLASS.get(cls)
+        text = self.bpe.texts[token]
+        if run is None or text is None or not self.bpe.self_ok[token] or self._pending_added(text):
+            return None
+        if int(self.bpe.run[token]) == run:  # the same chunk goes on
+            if not self._bigram(a)[token]:
+                return None
+            return ("run", cls, token, ()), Tail(tail.text + text, (*tail.tokens, token), tail.last)
+        first = int(self.bpe.first[token])
+        if first == cls or (cls == PUNCT and first == APOSTROPHE):
+            return None  # goes on with the run but is not all of it: crosses a chunk boundary
+        assert tail.last is not None  # read by GPT-2's rules
+        chars, tokens = tail.last
+        last = tail.text[chars:]
+        kind = self._kind(text, [token], None)  # the previous chunk matters after "'" only
+        return (*kind, ()), Tail(
+            last + text, (*tail.tokens[tokens:], token), (len(last), len(tail.tokens) - tokens)
+        )
+
+    def _finish(
+        self,
+        segment: list[int],
+        start: int,
+        hashes: np.ndarray,
+        window: list[int],
+        chunks: list[str],
+        pending: tuple[str, ...],
+        *,
+        quiet: bool = False,
+    ) -> Read:
+        """The state of a segment read as ``window`` (its last ids) with ``chunks`` (at least
+        the last three pre-tokenizer chunks, or all of the segment's)."""
+        note = (lambda why="": None) if quiet else self.note
         # The last two chunks may change when text is appended (a contraction joins them);
         # the ones before are fixed, so they must be canonical already.
         tail_text = "".join(chunks[-_TAIL_CHUNKS:])
         tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
         if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
-            self.note()
+            note()
             return ("dead", ()), None
-        pending = self._pending_added(text)
         if self.split is not None:
             if self.bpe.nfc and unicodedata.normalize("NFC", tail_text) != tail_text:
-                self.note(" (its text is not NFC)")
+                note(" (its text is not NFC)")
                 return ("dead", ()), None
             key, fixes = self.split.state(tail_text, tail)
             return ("split", key, pending, fixes), Tail(tail_text, tuple(tail))
@@ -150,10 +272,23 @@ class RowStates:
         if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:
             if self._split_run(chunks, tail):
                 return ("space_split", last[-1], pending), Tail(tail_text, tuple(tail))
-            self.note()
+            note()
             return ("tail", tuple(tail), tail_text, pending), None
         previous = chunks[-2] if len(chunks) >= 2 else None
-        return (*self._kind(last, canonical, previous), pending), Tail(tail_text, tuple(tail))
+        at = (len(tail_text) - len(last), len(tail) - len(canonical))
+        return (*self._kind(last, canonical, previous), pending), Tail(tail_text, tuple(tail), at)
+
+    def _advance_pending(self, rests: tuple[str, ...], appended: str) -> tuple[str, ...]:
+        """:meth:`_pending_added` of a text with ``appended`` after it, from the text's own
+        rests: a begun content either lies inside the appended text or is one the text had
+        begun, continued by all of it."""
+        if not self._longest_begun:
+            return ()
+        found = [
+            r[len(appended) :] for r in rests if len(r) > len(appended) and r.startswith(appended)
+        ]
+        found.extend(self._pending_added(appended))
+        return tuple(sorted(found))
 
     def _split_run(self, chunks: list[str], tail: list[int]) -> bool:
         """Whether the row ends in a whitespace run tokenized as it is when a word follows (all

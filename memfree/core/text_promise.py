@@ -56,7 +56,7 @@ class TextPromiseMasker:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The union of the bans; the rows checked against the filter."""
         banned, active, noncanonical, readings = self.parts(contexts, vocab_width, device)
-        banned = banned | noncanonical
+        banned = torch.logical_or(noncanonical, banned, out=noncanonical)  # the step's own copy
         return ban_readings(banned, [(row, token) for row, token, _ in readings]), active
 
     def parts(

@@ -294,7 +294,7 @@ def ban_scores_cpu(
     """:func:`ban_scores` in numpy, for float32/float64 scores on the CPU (None otherwise).
 
     The same result, without a pass over every score for each part: the banned entries are
-    found in the mask once and set by index; a row is alive when its first choice (numpy's
+    set in one pass over the mask (no index array: canonical decoding bans most of a row); a row is alive when its first choice (numpy's
     argmax, which torch's equals: the first of ties, NaN counted highest) is finite and not
     banned, so only the other rows are searched for a finite score. numpy runs in the calling
     thread: torch's CPU kernels wake their thread pool, which costs more than these passes right
@@ -316,11 +316,13 @@ def ban_scores_cpu(
     mask = banned.numpy()
     width = original.shape[1]
     first = original.argmax(axis=1)
-    flat = np.flatnonzero(mask)
-    guarded = original if inplace else original.copy()
-    if flat.size:
-        guarded.reshape(-1)[flat] = -np.inf
-    counts = np.bincount(flat // max(width, 1), minlength=original.shape[0])
+    # One pass each, no index array: canonical decoding bans most of a row (half the scores).
+    counts = np.count_nonzero(mask, axis=1).astype(np.int64, copy=False)
+    if inplace:
+        np.copyto(original, original.dtype.type(-np.inf), where=mask)
+        guarded = original
+    else:
+        guarded = np.where(mask, original.dtype.type(-np.inf), original)
     if eos_token_ids and eos_token_ids[0] < width:
         index = np.arange(original.shape[0])
         alive = ~mask[index, first] & (original[index, first] > -np.inf)

@@ -1,0 +1,165 @@
+"""A row one token longer than a row read at the previous step is read from that row's state
+(issue 35: a step costs the row's last chunks, not its length): the answer must be exactly the
+full read's, for every family, every text, and rows grown by any token the guard allows.
+
+Checked against :meth:`RowStates.read` (itself checked against the definition in
+``test_canonical.py`` and ``test_canonical_split.py``): Hypothesis texts tokenized and split
+the ways a prompt can be, walks over allowed tokens, and the masker's step over rows that grow,
+get reordered or replaced between steps, against a fresh masker's step.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memfree.core.canonical import CanonicalMasker
+from memfree.core.canonical_state import RowStates
+from memfree.vocab.info import TokenizerInfo
+from tests.conftest import train_split_bpe
+from tests.memfree.core.test_canonical import PIECES, SPECIAL_PIECES, _split, _texts
+from tests.memfree.core.test_canonical_split import SPLIT_PIECES
+
+WALK_PIECES = ["x = 1\n\n# c\n", "def f():\n\n\n    return 1\n", "a  1  2\n \n", "'s 'll", "<|im"]
+
+
+@pytest.fixture(scope="module", params=["gpt2-rules", "split-way", "llama3", "qwen2"])
+def family(request: pytest.FixtureRequest, default_tokenizer: Any) -> tuple[Any, CanonicalMasker]:
+    if request.param in ("gpt2-rules", "split-way"):
+        tokenizer = default_tokenizer
+    else:
+        tokenizer = train_split_bpe(request.param)
+    info = TokenizerInfo.of(tokenizer)
+    masker = CanonicalMasker(info, [info.eos_token_id], _split=request.param == "split-way")
+    return tokenizer, masker
+
+
+def _read(states: RowStates, ids: list[int]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return states.read(ids)
+
+
+def _check_prefixes(states: RowStates, ids: list[int]) -> int:
+    """Every prefix advanced from the one before equals its full read; how many advanced."""
+    advanced = 0
+    for length in range(1, len(ids) + 1):
+        before = _read(states, ids[: length - 1])
+        found = states.advance(*before, ids[length - 1])
+        if found is not None:
+            advanced += 1
+            assert found == _read(states, ids[:length]), (ids[:length], before, found)
+    return advanced
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    text=_texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES),
+    how=st.integers(0, 2),
+    cut=st.integers(0, 10_000),
+)
+def test_an_advanced_row_reads_as_the_whole_row(
+    family: tuple[Any, CanonicalMasker], text: str, how: int, cut: int
+) -> None:
+    tokenizer, masker = family
+    _check_prefixes(masker.states, _split(tokenizer, text, how, cut))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=_texts(PIECES + WALK_PIECES), seed=st.integers(0, 2**32 - 1))
+def test_walks_over_allowed_tokens_advance_exactly(
+    family: tuple[Any, CanonicalMasker], text: str, seed: int
+) -> None:
+    """Rows the guard itself writes: from a text's tokens, tokens drawn among the allowed ones
+    (pending whitespace runs, contractions, runs going on and new chunks alike)."""
+    tokenizer, masker = family
+    rng = random.Random(seed)
+    ids = _split(tokenizer, text, 0, 0)
+    row = ids[: rng.randrange(len(ids) + 1)]
+    for _ in range(12):
+        allowed = np.flatnonzero(masker.allowed(row))
+        if not allowed.size:
+            break
+        row.append(int(rng.choice(allowed)))
+    _check_prefixes(masker.states, row)
+
+
+def test_rows_of_ordinary_text_advance_without_reading_the_row(
+    family: tuple[Any, CanonicalMasker],
+) -> None:
+    """The point of it: along ordinary text almost every step advances from the step before
+    (only a token that joins the tail's two chunks into one needs the row read again)."""
+    tokenizer, masker = family
+    text = "def f(x, y):\n    return x + y  # sum\n\n\nprint(f(1, 2))\nIt's done.\n"
+    ids = _split(tokenizer, text, 0, 0)
+    assert _check_prefixes(masker.states, ids) >= 0.9 * len(ids)
+
+
+def _expected(masker: CanonicalMasker, row: list[int], width: int) -> np.ndarray:
+    """A row's banned candidates read afresh, without the step's memory or its table."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        allowed = masker.allowed(row)
+        may_end = masker.may_end(row)
+    banned = np.ones(width, dtype=bool)
+    banned[: len(allowed)] = ~allowed
+    if may_end:
+        banned[list(masker.end_token_ids)] = False
+    return banned
+
+
+def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
+    family: tuple[Any, CanonicalMasker],
+) -> None:
+    """Rows grow by the text's next token or by a random allowed one; between steps they are
+    reordered (beams) and one is replaced (a finished request's place taken); the table of
+    states holds fewer rows than a step needs (it must grow, not give up a row in use)."""
+    tokenizer, base = family
+    masker = CanonicalMasker(base.info, base.end_token_ids, _split=base.split is not None)
+    masker._capacity = 2  # fewer rows than a step's states: it grows, and drops old ones
+    width = masker.bpe.vocab_size + 3  # ids past the vocabulary: banned, as without memory
+    texts = [
+        "def f(x):\n\n    return x  + 1\n\n\nclass A:\n\tpass",
+        "It's a test.\n\nThe end -- they'll see 12345 and 3.14!",
+        "Hello\n\nWorld  \n \n  x\u00a0y 日本語 😀 café",
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nOk",
+        "if x:\n    y = [1, 2]  # done\n\n\n\ndef g(): pass",
+    ]
+    rng = random.Random(0)
+    live = [(_split(tokenizer, t, 0, 0), 4) for t in texts]
+    rows = [source[:4] for source, _ in live]
+    for step in range(24):
+        if step % 5 == 4:  # beams reordered: rows move to other places
+            order = list(range(len(rows)))
+            rng.shuffle(order)
+            live, rows = [live[i] for i in order], [rows[i] for i in order]
+        if step % 7 == 6:  # a finished request's place taken by a new one
+            source = _split(tokenizer, texts[step % len(texts)][::-1], 0, 0)
+            live[0], rows[0] = (source, 0), source[: 3 + step % 4]
+        length = max(map(len, rows))
+        batch = torch.tensor([[-1] * (length - len(r)) + r for r in rows])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            banned, _, pending = masker.step(batch, width)
+            _, _, expected_pending = CanonicalMasker(
+                masker.info, masker.end_token_ids, _split=masker.split is not None
+            ).step(batch, width)
+        expected = np.stack([_expected(masker, row, width) for row in rows])
+        assert np.array_equal(banned.numpy(), expected), step
+        assert pending == expected_pending, step
+        for index, row in enumerate(rows):
+            source, _ = live[index]
+            allowed = np.flatnonzero(~expected[index, : masker.bpe.vocab_size])
+            if source[: len(row)] == row and len(source) > len(row) and rng.random() < 0.7:
+                row.append(source[len(row)])
+            elif allowed.size:
+                row.append(int(rng.choice(allowed)))
+            else:
+                row.append(int(rng.randrange(masker.bpe.vocab_size)))
