@@ -71,11 +71,13 @@ _CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: G
 _RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
 # States of rows that are canonical as they stand (an added token may follow them).
 _ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
-_CACHE = 512
-_SLOTS = 1024  # states whose banned rows a masker keeps (more while one step needs more)
+_CACHE = 256
+_BIGRAMS = 2048  # merge tests kept (packed), per last token
+_SLOTS = 512  # states whose banned rows a masker keeps (more while one step needs more)
 _UNPICKLED = (
     *("_lock", "_masks", "_bigrams", "_readings", "_seen"),
-    *("_table", "_used", "_slots", "_steps", "_capacity", "_table_lock"),
+    *("_table", "_used", "_versions", "_mirrors", "_mirror_always", "sent"),
+    *("_slots", "_steps", "_capacity", "_table_lock"),
 )
 
 
@@ -121,7 +123,7 @@ class CanonicalMasker:
         if _split and self.split is None:
             special = np.isin(np.arange(self.bpe.vocab_size), list(info.special_token_ids))
             self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
-        self.states = RowStates(self.bpe, self._bytes, self._cuts, self.split, self._bigram)
+        self.states = RowStates(self.bpe, self._bytes, self._cuts, self.split, self._pair)
         self._lock = threading.Lock()
         self._seen = threading.local()  # per thread: its last step's rows (bytes) -> their read
         self._start_table()
@@ -148,6 +150,11 @@ class CanonicalMasker:
     def _start_table(self) -> None:
         self._table = np.ones((0, 0), dtype=bool)  # banned candidates of the states seen lately
         self._used = np.zeros(0, dtype=np.int64)  # the step that last used each table row
+        self._versions = np.zeros(0, dtype=np.int64)  # the step that last filled each table row
+        # Per device: the table's copy there, and the version of each row it holds.
+        self._mirrors: dict[str, tuple[torch.Tensor | None, np.ndarray]] = {}
+        self._mirror_always = False  # tests: use the copy on the CPU too
+        self.sent = 0  # bytes the latest step sent to the scores' device (0 on the CPU)
         self._slots: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # state -> table row
         self._steps = 0
         self._capacity = _SLOTS  # rows past which the least recently used state is dropped
@@ -172,56 +179,96 @@ class CanonicalMasker:
         its text: what the text, ended there, is tokenized as."""
         device = torch.device(device or contexts.device)
         arrays = contexts.detach().cpu().numpy().astype(np.int64, copy=False)
-        rows = arrays.tolist()
+        count, width = arrays.shape
+        # Left padding (negative ids add no text) and ids no text gives, for all rows at once:
+        # a row that advances is never turned into a Python list.
+        written = arrays >= 0
+        starts = written.argmax(axis=1) if width else np.zeros(count, dtype=np.int64)
+        firsts: list[int] = np.where(written.any(axis=1), starts, width).tolist()
+        past: list[bool] = np.any(arrays >= self.bpe.vocab_size, axis=1).tolist()
         pending: list[Pending] = []
         keys: list[tuple[Any, ...] | None] = []
+        spaces: list[tuple[int, int, Tail]] = []  # rows in a whitespace run: end, last chunks
         before = getattr(self._seen, "rows", {})  # the calling thread's rows at its last step
         seen: dict[bytes, Read] = {}
-        for index, row in enumerate(rows):
-            first = 0
-            while first < len(row) and row[first] < 0:  # left padding (adds no text)
-                first += 1
-            row = row[first:]
-            if row and max(row) >= self.bpe.vocab_size:  # an id no text gives: not canonical
+        for index in range(count):
+            first = firsts[index]
+            if past[index]:  # an id no text gives: not canonical
                 self.states.note(" (it holds an id past the tokenizer's vocabulary)")
                 keys.append(None)
                 continue
             array = arrays[index, first:]
             read = None
-            if before and row:
+            if before and first < width:
                 last = before.get(array[:-1].tobytes())
                 if last is not None:
-                    read = self.states.advance(last[0], last[1], row[-1])
+                    read = self.states.advance(last[0], last[1], int(array[-1]))
             if read is None:
-                read = self.states.read(row, array)
+                read = self.states.read(array.tolist(), array)
             seen[array.tobytes()] = read
             key, tail = read
             keys.append(key)
             if key[0] == "space" and tail is not None:
-                allowed = self._allowed(key)
-                replaced, readings = self._other_readings(tail)
-                for token, tokens in readings:
-                    if token < vocab_width and allowed[token]:
-                        at = first + len(row) - replaced
-                        pending.append(Pending(index, token, at, tokens))
+                spaces.append((index, width, tail))
         self._seen.rows = seen
-        banned = self._gather(keys, vocab_width)
-        active = torch.ones(len(rows), dtype=torch.bool, device=device)
-        return torch.from_numpy(banned).to(device), active, pending
+        banned, host = self._gather(keys, vocab_width, device, [index for index, _, _ in spaces])
+        for index, end, tail in spaces:
+            replaced, readings = self._other_readings(tail)
+            for token, tokens in readings:
+                if token < vocab_width and not host[index][token]:
+                    pending.append(Pending(index, token, end - replaced, tokens))
+        active = torch.ones(count, dtype=torch.bool, device=device)
+        return banned, active, pending
 
-    def _gather(self, keys: list[tuple[Any, ...] | None], width: int) -> np.ndarray:
-        """bool `(len(keys), width)`: each state's banned row (None: a row that holds an id past
-        the vocabulary, which may only end), from a table of the states seen lately: a step
-        copies one row per row, whatever the answer cost."""
+    def _gather(
+        self,
+        keys: list[tuple[Any, ...] | None],
+        width: int,
+        device: torch.device,
+        wanted: list[int],
+    ) -> tuple[torch.Tensor, dict[int, np.ndarray]]:
+        """bool `(len(keys), width)` on ``device``: each state's banned row (None: a row that
+        holds an id past the vocabulary, which may only end), from a table of the states seen
+        lately; and the host's copy of the rows ``wanted``. On the CPU a step copies one table
+        row per row. On another device the table has a copy there, brought up to date row by
+        row (only states new since it was last used go over), and the rows are gathered there:
+        what crosses is the rows' table indexes and the new states' rows."""
         with self._table_lock:
             if self._table.shape[1] != width:
                 self._table = np.ones((0, width), dtype=bool)
+                self._versions = np.zeros(0, dtype=np.int64)
                 self._slots.clear()
+                self._mirrors.clear()
             self._steps += 1
             slots = np.empty(len(keys), dtype=np.int64)
             for index, key in enumerate(keys):
                 slots[index] = self._slot(key if key is not None else ("past",), width)
-            return self._table[slots]
+            host = {index: self._table[slots[index]].copy() for index in wanted}
+            if device.type == "cpu" and not self._mirror_always:
+                self.sent = 0
+                return torch.from_numpy(self._table[slots]), host
+            return self._mirrored(slots, device), host
+
+    def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
+        """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock)."""
+        key = str(device)
+        tensor, seen = self._mirrors.get(key, (None, np.zeros(0, dtype=np.int64)))
+        size, width = self._table.shape
+        if tensor is None or tensor.shape[0] < size:  # the table grew: rows to fill there too
+            grown = torch.ones((size, width), dtype=torch.bool, device=device)
+            if tensor is not None:
+                grown[: tensor.shape[0]] = tensor
+            tensor = grown
+            seen = np.concatenate([seen, np.full(size - len(seen), -1, dtype=np.int64)])
+        used = np.unique(slots)
+        stale = used[seen[used] != self._versions[used]]
+        if stale.size:
+            rows = torch.from_numpy(self._table[stale]).to(device)
+            tensor[torch.from_numpy(stale).to(device)] = rows
+            seen[stale] = self._versions[stale]
+        self._mirrors[key] = (tensor, seen)
+        self.sent = int(stale.size * width + slots.size * 8)
+        return tensor[torch.from_numpy(slots).to(device)]
 
     def _slot(self, key: tuple[Any, ...], width: int) -> int:
         """The table row of a state's banned candidates, computed on first use. Past the
@@ -243,11 +290,14 @@ class CanonicalMasker:
                     grown[:slot] = self._table
                     used = np.zeros(len(grown), dtype=np.int64)
                     used[:slot] = self._used
-                    self._table, self._used = grown, used
+                    versions = np.zeros(len(grown), dtype=np.int64)
+                    versions[:slot] = self._versions
+                    self._table, self._used, self._versions = grown, used, versions
                 else:
                     self._slots.popitem(last=False)
                     slot = oldest
             self._fill(self._table[slot], key, width)
+            self._versions[slot] = self._steps  # copies on other devices: this row is new
             self._slots[key] = slot
         else:
             self._slots.move_to_end(key)
@@ -260,7 +310,7 @@ class CanonicalMasker:
         row[:] = True
         ends = [token for token in self.end_token_ids if token < width]
         if key[0] != "past":
-            allowed = self._allowed(key)
+            allowed = self._allowed(key, keep=False)
             size = min(width, self.bpe.vocab_size)
             np.logical_not(allowed[:size], out=row[:size])
             if not _may_end(key, allowed):
@@ -278,10 +328,17 @@ class CanonicalMasker:
         key = self.states.state(ids)
         return _may_end(key, self._allowed(key))
 
-    def _allowed(self, key: tuple[Any, ...]) -> np.ndarray:
+    def _allowed(self, key: tuple[Any, ...], keep: bool = True) -> np.ndarray:
+        """The candidates a state allows; ``keep``: cache the answer (the step's table keeps
+        its own; a split state's mask before its row's fixes is cached either way, rows share
+        it)."""
         fixes: tuple[Any, ...] = ()
         if key[0] == "split":
             key, fixes = key[:-1], key[-1]
+        elif not keep:
+            with self._lock:
+                known = self._masks.get(key)
+            return known if known is not None else self._compute(key)
         mask = self._cached(key)
         if fixes and self.split is not None:
             mask = self.split.fix(key[1], fixes, mask)
@@ -412,17 +469,25 @@ class CanonicalMasker:
         return allowed
 
     def _bigram(self, a: int) -> np.ndarray:
+        """bool `(vocab_size,)`: the merge-tree test after ``a`` (kept packed, 8 per byte)."""
+        return np.unpackbits(self._packed_bigram(a), count=self.bpe.vocab_size).view(bool)
+
+    def _pair(self, a: int, token: int) -> bool:
+        """Whether no merge joins ``token`` to ``a`` (one entry of :meth:`_bigram`)."""
+        return bool(self._packed_bigram(a)[token >> 3] & (0x80 >> (token & 7)))
+
+    def _packed_bigram(self, a: int) -> np.ndarray:
         with self._lock:
             cached = self._bigrams.get(a)
             if cached is not None:
                 self._bigrams.move_to_end(a)
                 return cached
-        allowed = self.bpe.bigram_allowed(a)
+        packed = np.packbits(self.bpe.bigram_allowed(a))
         with self._lock:
-            self._bigrams[a] = allowed
-            if len(self._bigrams) > 4 * _CACHE:
+            self._bigrams[a] = packed
+            if len(self._bigrams) > _BIGRAMS:
                 self._bigrams.popitem(last=False)
-        return allowed
+        return packed
 
     def _starting_with(self, prefix: str) -> np.ndarray:
         cached = self._prefixes.get(prefix)

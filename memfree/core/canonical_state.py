@@ -8,6 +8,10 @@ once per prefix). A canonical row's state is the kind of its last chunk and its 
 what the rules read (:meth:`RowStates.state`); a row that is not canonical (only a prompt makes
 one) gets a state that :class:`~memfree.core.canonical.CanonicalMasker` answers by the
 definition itself.
+
+A row one token longer than a row already read is advanced from that read
+(:meth:`RowStates.advance`): from its last two chunks alone, or for GPT-2's pattern after a run
+of letters, digits or punctuation without reading text at all.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ class RowStates:
         bpe: the tokenizer's tables.
         token_bytes: each id's bytes (b"" for special tokens).
         cuts: ids where the tokenizer cuts text (special and added tokens).
+        split: a split pattern's chunk rules (None: GPT-2's pattern, read by rules).
+        pair: whether no merge joins a token to the one before (the merge-tree test; default:
+            the tables' own, uncached).
 
     Attributes:
         rows: rows seen that were not canonical (their state came from a prompt).
@@ -87,11 +94,11 @@ class RowStates:
         token_bytes: list[bytes],
         cuts: frozenset[int],
         split: SplitChunks | None = None,
-        bigram: Callable[[int], np.ndarray] | None = None,
+        pair: Callable[[int, int], bool] | None = None,
     ) -> None:
         self.bpe = bpe
         self.split = split
-        self._bigram = bigram or bpe.bigram_allowed
+        self._pair = pair or (lambda a, token: bool(bpe.bigram_allowed(a)[token]))
         self._bytes = token_bytes
         self._cuts = cuts
         self._is_cut = np.zeros(bpe.vocab_size + 1, dtype=bool)  # the last: ids past the end
@@ -226,7 +233,7 @@ class RowStates:
         if run is None or text is None or not self.bpe.self_ok[token] or self._pending_added(text):
             return None
         if int(self.bpe.run[token]) == run:  # the same chunk goes on
-            if not self._bigram(a)[token]:
+            if not self._pair(a, token):
                 return None
             return ("run", cls, token, ()), Tail(tail.text + text, (*tail.tokens, token), tail.last)
         first = int(self.bpe.first[token])

