@@ -234,8 +234,9 @@ class CanonicalMasker:
         row (only states new since it was last used go over), and the rows are gathered there:
         what crosses is the rows' table indexes and the new states' rows."""
         with self._table_lock:
-            if self._table.shape[1] != width:
+            if self._table.shape[1] != width:  # another width: a table of its own
                 self._table = np.ones((0, width), dtype=bool)
+                self._used = np.zeros(0, dtype=np.int64)
                 self._versions = np.zeros(0, dtype=np.int64)
                 self._slots.clear()
                 self._mirrors.clear()

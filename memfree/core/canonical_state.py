@@ -47,7 +47,7 @@ _TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
 _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
-_ADVANCES = 1 << 16  # rows advanced by one token, kept per tail, added-token progress and token
+_ADVANCES = 1 << 14  # rows advanced by one token, kept per tail, added-token progress and token
 _ADVANCING = frozenset(
     {"start", "contraction", "run", "apostrophe", "open", "space", "space_split", "split"}
 )

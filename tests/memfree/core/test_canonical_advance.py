@@ -193,3 +193,21 @@ def test_the_device_copy_receives_only_new_states(
     again, _, _ = masker.step(batch, width)
     assert masker.sent == 2 * 8
     assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("copy", [False, True], ids=["host-table", "device-copy"])
+def test_a_step_of_another_width_gets_a_table_of_its_own(
+    default_tokenizer: Any, smol_masker: CanonicalMasker, copy: bool
+) -> None:
+    """Engines ask with the model's width, which may differ from the tokenizer's; a masker
+    asked with one width, then another, then the first again, answers each as a fresh one."""
+    masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
+    masker._mirror_always = copy
+    masker._capacity = 2
+    rows = [_split(default_tokenizer, t, 0, 0)[-2:] for t in ("Hello world", "x = 1\n", "a b")]
+    batch = torch.tensor(rows)
+    size = masker.bpe.vocab_size
+    for width in (size, size + 64, size, size + 64):
+        banned, _, _ = masker.step(batch, width)
+        expected = np.stack([_expected(masker, row, width) for row in rows])
+        assert np.array_equal(banned.numpy(), expected), width
