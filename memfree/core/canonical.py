@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from memfree.core.canonical_split import SplitChunks
-from memfree.core.canonical_state import Read, RowStates, Tail
+from memfree.core.canonical_state import CONTRACTIONS, RUN_OF_CLASS, Read, RowStates, Tail
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -67,8 +67,6 @@ from memfree.vocab.bpe import (
 )
 from memfree.vocab.info import TokenizerInfo
 
-_CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
-_RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
 # States of rows that are canonical as they stand (an added token may follow them).
 _ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
 _CACHE = 256
@@ -410,7 +408,7 @@ class CanonicalMasker:
             if continues is None:
                 mask = new.copy()
             else:
-                run = self._runs[_RUN_OF_CLASS[cls]]
+                run = self._runs[RUN_OF_CLASS[cls]]
                 mask = (new & ~continues) | (run & self._bigram(a))
         elif kind == "apostrophe":
             a = key[1]
@@ -603,7 +601,7 @@ def _contraction_heads(bpe: ByteLevelBpe) -> np.ndarray:
     for token, text in enumerate(bpe.texts):
         if text is None:
             continue
-        for rest in _CONTRACTIONS:
+        for rest in CONTRACTIONS:
             if text == rest:
                 heads[token] = 1
             elif text.startswith(rest):

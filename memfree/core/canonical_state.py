@@ -40,7 +40,7 @@ from memfree.vocab.bpe import (
     ByteLevelBpe,
 )
 
-_CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
+CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GPT-2's pattern
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
 _WINDOW = 16  # tokens read back first; doubled while it holds too few chunks
 _TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
@@ -52,7 +52,7 @@ _ADVANCING = frozenset(
     {"start", "contraction", "run", "apostrophe", "open", "space", "space_split", "split"}
 )
 _MISSING = object()
-_RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}
+RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}  # runs that go on
 
 
 class Tail(NamedTuple):
@@ -228,7 +228,7 @@ class RowStates:
         run's chunk is final, and the new chunk is canonical iff the tokenizer gives ``token``
         back alone). None where it does neither or its text begins an added token's content
         (read the tail instead)."""
-        run = _RUN_OF_CLASS.get(cls)
+        run = RUN_OF_CLASS.get(cls)
         text = self.bpe.texts[token]
         if run is None or text is None or not self.bpe.self_ok[token] or self._pending_added(text):
             return None
@@ -423,7 +423,7 @@ class RowStates:
     def _kind(self, last: str, tokens: list[int], previous: str | None) -> tuple[Any, ...]:
         classes = [self.bpe.char_class(c) for c in last]
         a = tokens[-1]
-        if last[0] == "'" and last[1:] in _CONTRACTIONS:
+        if last[0] == "'" and last[1:] in CONTRACTIONS:
             return ("contraction",)
         if last == "'":
             return ("apostrophe", a)
@@ -498,4 +498,4 @@ def _tokens_of_tail(window: list[int], token_bytes: list[bytes], length: int) ->
     return []
 
 
-__all__ = ["RowStates", "Tail"]
+__all__ = ["CONTRACTIONS", "RUN_OF_CLASS", "Read", "RowStates", "Tail"]
