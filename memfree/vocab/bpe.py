@@ -245,10 +245,27 @@ class ByteLevelBpe:
             hit = rho[index] >= np.repeat(np.maximum(ranks, formed[x]), lengths)
             conflict[member[index[hit]]] = True
         allowed = ~conflict
-        late = np.flatnonzero(self._late[1])
-        if late.size:
+        owners, symbols = self._late_left_spines
+        if owners.size:  # read from the merges, where some merge meets the junction at all
+            partners = np.concatenate(
+                [partner[offsets[x] : offsets[x + 1]] for x, _ in self._right_spine(a)]
+            )
+            late = np.unique(owners[np.isin(symbols, partners)])
             allowed[late] = self._bigram_by_merges(a, late)
         return allowed
+
+    @functools.cached_property
+    def _late_left_spines(self) -> tuple[np.ndarray, np.ndarray]:
+        """The tokens with a late node on their left spine, once per symbol on that spine:
+        (token, symbol) as two arrays."""
+        owners, symbols = [], []
+        for token in np.flatnonzero(self._late[1]).tolist():
+            node = token
+            while node >= 0:
+                owners.append(token)
+                symbols.append(node)
+                node = int(self._left[node])
+        return np.array(owners, dtype=np.int64), np.array(symbols, dtype=np.int64)
 
     def _meeting(self, a: int) -> np.ndarray:
         """The tokens with a symbol on their left spine that some merge joins to a symbol on

@@ -32,7 +32,9 @@ from memfree.core.canonical import CanonicalMasker
 from memfree.vocab.bpe import ByteLevelBpe
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.token_bytes import byte_level_chars
-from tests.memfree.core.test_canonical import _check_rows, _encode, _split
+from tests.memfree.core.test_canonical import PIECES, _check_rows, _encode, _split, _texts
+from tests.memfree.core.test_canonical_advance import _check_prefixes
+from tests.memfree.core.test_canonical_split import SPLIT_PIECES
 
 pytest.importorskip("llama_models", reason="needs llama-models (make setup installs it)")
 
@@ -241,3 +243,24 @@ def test_string_module_round_trips(llama3: tuple[Any, CanonicalMasker]) -> None:
     for end in range(1, len(ids)):
         banned, _ = masker.banned_mask(torch.tensor([ids[:end]]), masker.info.vocab_size)
         assert not banned[0, ids[end]], (end, tokenizer.decode(ids[:end]))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    text=_texts(PIECES + SPLIT_PIECES + ["тери", "цин", "ıydı", " nghiệp", "ĠĠĠĠ"]),
+    how=st.integers(0, 2),
+    cut=st.integers(0, 10_000),
+)
+def test_an_advanced_row_reads_as_the_whole_row(
+    llama3: tuple[Any, CanonicalMasker], text: str, how: int, cut: int
+) -> None:
+    """A row one token longer than a row read is advanced from that read (a step reads only
+    its last chunks): the same state and chunks as the whole row read afresh."""
+    tokenizer, masker = llama3
+    _check_prefixes(masker.states, _split(tokenizer, text, how, cut))
+
+
+def test_real_texts_advance_as_they_read(llama3: tuple[Any, CanonicalMasker]) -> None:
+    tokenizer, masker = llama3
+    for text in (Path(string.__file__).read_text()[:2000], _MULTILINGUAL):
+        assert _check_prefixes(masker.states, _encode(tokenizer, text)) > 0
