@@ -275,19 +275,41 @@ LLAMA3_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+# Mistral's Tekken (Mistral Nemo and later): letter runs split by case, marks inside words and
+# in punctuation runs, single digits, slashes kept with a punctuation run's newlines.
+TEKKEN_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# OpenAI's o200k (GPT-4o, gpt-oss): Tekken's cased letter runs with contractions kept at a
+# word's end, digits in groups of three.
+O200K_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def train_split_bpe(family: str, vocab_size: int = 1500) -> Any:
-    """A byte-level BPE built as Llama 3's (its split pattern, ``ignore_merges``) or Qwen 2's
-    (single digits, an NFC normalizer) are, trained on code, prose and the stdlib's text."""
+    """A byte-level BPE built as Llama 3's (its split pattern, ``ignore_merges``), Qwen 2's
+    (single digits, an NFC normalizer), Mistral's Tekken or OpenAI's o200k (their patterns,
+    ``ignore_merges``) are, trained on code, prose and the stdlib's text."""
     import string
     import textwrap
 
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    pattern = LLAMA3_PATTERN if family == "llama3" else QWEN2_PATTERN
-    backend = Tokenizer(models.BPE(ignore_merges=family == "llama3"))
+    pattern = {
+        "llama3": LLAMA3_PATTERN,
+        "qwen2": QWEN2_PATTERN,
+        "tekken": TEKKEN_PATTERN,
+        "o200k": O200K_PATTERN,
+    }[family]
+    backend = Tokenizer(models.BPE(ignore_merges=family != "qwen2"))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
@@ -303,6 +325,10 @@ def train_split_bpe(family: str, vocab_size: int = 1500) -> Any:
         Path(textwrap.__file__).read_text(),
         "It's, we're, THEY'LL, I've, he'D: 12345678 3.14 (self) x.(bar) 日本語 a\u0301\r\n\n",
     ]
+    if family in ("tekken", "o200k"):  # cases, marks, slashes: what their patterns tell apart
+        texts.append(
+            "HTTPServer camelCase XMLHttpRequest ÉCOLE école http://a/b//c ;\n\n// \u0627\u064b\n"
+        )
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=["<|end_of_text|>", "<|eot_id|>"],

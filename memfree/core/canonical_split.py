@@ -1,13 +1,16 @@
 """Canonical decoding for a split pattern read through the pre-tokenizer itself (Llama 3, Qwen 2).
 
-GPT-2's pattern has hand-written rules (:mod:`memfree.core.canonical`). Llama 3's and Qwen 2's
-chunk text in more ways (a punctuation mark joins the word after it, digits go in groups of
-three or one, a punctuation run takes the newlines after it, contractions in any case), so here
-the chunks come from the tokenizer's own pre-tokenizer, over *shapes*:
+GPT-2's pattern has hand-written rules (:mod:`memfree.core.canonical`). Llama 3's, Qwen 2's and
+Mistral Tekken's chunk text in more ways (a punctuation mark joins the word after it, digits go
+in groups of three or one, a punctuation run takes the newlines after it, contractions in any
+case; Tekken splits letter runs by case and keeps combining marks in words and in punctuation
+runs), so here the chunks come from the tokenizer's own pre-tokenizer, over *shapes*:
 
 - every character gets a class: characters that the pattern cannot tell apart (it sees letters,
-  numbers, whitespace, ``\\r``, ``\\n``, the space, the apostrophe and the letters of
-  contractions) share one, found by running the pre-tokenizer over probe strings;
+  upper and lower case, marks, numbers, whitespace, ``\\r``, ``\\n``, ``/``, the space, the
+  apostrophe and the letters of contractions) share one, found by running the pre-tokenizer
+  over probe strings (checked: a text with each character replaced by its class's
+  representative is cut at the same places);
 - a text's shape is its classes (a letter of a contraction counts as any letter unless an
   apostrophe comes right before it; runs of a class the pattern does not count are cut at three);
 - for the shape of a row's last two chunks and the shape of every candidate, the
@@ -48,7 +51,8 @@ _PROBES = (
     "{}.", "{}.a", " {}a", "'{}", "'{}a", "'{}ea", "'{}la", "'r{}a", "'v{}a", "'l{}a", "'{}1",
     "\n{}", "{}\n", "\r{}", "{}\r", "\t{}", "{}\t", "{} a", "a {}", "{}  a", ". {}", "{}\n\n",
     " {}\n", "{}{}{}", "x{}{}y", "{}s", "{}sa", "{}rea", "{}vea", "{}lla", "{}ma", "a{}sa",
-    " {}sa",
+    " {}sa", ".\n{}", ".\n{}a", "..{}", " .{}", "{}Aa", "A{}", "{}A",
+    "a'{}", "a'{}e", "a'{}l", "a'r{}", "a'v{}", "a'l{}",
 )  # fmt: skip
 _CAP = 3  # runs of a class the pattern does not count are cut to this length
 _CACHE = 256

@@ -22,9 +22,10 @@ with it appended are exactly the tokenizer's own tokenization of their text. Its
 Only the family whose every step memfree models exactly is read: a ``tokenizers`` BPE model
 (no dropout, no byte fallback, no subword prefix or suffix) and added tokens that strip nothing,
 with either the ``ByteLevel`` pre-tokenizer on GPT-2's split pattern, no prefix space and no
-normalizer (SmolLM2, GPT-2, GPT-NeoX/Pythia, StarCoder), or a ``Split`` step on Llama 3's or
-Qwen 2's pattern before ``ByteLevel`` (``ignore_merges`` and an NFC normalizer allowed: Llama 3,
-Qwen 2 and 2.5). Any other tokenizer is refused with :class:`CanonicalUnsupportedError`, never
+normalizer (SmolLM2, GPT-2, GPT-NeoX/Pythia, StarCoder), or a ``Split`` step on Llama 3's
+(cl100k's), Qwen 2's, Mistral Tekken's or OpenAI o200k's pattern before ``ByteLevel``
+(``ignore_merges`` and an NFC normalizer allowed: Llama 3, Qwen 2 and 2.5, Mistral Nemo and
+later, gpt-oss). Any other tokenizer is refused with :class:`CanonicalUnsupportedError`, never
 approximated.
 """
 
@@ -330,6 +331,14 @@ SPLIT_PATTERNS = {
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Llama 3",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Qwen 2",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "Mistral Tekken",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "OpenAI o200k",
 }
 
 
@@ -361,7 +370,9 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             and not level.get("use_regex", True)
             and not level.get("add_prefix_space", False)
         ):
-            problems.append("a split pattern other than GPT-2's, Llama 3's or Qwen 2's")
+            problems.append(
+                "a split pattern other than GPT-2's, Llama 3's, Qwen 2's, Tekken's or o200k's"
+            )
     elif not (
         len(steps) == 1
         and steps[0].get("type") == "ByteLevel"
@@ -381,8 +392,9 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             break
     if problems:
         raise CanonicalUnsupportedError(
-            f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's, Llama 3's "
-            f"or Qwen 2's split pattern (SmolLM2, GPT-2, GPT-NeoX, Llama 3, Qwen 2); {name} has "
+            f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's, Llama 3's, "
+            f"Qwen 2's, Mistral Tekken's or OpenAI o200k's split pattern (SmolLM2, GPT-2, "
+            f"GPT-NeoX, Llama 3, Qwen 2, Mistral Nemo, gpt-oss); {name} has "
             f"{'; '.join(problems)}. " + _WORD_GUARD
         )
     return pattern

@@ -228,7 +228,7 @@ def test_llama3_allowed_iff_canonical_for_every_candidate(
 ) -> None:
     tokenizer, masker = llama3
     ids = _split(tokenizer, text, how, 5)
-    ends = sorted({1, len(ids) // 3, len(ids) // 2, len(ids) - 1, len(ids)})
+    ends = sorted({1, len(ids) // 2, len(ids)})
     _check_rows(tokenizer, masker, [ids[:end] for end in ends], extendable=False)
 
 

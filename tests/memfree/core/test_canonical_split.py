@@ -1,11 +1,13 @@
-"""Canonical decoding for Llama 3's and Qwen 2's split patterns (memfree/core/canonical_split.py).
+"""Canonical decoding for split patterns read by shapes (memfree/core/canonical_split.py).
 
 Byte-level BPE tokenizers built as Llama 3's (its split pattern: a punctuation mark joins the
-word after it, digits in groups of three, contractions in any case; ``ignore_merges``) and Qwen
-2's (single digits, an NFC normalizer) are, trained here: no real Llama 3 or Qwen 2 tokenizer
-file can be fetched on this machine. Checked with Hypothesis against the definition for every
-candidate, as for GPT-2's pattern in test_canonical.py; and the same reading run over SmolLM2's
-tokenizer must agree with the definition too.
+word after it, digits in groups of three, contractions in any case; ``ignore_merges``), Qwen 2's
+(single digits, an NFC normalizer) and Mistral Tekken's (letter runs split by case, marks in
+words and punctuation runs, slashes after a punctuation run's newlines; ``ignore_merges``) are,
+trained here (their real vocabularies: test_canonical_llama3.py, test_canonical_qwen.py,
+test_canonical_tekken.py). Checked with Hypothesis against the definition for every candidate,
+as for GPT-2's pattern in test_canonical.py; and the same reading run over SmolLM2's tokenizer
+must agree with the definition too.
 
 The split patterns' rule is still "the row as it ends" (``extendable=False``): a whitespace
 run whose split waits on what follows is not yet written with them (issue 35).
@@ -50,11 +52,18 @@ SPLIT_PIECES = [
     "_name",
     "\u00e1",
     "\u0301",
+    "HTTPServer",
+    "camelCase",
+    "\u00c9COLE",
+    "://a/b//",
+    ";\n/",
+    "\u0627\u064b",
+    "\u01c5x",
 ]
 _SPLIT_EXAMPLES = 70
 
 
-@pytest.fixture(scope="module", params=["llama3", "qwen2"])
+@pytest.fixture(scope="module", params=["llama3", "qwen2", "tekken", "o200k"])
 def family(request: pytest.FixtureRequest) -> tuple[Any, CanonicalMasker]:
     tokenizer = train_split_bpe(request.param)
     info = TokenizerInfo.of(tokenizer)
@@ -75,6 +84,31 @@ def test_split_patterns_allowed_iff_canonical_for_every_candidate(
     tokenizer, masker = family
     ids = _split(tokenizer, text, how, cut)
     _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
+
+
+# Characters each pattern may treat apart: cases, a mark, letters that are neither case, a
+# titlecase letter, a modifier letter, slashes, punctuation, the apostrophe and contraction
+# letters, digits, whitespace.
+_ALPHABET = "aAsStTeE\u0627\u064b\u01c5\u02b0\u65e5/.'#_1\u0661 \n\r\t\u00a0"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=st.text(alphabet=_ALPHABET, min_size=1, max_size=9))
+def test_characters_of_one_class_are_interchangeable_for_the_pattern(
+    family: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    """The shapes stand on this: a text whose characters are each replaced by their class's
+    representative is cut into chunks at the same places (so a class that merged two
+    characters the pattern treats apart would show here; Tekken's letters of neither case are
+    one such pair, told apart from "a" only after an uppercase letter)."""
+    _, masker = family
+    split = masker.split
+    assert split is not None
+    pre = masker.bpe.tokenizer_backend.pre_tokenizer
+    stand_in = "".join(split._reps[split.char_class(c)] for c in text)
+    assert [span for _, span in pre.pre_tokenize_str(text)] == [
+        span for _, span in pre.pre_tokenize_str(stand_in)
+    ], (text, stand_in)
 
 
 @pytest.mark.parametrize(
