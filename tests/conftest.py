@@ -293,26 +293,38 @@ O200K_PATTERN = (
 )
 
 
+# DeepSeek V3's three Split steps, as its tokenizer.json writes them (it holds carriage returns
+# and newlines themselves in the last one).
+DEEPSEEK3_SPLITS = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+    "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+
+
 def train_split_bpe(family: str, vocab_size: int = 1500) -> Any:
     """A byte-level BPE built as Llama 3's (its split pattern, ``ignore_merges``), Qwen 2's
     (single digits, an NFC normalizer), Mistral's Tekken or OpenAI's o200k (their patterns,
-    ``ignore_merges``) are, trained on code, prose and the stdlib's text."""
+    ``ignore_merges``) or DeepSeek V3's (three Split steps) are, trained on code, prose and
+    the stdlib's text."""
     import string
     import textwrap
 
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    pattern = {
-        "llama3": LLAMA3_PATTERN,
-        "qwen2": QWEN2_PATTERN,
-        "tekken": TEKKEN_PATTERN,
-        "o200k": O200K_PATTERN,
+    patterns = {
+        "llama3": (LLAMA3_PATTERN,),
+        "qwen2": (QWEN2_PATTERN,),
+        "tekken": (TEKKEN_PATTERN,),
+        "o200k": (O200K_PATTERN,),
+        "deepseek3": DEEPSEEK3_SPLITS,
     }[family]
-    backend = Tokenizer(models.BPE(ignore_merges=family != "qwen2"))
+    backend = Tokenizer(models.BPE(ignore_merges=family not in ("qwen2", "deepseek3")))
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            *(pre_tokenizers.Split(Regex(p), behavior="isolated", invert=False) for p in patterns),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -325,9 +337,10 @@ def train_split_bpe(family: str, vocab_size: int = 1500) -> Any:
         Path(textwrap.__file__).read_text(),
         "It's, we're, THEY'LL, I've, he'D: 12345678 3.14 (self) x.(bar) 日本語 a\u0301\r\n\n",
     ]
-    if family in ("tekken", "o200k"):  # cases, marks, slashes: what their patterns tell apart
+    if family in ("tekken", "o200k", "deepseek3"):  # cases, marks, slashes, scripts, symbols
         texts.append(
             "HTTPServer camelCase XMLHttpRequest ÉCOLE école http://a/b//c ;\n\n// \u0627\u064b\n"
+            "日本語のテキスト カタカナ 한국어 $x +1 -y _z ,.!? 。、 a\u0301\n"
         )
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -25,7 +25,7 @@ with either the ``ByteLevel`` pre-tokenizer on GPT-2's split pattern, no prefix 
 normalizer (SmolLM2, GPT-2, GPT-NeoX/Pythia, StarCoder), or a ``Split`` step on Llama 3's
 (cl100k's), Qwen 2's, Mistral Tekken's or OpenAI o200k's pattern before ``ByteLevel``
 (``ignore_merges`` and an NFC normalizer allowed: Llama 3, Qwen 2 and 2.5, Mistral Nemo and
-later, gpt-oss). Any other tokenizer is refused with :class:`CanonicalUnsupportedError`, never
+later, gpt-oss), or DeepSeek V3's three ``Split`` steps before ``ByteLevel``. Any other tokenizer is refused with :class:`CanonicalUnsupportedError`, never
 approximated.
 """
 
@@ -163,7 +163,7 @@ class ByteLevelBpe:
         return cls(
             size, tuple(texts), self_ok, first, run, added, ids_of,
             tuple(b if b is not None else b"" for b in token_bytes), pattern, model,
-            spec.get("normalizer") is not None, info.tokenizer,
+            (spec.get("normalizer") or {}).get("type") == "NFC", info.tokenizer,
             left, right, made_at, partners, members, classes, late,
         )  # fmt: skip
 
@@ -326,7 +326,7 @@ class ByteLevelBpe:
 
 # Split patterns whose chunks canonical decoding reads through the pre-tokenizer itself
 # (memfree.core.canonical_split): Llama 3's, and Qwen 2's (single digits).
-SPLIT_PATTERNS = {
+SPLIT_PATTERNS: dict[str | tuple[str, ...], str] = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Llama 3",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -339,6 +339,15 @@ SPLIT_PATTERNS = {
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "OpenAI o200k",
+    # DeepSeek V3: three Split steps, one after the other (digits in threes; runs of CJK and
+    # kana; then its own pattern: an ASCII mark joins the ASCII word after it). Its
+    # tokenizer.json holds carriage returns and newlines themselves in the last one.
+    (
+        r"\p{N}{1,3}",
+        "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+        "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+    ): "DeepSeek V3",
 }
 
 
@@ -359,19 +368,25 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
     pre = spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     pattern = None
-    if len(steps) == 2 and steps[0].get("type") == "Split":
-        split, level = steps
-        pattern = SPLIT_PATTERNS.get((split.get("pattern") or {}).get("Regex", ""))
+    if len(steps) >= 2 and steps[0].get("type") == "Split":
+        *splits, level = steps
+        regexes = tuple((split.get("pattern") or {}).get("Regex", "") for split in splits)
+        pattern = SPLIT_PATTERNS.get(regexes[0] if len(regexes) == 1 else regexes)
         if not (
             pattern
-            and split.get("behavior") == "Isolated"
-            and not split.get("invert")
+            and all(
+                split.get("type") == "Split"
+                and split.get("behavior") == "Isolated"
+                and not split.get("invert")
+                for split in splits
+            )
             and level.get("type") == "ByteLevel"
             and not level.get("use_regex", True)
             and not level.get("add_prefix_space", False)
         ):
             problems.append(
-                "a split pattern other than GPT-2's, Llama 3's, Qwen 2's, Tekken's or o200k's"
+                "a split pattern other than GPT-2's, Llama 3's, Qwen 2's, Tekken's, o200k's or "
+                "DeepSeek V3's"
             )
     elif not (
         len(steps) == 1
@@ -382,6 +397,8 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
         kinds = ", ".join(str(step.get("type")) for step in steps)
         problems.append(f"the pre-tokenizer {kinds or None} (not ByteLevel with GPT-2's pattern)")
     normalizer = spec.get("normalizer")
+    if normalizer == {"type": "Sequence", "normalizers": []}:
+        normalizer = None  # an empty sequence does nothing (DeepSeek V3)
     if normalizer is not None and not (pattern and normalizer.get("type") == "NFC"):
         problems.append(f"a {normalizer.get('type')} normalizer")
     if model.get("ignore_merges") and not pattern:
@@ -393,8 +410,8 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
     if problems:
         raise CanonicalUnsupportedError(
             f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's, Llama 3's, "
-            f"Qwen 2's, Mistral Tekken's or OpenAI o200k's split pattern (SmolLM2, GPT-2, "
-            f"GPT-NeoX, Llama 3, Qwen 2, Mistral Nemo, gpt-oss); {name} has "
+            f"Qwen 2's, Mistral Tekken's, OpenAI o200k's or DeepSeek V3's split pattern (SmolLM2, "
+            f"GPT-2, GPT-NeoX, Llama 3, Qwen 2, Mistral Nemo, gpt-oss, DeepSeek V3); {name} has "
             f"{'; '.join(problems)}. " + _WORD_GUARD
         )
     return pattern
