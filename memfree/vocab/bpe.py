@@ -25,8 +25,8 @@ with either the ``ByteLevel`` pre-tokenizer on GPT-2's split pattern, no prefix 
 normalizer (SmolLM2, GPT-2, GPT-NeoX/Pythia, StarCoder), or a ``Split`` step on Llama 3's
 (cl100k's), Qwen 2's, Mistral Tekken's or OpenAI o200k's pattern before ``ByteLevel``
 (``ignore_merges`` and an NFC normalizer allowed: Llama 3, Qwen 2 and 2.5, Mistral Nemo and
-later, gpt-oss), or DeepSeek V3's three ``Split`` steps before ``ByteLevel``. Any other tokenizer is refused with :class:`CanonicalUnsupportedError`, never
-approximated.
+later, gpt-oss), or DeepSeek V3's three ``Split`` steps before ``ByteLevel``. Any other
+tokenizer is refused with :class:`CanonicalUnsupportedError`, never approximated.
 """
 
 from __future__ import annotations
@@ -325,7 +325,9 @@ class ByteLevelBpe:
 
 
 # Split patterns whose chunks canonical decoding reads through the pre-tokenizer itself
-# (memfree.core.canonical_split): Llama 3's, and Qwen 2's (single digits).
+# (memfree.core.canonical_split), as tokenizer.json files write them: one Split step's regex, or
+# the regexes of several Split steps in order. A pattern is added only with a tokenizer built as
+# that family's is, checked against the definition (tests/memfree/core/test_canonical_split.py).
 SPLIT_PATTERNS: dict[str | tuple[str, ...], str] = {
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Llama 3",
