@@ -55,7 +55,7 @@ _PROBES = (
     "a'{}", "a'{}e", "a'{}l", "a'r{}", "a'v{}", "a'l{}",
 )  # fmt: skip
 _CAP = 3  # runs of a class the pattern does not count are cut to this length
-_CACHE = 256
+_CACHE = 1024  # row shapes whose candidate groups are kept (one int8 per token each)
 
 
 @dataclass(frozen=True, eq=False)
@@ -221,7 +221,8 @@ class SplitChunks:
             start = max(s for s in starts if s <= size)
             bounds = tuple(s for s in starts if 0 < s < start)
             of_shape[index] = found.setdefault((start, bounds), len(found))
-        of_token = np.where(self.shape_of >= 0, of_shape[self.shape_of], -1)
+        narrow = np.int8 if len(found) < 128 else np.int16  # a few groups per shape
+        of_token = np.where(self.shape_of >= 0, of_shape[self.shape_of], -1).astype(narrow)
         groups = _Groups(of_token, tuple(found))
         with self._lock:
             self._groups[shape] = groups
