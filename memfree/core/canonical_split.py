@@ -85,7 +85,7 @@ class SplitChunks:
         )
         self.ignore_merges = bool(model.get("ignore_merges"))
         self._model = models.BPE(vocab, merges, ignore_merges=self.ignore_merges)
-        self._merges = models.BPE(vocab, merges, ignore_merges=False)
+        self._merges = bpe.merges_model
         self._strings = {token: string for string, token in vocab.items()}
         self._byte_char = byte_level_chars()
         self._signatures: dict[tuple[Any, ...], int] = {}

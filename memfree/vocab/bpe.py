@@ -291,9 +291,9 @@ class ByteLevelBpe:
         """Each id's string in the model's vocabulary (bytes as ByteLevel writes them)."""
         return {token: string for string, token in self.model["vocab"].items()}
 
-    def _bigram_by_merges(self, a: int, others: np.ndarray) -> np.ndarray:
-        """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
-        ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say)."""
+    @property
+    def merges_model(self) -> Any:
+        """The tokenizer's BPE model without ``ignore_merges`` (the merges alone), built once."""
         if not self._merges_only:
             from tokenizers import models
 
@@ -302,7 +302,12 @@ class ByteLevelBpe:
                 for m in self.model["merges"]
             ]
             self._merges_only.append(models.BPE(self.model["vocab"], merges, ignore_merges=False))
-        model = self._merges_only[0]
+        return self._merges_only[0]
+
+    def _bigram_by_merges(self, a: int, others: np.ndarray) -> np.ndarray:
+        """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
+        ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say)."""
+        model = self.merges_model
         strings = self._strings
         head = strings.get(a)
         result = np.zeros(len(others), dtype=bool)
