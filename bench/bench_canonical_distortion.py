@@ -8,6 +8,10 @@ outputs it changed, and how many held a blank line before a column-0 line (what 
 the text ended there" banned).
 
     .venv/bin/python bench/bench_canonical_distortion.py [--prompts 30] [--new-tokens 48]
+
+With ``--walk`` it runs no model: along the tokenizer's own tokenization of texts in many
+scripts (random mixes, a fixed seed) it counts the steps where canonical decoding bans the
+tokenizer's own next token (a character written with several tokens, a whitespace run).
 """
 
 from __future__ import annotations
@@ -27,7 +31,18 @@ CHATS = (
     "Write a Python function that reverses a string, with an example.",
     "Explain in two short paragraphs what a hash table is.",
     "Write a haiku about autumn, then explain it.",
+    "Translate 'good morning' into Chinese and Japanese.",
+    "How do you say 'thank you' in Korean?",
+    "Write a short greeting in Russian and in Chinese.",
+    "Reply with three emoji that describe the sea.",
 )
+# Pieces of text the walks mix: scripts whose characters often have no token of their own.
+PIECES = (
+    "日本語のテキストです。", "中文注释", "艾晨", "싱가포르", "Привет мир", "ภาษาไทย",
+    "ភាសាខ្មែរ", "हिन्दी", "العربية", "עברית", "😀", "🎉🎉", "👩\u200d💻", "🇫🇷", "𝐀𝐁", "𝟘𝟙",
+    "\u3000", "“quoted” — ‘x’ … ™ ©", "naïve café", "a\u0301", "def f(x):\n", "    return x",
+    " ", "  ", "\n\n", "The end.", "it's", "12", "(",
+)  # fmt: skip
 
 
 def _code_prompts(tokenizer: object, count: int, width: int = 50) -> list[list[int]]:
@@ -52,11 +67,49 @@ def _blank_lines(text: str) -> int:
     )
 
 
+def walk(texts: int = 200, seed: int = 0) -> None:
+    """The steps, along the tokenizer's own tokenization, whose next token is banned."""
+    import random
+
+    import torch
+
+    from memfree.core.canonical import CanonicalMasker
+    from memfree.vocab.info import TokenizerInfo
+    from memfree.vocab.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    info = TokenizerInfo.of(tokenizer)
+    masker = CanonicalMasker(info, [info.eos_token_id])
+    rng = random.Random(seed)
+    steps = banned = partial = 0
+    for _ in range(texts):
+        text = "".join(rng.choice(PIECES) for _ in range(rng.randint(2, 8)))
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for end in range(len(ids)):
+            row = torch.tensor([ids[:end] or [0]])[:, :end]
+            mask, _ = masker.banned_mask(row, info.vocab_size)
+            steps += 1
+            raw = info.token_bytes[ids[end]] or b""
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                partial += 1
+            banned += bool(mask[0, ids[end]])
+    print(
+        f"walk: {texts} texts, {steps} steps ({partial} of them a token that is not whole "
+        f"characters): the tokenizer's own next token banned at {banned}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=30, help="code windows")
     parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--walk", action="store_true", help="no model: the walks only")
     args = parser.parse_args()
+    if args.walk:
+        walk()
+        return
     model, tokenizer = load_model()
     with tempfile.TemporaryDirectory() as directory:
         nothing = token_filter_from_ngrams(

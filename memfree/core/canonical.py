@@ -32,8 +32,10 @@ chunk ``C`` whose last token is ``a``:
 
 Text is cut at special and added tokens, as the tokenizer cuts it. A special token is allowed
 only to end the output (end of sequence): elsewhere it would sit inside the text, invisible once
-special tokens are skipped, and split a stored n-gram there. Tokens that are not whole UTF-8
-characters are never allowed (their text is not text). Each row's answer is computed on the CPU
+special tokens are skipped, and split a stored n-gram there. A character the tokenizer writes
+with several tokens is read by :mod:`memfree.core.canonical_chars` under GPT-2's pattern (its
+head answered as pseudo candidates beside the tokens, a row inside it from the state before its
+head); the split patterns never allow a token that is not whole characters. Each row's answer is computed on the CPU
 from its last chunks and kept by its state (the chunk's kind and last token), so steps mostly
 read a cached mask.
 """
@@ -49,6 +51,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from memfree.core.canonical_chars import Characters
 from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_state import CONTRACTIONS, RUN_OF_CLASS, Read, RowStates, Tail
 from memfree.vocab.bpe import (
@@ -70,10 +73,11 @@ from memfree.vocab.info import TokenizerInfo
 # States of rows that are canonical as they stand (an added token may follow them).
 _ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
 _CACHE = 256
+_WORD_RUNS = (RUN_LETTERS, RUN_NUMBERS, RUN_PUNCT)
 _BIGRAMS = 2048  # merge tests kept (packed), per last token
 _SLOTS = 512  # states whose banned rows a masker keeps (more while one step needs more)
 _UNPICKLED = (
-    *("_lock", "_masks", "_bigrams", "_readings", "_seen"),
+    *("_lock", "_masks", "_bigrams", "_readings", "_seen", "_pseudos"),
     *("_table", "_used", "_versions", "_mirrors", "_mirror_always", "sent"),
     *("_slots", "_steps", "_capacity", "_table_lock"),
 )
@@ -111,20 +115,47 @@ class CanonicalMasker:
         self._word_run = vocabulary.word_run
         self._split_enter = vocabulary.split_enter
         self._after_apostrophe = vocabulary.after_apostrophe
+        self._self_ok, self._run = self.bpe.self_ok, self.bpe.run
+        self._chars = None if _split else vocabulary.chars
+        if self._chars is not None and self._chars.size:  # the rules read pseudo candidates too
+            self._extend_rules(self._chars)
         self._masks: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self._bigrams: OrderedDict[int, np.ndarray] = OrderedDict()
         self._readings: OrderedDict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = (
             OrderedDict()
         )
         self._prefixes: dict[str, np.ndarray] = {}
+        self._pseudos: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self.split = vocabulary.split if (self.bpe.pattern or _split) else None
         if _split and self.split is None:
             special = np.isin(np.arange(self.bpe.vocab_size), list(info.special_token_ids))
             self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
-        self.states = RowStates(self.bpe, self._bytes, self._cuts, self.split, self._pair)
+        self.states = RowStates(
+            self.bpe, self._bytes, self._cuts, self.split, self._pair, self._chars
+        )
         self._lock = threading.Lock()
         self._seen = threading.local()  # per thread: its last step's rows (bytes) -> their read
         self._start_table()
+
+    def _extend_rules(self, chars: Characters) -> None:
+        """The rules' per-token arrays with each pseudo candidate (a head and the class of the
+        character it begins; :mod:`memfree.core.canonical_chars`) after the tokens: it starts
+        a chunk alone (its chain is its text's tokenization), is never an added token, a lone
+        whitespace character or a contraction's rest unless its head's whole text says so."""
+        ext = chars.extend
+        self._new = ext(self._new, True)
+        self._added = ext(self._added, False)
+        self._first_letter = ext(self._first_letter, chars.firsts == LETTER)
+        self._first_number = ext(self._first_number, chars.firsts == NUMBER)
+        self._first_punct = ext(self._first_punct, chars.firsts == PUNCT)
+        self._first_space = ext(self._first_space, (chars.firsts == SP) | (chars.firsts == WS))
+        self._self_ok = ext(self._self_ok, True)
+        self._run = ext(self._run, chars.runs)
+        self._runs = {kind: ext(run, (chars.runs == kind)) for kind, run in self._runs.items()}
+        self._word_run = ext(self._word_run, np.isin(chars.runs, _WORD_RUNS))
+        self._split_enter = ext(self._split_enter, False)
+        heads = _contraction_heads_of(chars.texts)
+        self._after_apostrophe = ext(self._after_apostrophe, heads)
 
     def describe(self) -> dict[str, Any]:
         return {}
@@ -141,6 +172,7 @@ class CanonicalMasker:
         self._masks = OrderedDict()
         self._bigrams = OrderedDict()
         self._readings = OrderedDict()
+        self._pseudos = OrderedDict()
         self._lock = threading.Lock()
         self._seen = threading.local()
         self._start_table()
@@ -386,8 +418,38 @@ class CanonicalMasker:
     # -- the answer for one state ---------------------------------------------------------------
 
     def _compute(self, key: tuple[Any, ...]) -> np.ndarray:
+        """bool `(vocab_size,)`: the candidates a state allows."""
+        if key[0] == "partial":  # inside a character: the state before its head says
+            _, before, chain, _ = key
+            assert self._chars is not None
+            return self._chars.allowed(chain, self._pseudo(before))
+        mask = self._rules(key)
+        chars = self._chars
+        if chars is None or len(mask) == self.bpe.vocab_size:
+            return mask
+        self._keep_pseudo(key, mask[self.bpe.vocab_size :])
+        return chars.fold(mask)
+
+    def _pseudo(self, key: tuple[Any, ...]) -> np.ndarray:
+        """The pseudo candidates (a head and a class) a state allows."""
+        with self._lock:
+            known = self._pseudos.get(key)
+        if known is None:
+            known = self._rules(key)[self.bpe.vocab_size :]
+            self._keep_pseudo(key, known)
+        return known
+
+    def _keep_pseudo(self, key: tuple[Any, ...], pseudo: np.ndarray) -> None:
+        with self._lock:
+            self._pseudos[key] = pseudo
+            if len(self._pseudos) > _CACHE:
+                self._pseudos.popitem(last=False)
+
+    def _rules(self, key: tuple[Any, ...]) -> np.ndarray:
+        """The rules' answer for a state, over the tokens and then the pseudo candidates."""
         kind, pending = key[0], key[-1]
         new = self._new
+        bigram = self._bigram_rules
         if kind == "start" or kind == "contraction":
             mask = new.copy()
         elif kind == "split" and self.split is not None:
@@ -409,35 +471,35 @@ class CanonicalMasker:
                 mask = new.copy()
             else:
                 run = self._runs[RUN_OF_CLASS[cls]]
-                mask = (new & ~continues) | (run & self._bigram(a))
+                mask = (new & ~continues) | (run & bigram(a))
         elif kind == "apostrophe":
             a = key[1]
             heads = self._after_apostrophe
-            base = (new & ~self._first_punct) | (self._runs[RUN_PUNCT] & self._bigram(a))
-            mask = (base & (heads == 0)) | ((heads == 1) & self.bpe.self_ok & self._bigram(a))
+            base = (new & ~self._first_punct) | (self._runs[RUN_PUNCT] & bigram(a))
+            mask = (base & (heads == 0)) | ((heads == 1) & self._self_ok & bigram(a))
         elif kind == "open":
             _, a, completion, merged = key[:4]
             starts = self._starting_with(completion)
-            letters = (new & ~self._first_letter) | (self._runs[RUN_LETTERS] & self._bigram(a))
+            letters = (new & ~self._first_letter) | (self._runs[RUN_LETTERS] & bigram(a))
             mask = letters & ~starts
             if merged:
                 mask[self.bpe.ids_of[completion]] = True
         elif kind == "space":
             _, a, last_char, split_ok = key[:4]
-            mask = self._runs[RUN_SPACE] & self._bigram(a)
-            mask |= self._first_space & (self.bpe.run != RUN_SPACE) & new
+            mask = self._runs[RUN_SPACE] & bigram(a)
+            mask |= self._first_space & (self._run != RUN_SPACE) & new
             # The split reading: the run as it stands, then one whitespace character that a
             # non-space character will follow (a newline alone, a space joined to a word).
             mask |= self._split_enter
             if split_ok:
                 if last_char == " ":
                     space = self.bpe.ids_of[" "]
-                    mask |= self._word_run & self._bigram(space)
+                    mask |= self._word_run & bigram(space)
                 else:
                     mask |= new & ~self._first_space
         elif kind == "space_split":  # only the word that splits the run fits
             if key[1] == " ":
-                mask = self._word_run & self._bigram(self.bpe.ids_of[" "])
+                mask = self._word_run & bigram(self.bpe.ids_of[" "])
             else:
                 mask = new & ~self._first_space
         else:  # pragma: no cover - every state above
@@ -455,7 +517,9 @@ class CanonicalMasker:
         chunk boundary) with it appended. About a third of a second, once per such state."""
         allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
         ids, texts = [], []
-        for candidate in np.flatnonzero(self._new | self._added | (self.bpe.first == NONE)):
+        size = self.bpe.vocab_size
+        written = self._new[:size] | self._added[:size] | (self.bpe.first == NONE)
+        for candidate in np.flatnonzero(written):
             try:
                 texts.append((data + self._bytes[candidate]).decode("utf-8"))
             except UnicodeDecodeError:
@@ -470,6 +534,13 @@ class CanonicalMasker:
     def _bigram(self, a: int) -> np.ndarray:
         """bool `(vocab_size,)`: the merge-tree test after ``a`` (kept packed, 8 per byte)."""
         return np.unpackbits(self._packed_bigram(a), count=self.bpe.vocab_size).view(bool)
+
+    def _bigram_rules(self, a: int) -> np.ndarray:
+        """:meth:`_bigram`, with each pseudo candidate's answer: its head's."""
+        allowed = self._bigram(a)
+        if self._chars is None or not self._chars.size:
+            return allowed
+        return np.concatenate([allowed, allowed[self._chars.heads]])
 
     def _pair(self, a: int, token: int) -> bool:
         """Whether no merge joins ``token`` to ``a`` (one entry of :meth:`_bigram`)."""
@@ -493,6 +564,8 @@ class CanonicalMasker:
         if cached is None:
             texts = self.bpe.texts
             cached = np.array([t is not None and t.startswith(prefix) for t in texts])
+            if self._chars is not None and self._chars.size:
+                cached = np.concatenate([cached, self._chars.starting_with(prefix)])
             self._prefixes[prefix] = cached
         return cached
 
@@ -514,6 +587,7 @@ class _Vocabulary:
     split_enter: np.ndarray  # see _split_enter
     after_apostrophe: np.ndarray  # see _contraction_heads
     split: SplitChunks | None  # a split pattern's chunk rules (Llama 3, Qwen 2)
+    chars: Characters | None  # characters written with several tokens (GPT-2's pattern)
 
 
 def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
@@ -543,6 +617,7 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         split_enter=_split_enter(bpe, bpe.self_ok & ~special & ~added, word_run),
         after_apostrophe=_contraction_heads(bpe),
         split=SplitChunks(bpe, _written(bpe, special | added)) if bpe.pattern else None,
+        chars=Characters.of(bpe, ~(special | added)),
     )
     with _TABLES_LOCK:
         _VOCABULARIES[_tables_key(info)] = vocabulary
@@ -597,8 +672,14 @@ class Pending(NamedTuple):
 def _contraction_heads(bpe: ByteLevelBpe) -> np.ndarray:
     """After a lone apostrophe: 1 for a token that is exactly a contraction's rest ("s",
     "re", ...), 2 for one that starts with one and goes on (cut inside it), else 0."""
-    heads = np.zeros(bpe.vocab_size, dtype=np.int8)
-    for token, text in enumerate(bpe.texts):
+    return _contraction_heads_of(bpe.texts)
+
+
+def _contraction_heads_of(texts: Iterable[str | None]) -> np.ndarray:
+    """:func:`_contraction_heads` of these texts."""
+    texts = list(texts)
+    heads = np.zeros(len(texts), dtype=np.int8)
+    for token, text in enumerate(texts):
         if text is None:
             continue
         for rest in CONTRACTIONS:

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from memfree.core.canonical_chars import Characters
 from memfree.core.canonical_split import SplitChunks
 from memfree.vocab.bpe import (
     APOSTROPHE,
@@ -52,6 +53,10 @@ _ADVANCING = frozenset(
     {"start", "contraction", "run", "apostrophe", "open", "space", "space_split", "split"}
 )
 _MISSING = object()
+# States a character written with several tokens may follow (read by GPT-2's rules).
+_BEFORE_CHARACTER = frozenset(
+    {"start", "contraction", "run", "apostrophe", "open", "space", "space_split"}
+)
 RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}  # runs that go on
 
 
@@ -95,9 +100,11 @@ class RowStates:
         cuts: frozenset[int],
         split: SplitChunks | None = None,
         pair: Callable[[int, int], bool] | None = None,
+        chars: Characters | None = None,
     ) -> None:
         self.bpe = bpe
         self.split = split
+        self.chars = chars
         self._pair = pair or (lambda a, token: bool(bpe.bigram_allowed(a)[token]))
         self._bytes = token_bytes
         self._cuts = cuts
@@ -162,8 +169,7 @@ class RowStates:
             data = b"".join(self._bytes[t] for t in window)
             text = _decode_tail(data, whole)
             if text is None:
-                self.note(" (it ends inside a character)")
-                return ("broken", tuple(segment)), None
+                return self._inside_character(ids, array, start, segment)
             chunks = self.bpe.chunks(text)
             if whole or (
                 len(chunks) > _TAIL_CHUNKS and not self._inside_number(segment, width, text)
@@ -171,6 +177,22 @@ class RowStates:
                 break
             width *= 2
         return self._finish(segment, start, hashes, window, chunks, self._pending_added(text))
+
+    def _inside_character(
+        self, ids: list[int], array: np.ndarray, start: int, segment: list[int]
+    ) -> Read:
+        """A row whose text ends inside a character: the state of the row before the head that
+        began it, and the chain since (:mod:`memfree.core.canonical_chars`). A row whose bytes
+        are not text otherwise is answered by the definition (only a prompt makes one)."""
+        at = self.chars.chain(segment) if self.chars is not None else None
+        if at is None:
+            self.note(" (it ends inside a character)")
+            return ("broken", tuple(segment)), None
+        before = start + at
+        key = self.read(ids[:before], array[:before])[0]
+        if key[0] not in _BEFORE_CHARACTER:
+            return ("dead", ()), None
+        return ("partial", key, tuple(segment[at:]), ()), None
 
     def advance(self, key: tuple[Any, ...], tail: Tail | None, token: int) -> Read | None:
         """The read of a row one token longer than a row read as ``(key, tail)``: from the

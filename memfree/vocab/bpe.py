@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,10 +153,7 @@ class ByteLevelBpe:
             text = texts[token]
             if token in special or not text:
                 continue
-            first[token] = classes[text[0]]
-            kinds = {_RUN_OF[classes[c]] for c in text}
-            if len(kinds) == 1:
-                run[token] = kinds.pop()
+            first[token], run[token] = _first_and_run(text, classes.__getitem__)
         left, right, made_at, partners = _merge_tree(model["merges"], vocab, size)
         members = _left_spines(left, made_at, size)
         late = _late_spines(left, right, made_at)
@@ -174,6 +172,11 @@ class ByteLevelBpe:
             pre = self._tokenizer.backend_tokenizer.pre_tokenizer
             known = self._classes[char] = _probe_classes(pre, {char})[char]
         return known
+
+    def first_and_run(self, text: str) -> tuple[int, int]:
+        """:attr:`first` and :attr:`run` for a text that is no token's (a character written
+        with several tokens, with the head's whole characters before it)."""
+        return _first_and_run(text, self.char_class)
 
     @property
     def tokenizer_backend(self) -> Any:
@@ -422,6 +425,12 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             f"{'; '.join(problems)}. " + _WORD_GUARD
         )
     return pattern
+
+
+def _first_and_run(text: str, class_of: Callable[[str], int]) -> tuple[int, int]:
+    """The class of a text's first character, and the run its whole text is (NONE: not one)."""
+    kinds = {_RUN_OF[class_of(c)] for c in text}
+    return class_of(text[0]), kinds.pop() if len(kinds) == 1 else NONE
 
 
 def _probe_classes(pre_tokenizer: Any, chars: set[str]) -> dict[str, int]:

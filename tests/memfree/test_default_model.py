@@ -14,6 +14,7 @@ from bloom_builder.settings import BuildSettings
 from memfree import MemFreeLogitsProcessor, NgramFilter
 from memfree.generation import DecodingSettings, complete
 from memfree.models import load_model
+from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.tokenizer import cache_dir, default_gguf_path
 
 
@@ -150,6 +151,8 @@ CODE_PROMPTS = [
 CHAT_PROMPTS = [
     "Give me a numbered list of three fruits.",
     "Write a Python function that reverses a string, with an example.",
+    "Translate 'good morning' into Chinese and Japanese.",  # characters of several tokens
+    "How do you say 'thank you' in Korean?",
 ]
 
 
@@ -181,16 +184,29 @@ def test_canonical_decoding_changes_no_greedy_output_where_nothing_is_stored(
     guard = MemFreeLogitsProcessor(nothing, tokenizer=tokenizer)
     assert guard.canonical
     guarded = complete(model, tokenizer, prompts, settings, guard)
-    compared = blank_lines = 0
+    compared = blank_lines = several = 0
+    partial = {i for i, t in enumerate(TokenizerInfo.of(tokenizer).token_bytes) if _partial(t)}
     for prompt, unguarded, canonical in zip(prompts, plain, guarded, strict=True):
         row = prompt + unguarded.output_ids
         if tokenizer(tokenizer.decode(row), add_special_tokens=False)["input_ids"] != row:
             continue  # the model itself wrote another split: canonical decoding must change it
         compared += 1
         assert canonical.output_ids == unguarded.output_ids, (unguarded.text, canonical.text)
+        several += sum(1 for token in unguarded.output_ids if token in partial)
         blank_lines += sum(
             1
             for i in range(len(unguarded.text) - 2)
             if unguarded.text[i : i + 2] == "\n\n" and not unguarded.text[i + 2].isspace()
         )
-    assert compared >= 5 and blank_lines >= 3  # the outputs held what the old rule banned
+    # The outputs held what the old rules banned: blank lines before column 0, characters
+    # written with several tokens (Chinese, Korean).
+    assert compared >= 7 and blank_lines >= 3 and several >= 4
+
+
+def _partial(data: bytes | None) -> bool:
+    """Not whole UTF-8 characters: the first or last bytes of a character."""
+    try:
+        (data or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False

@@ -1,0 +1,346 @@
+"""Canonical decoding of characters the tokenizer writes with several tokens (GPT-2's pattern).
+
+A byte-level vocabulary holds tokens that are not whole UTF-8 characters: a *head* (``" \\xe6"``:
+whole characters ``P``, then the first bytes ``h`` of one more) and *continuation* tokens, which
+start with continuation bytes (``"\\x97"``; in most vocabularies some go on past the character,
+``"\\xad\\xe6"``). A CJK character or an emoji that has no token of its own is written as a head
+and continuations: the row's ids pass through states that are not text.
+
+The rule stays the one of :mod:`memfree.core.canonical`: a candidate is allowed iff some text
+keeps the row a prefix of its tokenization. The head and the tokens after it up to the first
+token that ends at a character boundary are one stretch, the *chain*, inside one chunk, and:
+
+- the chain is a prefix of a chunk's BPE iff it is ``BPE`` of its own text (a token prefix of a
+  chunk's BPE is the BPE of its own bytes; BPE is pairwise local) and the junction before the
+  head passes the merge-tree test;
+- so after a row at a character boundary the chain acts as one candidate whose text is ``P``
+  and characters of one class ``k`` (they share the head's chunk): the rules read of it only its
+  first character's class, the class of its whole run, its head (the merge-tree test) and, for a
+  contraction or an added token's content, its first ASCII characters: all fixed by the head and
+  ``k``.
+
+Each head therefore gets one *pseudo candidate* per class ``k`` (letter, number, punctuation,
+whitespace, as the pre-tokenizer sees them) for which some character ``X`` of that class has
+``BPE(P + X)`` beginning with the head: a *witness*, found by search and checked with the
+tokenizer itself. The rules answer pseudo candidates beside the tokens; a head is allowed iff
+one of its pseudo candidates is. A row inside a character (its state: the state before the head,
+and the chain so far) allows a continuation iff the chain with it is the BPE of its text, where
+it ends at a character boundary, or else some completion of its last character witnesses it; its
+characters are of a class the state before the head allows. Every allowed candidate has a
+witness that ends at a character boundary, so an allowed head always has a way on.
+
+Witnesses are one character long: a head (or a continuation) that only a longer completion
+would keep canonical is banned, an over-ban; so is a whitespace character of several tokens as a
+whitespace run's split reading (the run as it stands, then that character, before a word). Both
+are stated in docs/canonical.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memfree.vocab.bpe import LETTER, NUMBER, PUNCT, WS, ByteLevelBpe
+
+_CLASSES = (LETTER, NUMBER, PUNCT, WS)  # the classes a character of several tokens may have
+_BATCHES = (8, 56, 448, 3584)  # completions tried per batch, then all the rest at once
+_SEARCHES = 1 << 14  # searches kept
+
+
+def utf8_length(lead: int) -> int:
+    """Bytes in the character a lead byte starts (0: not a lead byte)."""
+    if lead < 0x80:
+        return 1
+    if 0xC2 <= lead < 0xE0:
+        return 2
+    if 0xE0 <= lead < 0xF0:
+        return 3
+    if 0xF0 <= lead < 0xF5:
+        return 4
+    return 0
+
+
+def _leading_continuations(data: bytes) -> int:
+    count = 0
+    while count < len(data) and 0x80 <= data[count] < 0xC0:
+        count += 1
+    return count
+
+
+def _split_head(data: bytes) -> tuple[str, bytes] | None:
+    """A head's whole characters and the first bytes of the next one (None: not a head)."""
+    for at in range(len(data) - 1, max(-1, len(data) - 4), -1):
+        need = utf8_length(data[at])
+        if need > 1:
+            if len(data) - at >= need:
+                return None
+            try:
+                return data[:at].decode("utf-8"), data[at:]
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _completions(begun: bytes, kinds: frozenset[int]) -> Iterator[str]:
+    """The characters whose UTF-8 bytes begin with ``begun`` and that Unicode's tables put in
+    ``kinds`` (:func:`_guess`), in order. They are one range of code points: UTF-8 keeps the
+    order of code points."""
+    rest = utf8_length(begun[0]) - len(begun)
+    low = _code_point(begun + b"\x80" * rest)
+    high = min(_code_point(begun + b"\xbf" * rest), 0x10FFFF)
+    if WS in kinds:
+        yield from (c for c in _WHITESPACE if low <= ord(c) <= high)
+    if not kinds - {WS}:
+        return
+    for point in range(low, high + 1):
+        char = chr(point)
+        if 0xD800 <= point < 0xE000 or char.encode("utf-8")[: len(begun)] != begun:
+            continue  # a surrogate; an overlong prefix (no character begins with it)
+        kind = _guess(char)
+        if kind != WS and kind in kinds:
+            yield char
+
+
+def _code_point(data: bytes) -> int:
+    """The code point UTF-8's bit layout gives ``data`` (one lead byte and continuations),
+    whether or not the encoding is valid."""
+    point = data[0] & (0x7F >> len(data))
+    for byte in data[1:]:
+        point = (point << 6) | (byte & 0x3F)
+    return point
+
+
+# Every character Python's str.isspace() accepts (the class the search tries first; the
+# pre-tokenizer's own class decides).
+_WHITESPACE = tuple(
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005"
+    "\u2006\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def _guess(char: str) -> int:
+    """The class a character likely has (Unicode's tables): only orders the search; every
+    witness's class is read from the pre-tokenizer."""
+    if char.isspace():
+        return WS
+    category = unicodedata.category(char)
+    return LETTER if category[0] == "L" else NUMBER if category[0] == "N" else PUNCT
+
+
+@dataclass(eq=False)
+class Characters:
+    """A closed vocabulary's heads and continuations, and their pseudo candidates.
+
+    Attributes:
+        heads: int64 `(K,)`: the head of each pseudo candidate.
+        classes: int8 `(K,)`: the class of the character it completes.
+        texts: each pseudo candidate's text (the head's whole characters and one witness).
+        firsts, runs: int8 `(K,)`: as :class:`~memfree.vocab.bpe.ByteLevelBpe`'s, for the text.
+        columns: head -> class -> its pseudo candidate's index.
+        is_cont, is_head: bool `(vocab_size,)`.
+    """
+
+    bpe: ByteLevelBpe
+    heads: np.ndarray
+    classes: np.ndarray
+    texts: list[str]
+    firsts: np.ndarray
+    runs: np.ndarray
+    columns: dict[int, dict[int, int]]
+    is_cont: np.ndarray
+    is_head: np.ndarray
+    parts: dict[int, tuple[str, bytes]]  # head -> (whole characters, begun bytes)
+    conts: list[tuple[int, bytes, int]]  # continuation tokens: bytes, leading continuation bytes
+    _searches: dict[tuple[Any, ...], bool] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def of(cls, bpe: ByteLevelBpe, written: np.ndarray) -> Characters | None:
+        """The tables, or None for a split pattern (its chunks are read through the
+        pre-tokenizer, which this does not model). ``written``: the tokens that may be written
+        (no special or added token)."""
+        if bpe.pattern:
+            return None
+        size = bpe.vocab_size
+        is_cont = np.zeros(size, dtype=bool)
+        parts: dict[int, tuple[str, bytes]] = {}
+        conts = []
+        for token, data in enumerate(bpe.token_bytes):
+            if not data or bpe.texts[token] is not None or not written[token]:
+                continue
+            lead = _leading_continuations(data)
+            if lead:
+                is_cont[token] = True
+                conts.append((token, data, lead))
+            else:
+                split = _split_head(data)
+                if split is not None:
+                    parts[token] = split
+        is_head = np.zeros(size, dtype=bool)
+        is_head[list(parts)] = True
+        conts.sort(key=lambda entry: (entry[2], len(entry[1])))
+        chars = cls(
+            bpe, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8), [],
+            np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int8), {}, is_cont, is_head,
+            parts, conts,
+        )  # fmt: skip
+        heads: list[int] = []
+        classes: list[int] = []
+        texts: list[str] = []
+        for head, (whole, begun) in parts.items():
+            for kind in _CLASSES:
+                witness = chars.witness(whole, begun, (head,), frozenset({kind}))
+                if witness is not None:
+                    chars.columns.setdefault(head, {})[kind] = len(heads)
+                    heads.append(head)
+                    classes.append(kind)
+                    texts.append(whole + witness)
+        chars.heads = np.array(heads, dtype=np.int64)
+        chars.classes = np.array(classes, dtype=np.int8)
+        chars.texts = texts
+        firsts_runs = [bpe.first_and_run(text) for text in texts]
+        chars.firsts = np.array([f for f, _ in firsts_runs], dtype=np.int8)
+        chars.runs = np.array([r for _, r in firsts_runs], dtype=np.int8)
+        return chars
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_searches"] = {}
+        state.pop("_lock")
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return len(self.heads)
+
+    def extend(self, values: np.ndarray, pseudo: np.ndarray | bool) -> np.ndarray:
+        """``values`` (one per token) followed by the pseudo candidates' ``pseudo``."""
+        tail = np.broadcast_to(np.asarray(pseudo, dtype=values.dtype), (self.size,))
+        return np.concatenate([values, tail])
+
+    def fold(self, mask: np.ndarray) -> np.ndarray:
+        """A mask over tokens and pseudo candidates -> over tokens: a head is allowed iff one
+        of its pseudo candidates is."""
+        size = self.bpe.vocab_size
+        allowed = mask[:size].copy()
+        allowed[self.heads[mask[size:]]] = True
+        return allowed
+
+    def starting_with(self, prefix: str) -> np.ndarray:
+        """bool `(K,)`: pseudo candidates whose text may start with ``prefix`` (its
+        characters past the head's whole ones are one non-ASCII character, unknown here)."""
+        found = np.zeros(self.size, dtype=bool)
+        for index, head in enumerate(self.heads.tolist()):
+            whole = self.parts[head][0]
+            if whole.startswith(prefix) or (
+                prefix.startswith(whole) and not prefix[len(whole)].isascii()
+            ):
+                found[index] = True
+        return found
+
+    def chain(self, segment: list[int]) -> int | None:
+        """Where the chain a row ends in starts (the head's index in ``segment``), or None if
+        the row's end is not a head and continuations that leave a character unfinished."""
+        at = len(segment) - 1
+        while at >= 0 and self.is_cont[segment[at]]:
+            at -= 1
+        if at < 0 or not self.is_head[segment[at]]:
+            return None
+        data = b"".join(self.bpe.token_bytes[t] for t in segment[at:])
+        split = _split_head(data)
+        return at if split is not None else None
+
+    def allowed(self, chain: tuple[int, ...], pseudo: np.ndarray) -> np.ndarray:
+        """bool `(vocab_size,)`: the continuations allowed after ``chain`` (a head and
+        continuations, the last character unfinished), where the state before the head allows
+        the pseudo candidates ``pseudo``."""
+        head = chain[0]
+        split = _split_head(b"".join(self.bpe.token_bytes[t] for t in chain))
+        allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
+        kinds = frozenset(k for k, column in self.columns.get(head, {}).items() if pseudo[column])
+        if split is None or not kinds:
+            return allowed
+        whole, begun = split
+        if not self._of_kinds(whole[len(self.parts[head][0]) :], kinds):
+            return allowed
+        rest = utf8_length(begun[0]) - len(begun)
+        ended: list[tuple[int, str]] = []  # candidates that end at a character boundary
+        for token, data, lead in self.conts:
+            if lead > rest:
+                break
+            if lead < rest and len(data) > lead:
+                continue  # a character begins before this one ends: not UTF-8
+            try:
+                text = (begun + data).decode("utf-8")
+            except UnicodeDecodeError:
+                split = _split_head(begun + data)
+                if split is not None and self._of_kinds(split[0], kinds):
+                    found = self.witness(whole + split[0], split[1], (*chain, token), kinds)
+                    allowed[token] = found is not None
+                continue
+            if self._of_kinds(text, kinds):
+                ended.append((token, whole + text))
+        if ended:
+            encoded = self.bpe.tokenizer_backend.encode_batch(
+                [text for _, text in ended], add_special_tokens=False
+            )
+            for (token, _), encoding in zip(ended, encoded, strict=True):
+                allowed[token] = tuple(encoding.ids) == (*chain, token)
+        return allowed
+
+    def _of_kinds(self, text: str, kinds: frozenset[int]) -> bool:
+        """Whether every character of ``text`` is of a class in ``kinds`` (the characters after
+        a head's whole ones share its chunk)."""
+        return all(self.bpe.char_class(char) in kinds for char in text)
+
+    def witness(
+        self, whole: str, begun: bytes, chain: tuple[int, ...], kinds: frozenset[int]
+    ) -> str | None:
+        """A character ``X`` that begins with ``begun``, of a class in ``kinds``, with ``BPE(whole
+        + X)`` beginning with ``chain`` (None: there is none). Completions Unicode's tables put
+        in ``kinds`` are tried in growing batches, each checked with the tokenizer; the class of
+        the one found is read from the pre-tokenizer."""
+        key = (whole, begun, chain, kinds)
+        with self._lock:
+            known = self._searches.get(key, False)
+        if known is not False:
+            return known  # type: ignore[return-value]
+        found = None
+        if len(begun) <= utf8_length(begun[0]):
+            found = self._search(whole, begun, chain, kinds)
+        with self._lock:
+            self._searches[key] = found  # type: ignore[assignment]
+            if len(self._searches) > _SEARCHES:
+                self._searches.pop(next(iter(self._searches)))
+        return found
+
+    def _search(
+        self, whole: str, begun: bytes, chain: tuple[int, ...], kinds: frozenset[int]
+    ) -> str | None:
+        candidates = _completions(begun, kinds)
+        backend = self.bpe.tokenizer_backend
+        for size in itertools.chain(_BATCHES, itertools.repeat(_BATCHES[-1])):
+            batch = list(itertools.islice(candidates, size))
+            if not batch:
+                break
+            encoded = backend.encode_batch([whole + x for x in batch], add_special_tokens=False)
+            for char, encoding in zip(batch, encoded, strict=True):
+                if (
+                    tuple(encoding.ids[: len(chain)]) == chain
+                    and self.bpe.char_class(char) in kinds
+                ):
+                    return char
+        return None
+
+
+__all__ = ["Characters", "utf8_length"]
