@@ -135,7 +135,7 @@ def _guess(char: str) -> int:
 
 @dataclass(eq=False)
 class Characters:
-    """A closed vocabulary's heads and continuations, and their pseudo candidates.
+    """A vocabulary's heads and continuations, and their pseudo candidates.
 
     Attributes:
         heads: int64 `(K,)`: the head of each pseudo candidate.
