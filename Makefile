@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 # with the texts and ids llama.cpp checks its tokenizer against, out of its source distribution.
 define VOCABS
 import glob, os, re, tarfile
-names = re.compile(r".*/models/ggml-vocab-(gpt-2|starcoder|deepseek-coder)\.gguf(\.inp|\.out)?$$")
+names = re.compile(r".*/models/ggml-vocab-(gpt-2|starcoder|deepseek-coder|qwen35)\.gguf(\.inp|\.out)?$$")
 out = os.path.join("$(VENV)", "vocab", "llama.cpp")
 os.makedirs(out, exist_ok=True)
 with tarfile.open(glob.glob("$(VENV)/vocab/llama_cpp_python-*.tar.gz")[0]) as archive:

@@ -341,6 +341,9 @@ SPLIT_PATTERNS: dict[str | tuple[str, ...], str] = {
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Llama 3",
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+": "Qwen 2",
+    # Qwen 3.5: Qwen 2's, with combining marks in words (and never in a punctuation run).
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+": "Qwen 3.5",
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
     r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": "Mistral Tekken",
@@ -395,8 +398,8 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             and not level.get("add_prefix_space", False)
         ):
             problems.append(
-                "a split pattern other than GPT-2's, Llama 3's, Qwen 2's, Tekken's, o200k's or "
-                "DeepSeek V3's"
+                "a split pattern other than GPT-2's, Llama 3's, Qwen 2's, Qwen 3.5's, Tekken's, "
+                "o200k's or DeepSeek V3's"
             )
     elif not (
         len(steps) == 1
@@ -420,8 +423,9 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
     if problems:
         raise CanonicalUnsupportedError(
             f"canonical decoding is exact for byte-level BPE tokenizers with GPT-2's, Llama 3's, "
-            f"Qwen 2's, Mistral Tekken's, OpenAI o200k's or DeepSeek V3's split pattern (SmolLM2, "
-            f"GPT-2, GPT-NeoX, Llama 3, Qwen 2, Mistral Nemo, gpt-oss, DeepSeek V3); {name} has "
+            f"Qwen 2's, Qwen 3.5's, Mistral Tekken's, OpenAI o200k's or DeepSeek V3's split pattern "
+            f"(SmolLM2, GPT-2, GPT-NeoX, Llama 3, Qwen 2, Qwen 3.5, Mistral Nemo, gpt-oss, DeepSeek "
+            f"V3); {name} has "
             f"{'; '.join(problems)}. " + _WORD_GUARD
         )
     return pattern
