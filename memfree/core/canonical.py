@@ -16,28 +16,17 @@ The condition is decided per row from the row's last pre-tokenizer chunk. Llama 
 patterns are read through the pre-tokenizer itself (:mod:`memfree.core.canonical_split`; there
 the rule is still the narrower "their text's tokenization as if it ended there");
 GPT-2's pattern (runs of letters, numbers, punctuation or whitespace, contractions, a whitespace
-run that gives its last space to the next word) has these rules. For candidate ``c`` after a
-chunk ``C`` whose last token is ``a``:
-
-- ``c`` starts a new chunk when its first character cannot continue ``C``: allowed iff the
-  tokenizer gives ``[c]`` for its text (``self_ok``);
-- ``c`` continues ``C`` (letters after letters, digits after digits, ...): allowed iff its whole
-  text is one run of that class and BPE gives ``[a, c]`` for their bytes (the merge-tree test,
-  :meth:`~memfree.vocab.bpe.ByteLevelBpe.bigram_allowed`);
-- a whitespace run followed by a non-space: the run gives its last character to the new chunk
-  (a space joins the word, a newline stands alone), so the run's tokens must end in that
-  character; so after a run tokenized as it stands, a token that is exactly one whitespace
-  character is allowed (the split reading), and then only a token that starts the next chunk;
-  an apostrophe followed by ``s t m d re ve ll``: a contraction.
+run that gives its last space to the next word) is read by hand-written rules
+(:mod:`memfree.core.canonical_rules`).
 
 Text is cut at special and added tokens, as the tokenizer cuts it. A special token is allowed
 only to end the output (end of sequence): elsewhere it would sit inside the text, invisible once
 special tokens are skipped, and split a stored n-gram there. A character the tokenizer writes
 with several tokens is read by :mod:`memfree.core.canonical_chars` under GPT-2's pattern (its
 head answered as pseudo candidates beside the tokens, a row inside it from the state before its
-head); the split patterns never allow a token that is not whole characters. Each row's answer is computed on the CPU
-from its last chunks and kept by its state (the chunk's kind and last token), so steps mostly
-read a cached mask.
+head); the split patterns never allow a token that is not whole characters. Each row's answer
+is computed on the CPU from its last chunks and kept by its state (the chunk's kind and last
+token), so steps mostly read a cached mask.
 """
 
 from __future__ import annotations
@@ -52,8 +41,18 @@ import numpy as np
 import torch
 
 from memfree.core.canonical_chars import Characters
+from memfree.core.canonical_rules import (
+    ENDS_CANONICAL,
+    RULE_KINDS,
+    Columns,
+    contraction_heads,
+    cut_mask,
+    pseudo_columns,
+    rule_mask,
+    split_enter,
+)
 from memfree.core.canonical_split import SplitChunks
-from memfree.core.canonical_state import CONTRACTIONS, RUN_OF_CLASS, Read, RowStates, Tail
+from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -63,21 +62,18 @@ from memfree.vocab.bpe import (
     RUN_LETTERS,
     RUN_NUMBERS,
     RUN_PUNCT,
-    RUN_SPACE,
     SP,
     WS,
     ByteLevelBpe,
 )
 from memfree.vocab.info import TokenizerInfo
 
-# States of rows that are canonical as they stand (an added token may follow them).
-_ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
 _CACHE = 256
-_WORD_RUNS = (RUN_LETTERS, RUN_NUMBERS, RUN_PUNCT)
 _BIGRAMS = 2048  # merge tests kept (packed), per last token
 _SLOTS = 512  # states whose banned rows a masker keeps (more while one step needs more)
 _UNPICKLED = (
     *("_lock", "_masks", "_bigrams", "_readings", "_seen", "_pseudos"),
+    *("_columns", "_pseudo_columns", "_pseudo_runs"),
     *("_table", "_used", "_versions", "_mirrors", "_mirror_always", "sent"),
     *("_slots", "_steps", "_capacity", "_table_lock"),
 )
@@ -107,18 +103,9 @@ class CanonicalMasker:
         self._bytes = list(self.bpe.token_bytes)
         self._new = vocabulary.new
         self._added = vocabulary.added
-        self._first_letter = vocabulary.first_letter
-        self._first_number = vocabulary.first_number
-        self._first_punct = vocabulary.first_punct
-        self._first_space = vocabulary.first_space
-        self._runs = vocabulary.runs
-        self._word_run = vocabulary.word_run
         self._split_enter = vocabulary.split_enter
-        self._after_apostrophe = vocabulary.after_apostrophe
-        self._self_ok, self._run = self.bpe.self_ok, self.bpe.run
+        self._vocabulary = vocabulary
         self._chars = None if _split else vocabulary.chars
-        if self._chars is not None and self._chars.size:  # the rules read pseudo candidates too
-            self._extend_rules(self._chars)
         self._masks: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self._bigrams: OrderedDict[int, np.ndarray] = OrderedDict()
         self._readings: OrderedDict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = (
@@ -135,27 +122,33 @@ class CanonicalMasker:
         )
         self._lock = threading.Lock()
         self._seen = threading.local()  # per thread: its last step's rows (bytes) -> their read
+        self._make_columns()
         self._start_table()
 
-    def _extend_rules(self, chars: Characters) -> None:
-        """The rules' per-token arrays with each pseudo candidate (a head and the class of the
-        character it begins; :mod:`memfree.core.canonical_chars`) after the tokens: it starts
-        a chunk alone (its chain is its text's tokenization), is never an added token, a lone
-        whitespace character or a contraction's rest unless its head's whole text says so."""
-        ext = chars.extend
-        self._new = ext(self._new, True)
-        self._added = ext(self._added, False)
-        self._first_letter = ext(self._first_letter, chars.firsts == LETTER)
-        self._first_number = ext(self._first_number, chars.firsts == NUMBER)
-        self._first_punct = ext(self._first_punct, chars.firsts == PUNCT)
-        self._first_space = ext(self._first_space, (chars.firsts == SP) | (chars.firsts == WS))
-        self._self_ok = ext(self._self_ok, True)
-        self._run = ext(self._run, chars.runs)
-        self._runs = {kind: ext(run, (chars.runs == kind)) for kind, run in self._runs.items()}
-        self._word_run = ext(self._word_run, np.isin(chars.runs, _WORD_RUNS))
-        self._split_enter = ext(self._split_enter, False)
-        heads = _contraction_heads_of(chars.texts)
-        self._after_apostrophe = ext(self._after_apostrophe, heads)
+    def _make_columns(self) -> None:
+        """What the rules read of the tokens and of the pseudo candidates (bound to this
+        masker's caches: made anew for a copy)."""
+        v = self._vocabulary
+        self._columns = Columns(
+            True, v.new, v.added, v.first_letter, v.first_number, v.first_punct, v.first_space,
+            self.bpe.self_ok, self.bpe.run, v.runs, v.word_run, v.split_enter, v.after_apostrophe,
+            self._starting_with, self._bigram,
+        )  # fmt: skip
+        chars = self._chars
+        self._pseudo_columns = (
+            pseudo_columns(chars, self._packed_bigram, v.runs)
+            if chars is not None and chars.size
+            else None
+        )
+        # rule_mask's "run" case over the pseudo candidates, before the merge-tree test: per
+        # class of run that goes on, (those that start a chunk, those that go on with it).
+        self._pseudo_runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        c = self._pseudo_columns
+        if c is not None:
+            for cls, continues in (
+                (LETTER, c.first_letter), (NUMBER, c.first_number), (PUNCT, c.first_punct)
+            ):  # fmt: skip
+                self._pseudo_runs[cls] = (c.new & ~continues, c.runs[RUN_OF_CLASS[cls]])
 
     def describe(self) -> dict[str, Any]:
         return {}
@@ -175,6 +168,7 @@ class CanonicalMasker:
         self._pseudos = OrderedDict()
         self._lock = threading.Lock()
         self._seen = threading.local()
+        self._make_columns()
         self._start_table()
 
     def _start_table(self) -> None:
@@ -419,97 +413,48 @@ class CanonicalMasker:
 
     def _compute(self, key: tuple[Any, ...]) -> np.ndarray:
         """bool `(vocab_size,)`: the candidates a state allows."""
-        if key[0] == "partial":  # inside a character: the state before its head says
+        kind = key[0]
+        if kind == "partial":  # inside a character: the state before its head says
             _, before, chain, _ = key
             assert self._chars is not None
             return self._chars.allowed(chain, self._pseudo(before))
-        mask = self._rules(key)
-        chars = self._chars
-        if chars is None or len(mask) == self.bpe.vocab_size:
+        if kind == "dead":
+            return np.zeros(self.bpe.vocab_size, dtype=bool)
+        if kind == "broken":
+            return self._by_definition(list(key[1]), b"".join(self._bytes[t] for t in key[1]))
+        if kind == "split" and self.split is not None:
+            mask = self.split.mask(key[1], self._bigram(key[1][1]))
+        elif kind == "tail":
+            mask = self._by_definition(list(key[1]), key[2].encode("utf-8"))
+        else:
+            mask = rule_mask(key, self._columns, self.bpe.ids_of)
+            if self._chars is not None and self._chars.size:
+                pseudo = self._pseudo(key)
+                mask[self._chars.heads[pseudo]] = True
             return mask
-        self._keep_pseudo(key, mask[self.bpe.vocab_size :])
-        return chars.fold(mask)
+        return cut_mask(key, mask, self._columns)
 
     def _pseudo(self, key: tuple[Any, ...]) -> np.ndarray:
-        """The pseudo candidates (a head and a class) a state allows."""
+        """bool `(K,)`: the pseudo candidates (a head and the class of the character it
+        begins) a state allows; none but where GPT-2's rules read the state."""
+        columns = self._pseudo_columns
+        assert self._chars is not None and columns is not None
+        if key[0] == "run" and not key[-1] and key[1] in self._pseudo_runs:
+            # Most states: the rules' "run" case over the pseudo candidates, uncached.
+            base, run = self._pseudo_runs[key[1]]
+            return base | (run & columns.bigram(key[2]))
         with self._lock:
             known = self._pseudos.get(key)
         if known is None:
-            known = self._rules(key)[self.bpe.vocab_size :]
-            self._keep_pseudo(key, known)
+            if key[0] in RULE_KINDS:
+                known = rule_mask(key, columns, self.bpe.ids_of)
+            else:
+                known = np.zeros(self._chars.size, dtype=bool)
+            with self._lock:
+                self._pseudos[key] = known
+                if len(self._pseudos) > _CACHE:
+                    self._pseudos.popitem(last=False)
         return known
-
-    def _keep_pseudo(self, key: tuple[Any, ...], pseudo: np.ndarray) -> None:
-        with self._lock:
-            self._pseudos[key] = pseudo
-            if len(self._pseudos) > _CACHE:
-                self._pseudos.popitem(last=False)
-
-    def _rules(self, key: tuple[Any, ...]) -> np.ndarray:
-        """The rules' answer for a state, over the tokens and then the pseudo candidates."""
-        kind, pending = key[0], key[-1]
-        new = self._new
-        bigram = self._bigram_rules
-        if kind == "start" or kind == "contraction":
-            mask = new.copy()
-        elif kind == "split" and self.split is not None:
-            mask = self.split.mask(key[1], self._bigram(key[1][1]))
-        elif kind == "dead":
-            return np.zeros_like(new)
-        elif kind == "broken":
-            return self._by_definition(list(key[1]), b"".join(self._bytes[t] for t in key[1]))
-        elif kind == "tail":
-            mask = self._by_definition(list(key[1]), key[2].encode("utf-8"))
-        elif kind == "run":
-            _, cls, a = key[:3]
-            continues = {
-                LETTER: self._first_letter,
-                NUMBER: self._first_number,
-                PUNCT: self._first_punct,
-            }.get(cls)
-            if continues is None:
-                mask = new.copy()
-            else:
-                run = self._runs[RUN_OF_CLASS[cls]]
-                mask = (new & ~continues) | (run & bigram(a))
-        elif kind == "apostrophe":
-            a = key[1]
-            heads = self._after_apostrophe
-            base = (new & ~self._first_punct) | (self._runs[RUN_PUNCT] & bigram(a))
-            mask = (base & (heads == 0)) | ((heads == 1) & self._self_ok & bigram(a))
-        elif kind == "open":
-            _, a, completion, merged = key[:4]
-            starts = self._starting_with(completion)
-            letters = (new & ~self._first_letter) | (self._runs[RUN_LETTERS] & bigram(a))
-            mask = letters & ~starts
-            if merged:
-                mask[self.bpe.ids_of[completion]] = True
-        elif kind == "space":
-            _, a, last_char, split_ok = key[:4]
-            mask = self._runs[RUN_SPACE] & bigram(a)
-            mask |= self._first_space & (self._run != RUN_SPACE) & new
-            # The split reading: the run as it stands, then one whitespace character that a
-            # non-space character will follow (a newline alone, a space joined to a word).
-            mask |= self._split_enter
-            if split_ok:
-                if last_char == " ":
-                    space = self.bpe.ids_of[" "]
-                    mask |= self._word_run & bigram(space)
-                else:
-                    mask |= new & ~self._first_space
-        elif kind == "space_split":  # only the word that splits the run fits
-            if key[1] == " ":
-                mask = self._word_run & bigram(self.bpe.ids_of[" "])
-            else:
-                mask = new & ~self._first_space
-        else:  # pragma: no cover - every state above
-            raise AssertionError(key)
-        # An added token cuts the text: allowed where the row's text ending here is its tokens.
-        if kind in _ENDS_CANONICAL or (kind == "split" and key[1][3]):
-            mask = mask | self._added
-        for rest in pending:
-            mask &= ~self._starting_with(rest)
-        return mask
 
     def _by_definition(self, tokens: list[int], data: bytes) -> np.ndarray:
         """For rows that are not canonical (only a prompt makes them): every candidate checked
@@ -517,8 +462,7 @@ class CanonicalMasker:
         chunk boundary) with it appended. About a third of a second, once per such state."""
         allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
         ids, texts = [], []
-        size = self.bpe.vocab_size
-        written = self._new[:size] | self._added[:size] | (self.bpe.first == NONE)
+        written = self._new | self._added | (self.bpe.first == NONE)
         for candidate in np.flatnonzero(written):
             try:
                 texts.append((data + self._bytes[candidate]).decode("utf-8"))
@@ -534,13 +478,6 @@ class CanonicalMasker:
     def _bigram(self, a: int) -> np.ndarray:
         """bool `(vocab_size,)`: the merge-tree test after ``a`` (kept packed, 8 per byte)."""
         return np.unpackbits(self._packed_bigram(a), count=self.bpe.vocab_size).view(bool)
-
-    def _bigram_rules(self, a: int) -> np.ndarray:
-        """:meth:`_bigram`, with each pseudo candidate's answer: its head's."""
-        allowed = self._bigram(a)
-        if self._chars is None or not self._chars.size:
-            return allowed
-        return np.concatenate([allowed, allowed[self._chars.heads]])
 
     def _pair(self, a: int, token: int) -> bool:
         """Whether no merge joins ``token`` to ``a`` (one entry of :meth:`_bigram`)."""
@@ -564,8 +501,6 @@ class CanonicalMasker:
         if cached is None:
             texts = self.bpe.texts
             cached = np.array([t is not None and t.startswith(prefix) for t in texts])
-            if self._chars is not None and self._chars.size:
-                cached = np.concatenate([cached, self._chars.starting_with(prefix)])
             self._prefixes[prefix] = cached
         return cached
 
@@ -585,7 +520,7 @@ class _Vocabulary:
     runs: dict[int, np.ndarray]  # run kind -> tokens that are one such run and come back alone
     word_run: np.ndarray
     split_enter: np.ndarray  # see _split_enter
-    after_apostrophe: np.ndarray  # see _contraction_heads
+    after_apostrophe: np.ndarray  # see contraction_heads
     split: SplitChunks | None  # a split pattern's chunk rules (Llama 3, Qwen 2)
     chars: Characters | None  # characters written with several tokens (GPT-2's pattern)
 
@@ -614,8 +549,8 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         first_space=(first == SP) | (first == WS),
         runs=runs,
         word_run=word_run,
-        split_enter=_split_enter(bpe, bpe.self_ok & ~special & ~added, word_run),
-        after_apostrophe=_contraction_heads(bpe),
+        split_enter=split_enter(bpe, bpe.self_ok & ~special & ~added, word_run),
+        after_apostrophe=contraction_heads(bpe.texts),
         split=SplitChunks(bpe, _written(bpe, special | added)) if bpe.pattern else None,
         chars=Characters.of(bpe, ~(special | added)),
     )
@@ -629,31 +564,11 @@ def _written(bpe: ByteLevelBpe, cut: np.ndarray) -> np.ndarray:
     return np.array([text is not None for text in bpe.texts]) & ~cut
 
 
-def _split_enter(bpe: ByteLevelBpe, new: np.ndarray, word_run: np.ndarray) -> np.ndarray:
-    """GPT-2's pattern: the tokens that may follow a whitespace run as its split reading, the
-    run's tokens as they stand and then one whitespace character that a non-space character
-    will follow (``\\s+(?!\\S)`` leaves a run's last character to what follows it). A token is
-    one iff its text is exactly one whitespace character that comes back alone; a space only if
-    some word keeps a lone space before it (the space joins the word's chunk). None for a split
-    pattern (its chunks are read through the pre-tokenizer)."""
-    enter = np.zeros(bpe.vocab_size, dtype=bool)
-    if bpe.pattern:
-        return enter
-    for token in np.flatnonzero(new):
-        text = bpe.texts[int(token)]
-        if text is not None and len(text) == 1 and bpe.char_class(text) in (SP, WS):
-            enter[token] = True
-    space = bpe.ids_of.get(" ")
-    if space is not None and enter[space] and not (word_run & bpe.bigram_allowed(space)).any():
-        enter[space] = False
-    return enter
-
-
 def _may_end(key: tuple[Any, ...], allowed: np.ndarray) -> bool:
     """Whether a row in state ``key`` may end here: its text, ended here, is tokenized as its
     ids; or no candidate keeps it extendable (a prompt's fault: end of sequence ends it)."""
     kind = key[0]
-    if kind in _ENDS_CANONICAL or (kind == "split" and key[1][3]):
+    if kind in ENDS_CANONICAL or (kind == "split" and key[1][3]):
         return True
     return not allowed.any()
 
@@ -667,27 +582,6 @@ class Pending(NamedTuple):
     token: int
     at: int
     tokens: tuple[int, ...]
-
-
-def _contraction_heads(bpe: ByteLevelBpe) -> np.ndarray:
-    """After a lone apostrophe: 1 for a token that is exactly a contraction's rest ("s",
-    "re", ...), 2 for one that starts with one and goes on (cut inside it), else 0."""
-    return _contraction_heads_of(bpe.texts)
-
-
-def _contraction_heads_of(texts: Iterable[str | None]) -> np.ndarray:
-    """:func:`_contraction_heads` of these texts."""
-    texts = list(texts)
-    heads = np.zeros(len(texts), dtype=np.int8)
-    for token, text in enumerate(texts):
-        if text is None:
-            continue
-        for rest in CONTRACTIONS:
-            if text == rest:
-                heads[token] = 1
-            elif text.startswith(rest):
-                heads[token] = max(heads[token], 2)
-    return heads
 
 
 def _tables_key(info: TokenizerInfo) -> tuple[Any, ...]:
