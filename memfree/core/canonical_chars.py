@@ -37,6 +37,7 @@ are stated in docs/canonical.md.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import unicodedata
@@ -98,13 +99,31 @@ def _completions(begun: bytes, kinds: frozenset[int]) -> Iterator[str]:
         yield from (c for c in _WHITESPACE if low <= ord(c) <= high)
     if not kinds - {WS}:
         return
-    for point in range(low, high + 1):
-        char = chr(point)
-        if 0xD800 <= point < 0xE000 or char.encode("utf-8")[: len(begun)] != begun:
-            continue  # a surrogate; an overlong prefix (no character begins with it)
-        kind = _guess(char)
-        if kind != WS and kind in kinds:
-            yield char
+    for block in range(low >> _BLOCK, (high >> _BLOCK) + 1):
+        if not kinds & _block_classes(block):
+            continue  # most of the planes a 4-byte head begins hold no letter, no digit
+        for point in range(max(low, block << _BLOCK), min(high, ((block + 1) << _BLOCK) - 1) + 1):
+            char = chr(point)
+            if 0xD800 <= point < 0xE000 or char.encode("utf-8")[: len(begun)] != begun:
+                continue  # a surrogate; an overlong prefix (no character begins with it)
+            kind = _guess(char)
+            if kind != WS and kind in kinds:
+                yield char
+
+
+_BLOCK = 12  # code points per block of _block_classes: 4,096
+
+
+@functools.cache
+def _block_classes(block: int) -> frozenset[int]:
+    """The classes Unicode's tables give the characters of one block of code points (kept for
+    the process: every tokenizer's search skips the blocks without the class it wants)."""
+    start = block << _BLOCK
+    return frozenset(
+        _guess(chr(point))
+        for point in range(start, min(start + (1 << _BLOCK), 0x110000))
+        if not 0xD800 <= point < 0xE000
+    )
 
 
 def _code_point(data: bytes) -> int:
