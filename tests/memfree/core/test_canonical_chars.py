@@ -132,7 +132,7 @@ def test_the_vocabulary_is_read_as_heads_and_continuations(
     assert not chars.is_head[ids["a"]] and not chars.is_cont[ids["a"]]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=_texts())
 def test_the_tokenizers_own_next_token_is_never_banned(
     vocab: tuple[Any, CanonicalMasker], text: str
@@ -207,7 +207,7 @@ def test_a_head_some_character_completes_is_allowed(
     assert witnessed  # the sample reached some head
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     start=st.sampled_from(["", "Hello", "日本", " x = ", "a\n\n", "'", "中", "😀 "]), data=st.data()
 )
