@@ -176,7 +176,7 @@ class Characters:
     is_head: np.ndarray
     parts: dict[int, tuple[str, bytes]]  # head -> (whole characters, begun bytes)
     conts: list[tuple[int, bytes, int]]  # continuation tokens: bytes, leading continuation bytes
-    _searches: dict[tuple[Any, ...], bool] = field(default_factory=dict)
+    _searches: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -242,22 +242,10 @@ class Characters:
     def size(self) -> int:
         return len(self.heads)
 
-    def extend(self, values: np.ndarray, pseudo: np.ndarray | bool) -> np.ndarray:
-        """``values`` (one per token) followed by the pseudo candidates' ``pseudo``."""
-        tail = np.broadcast_to(np.asarray(pseudo, dtype=values.dtype), (self.size,))
-        return np.concatenate([values, tail])
-
-    def fold(self, mask: np.ndarray) -> np.ndarray:
-        """A mask over tokens and pseudo candidates -> over tokens: a head is allowed iff one
-        of its pseudo candidates is."""
-        size = self.bpe.vocab_size
-        allowed = mask[:size].copy()
-        allowed[self.heads[mask[size:]]] = True
-        return allowed
-
     def starting_with(self, prefix: str) -> np.ndarray:
-        """bool `(K,)`: pseudo candidates whose text may start with ``prefix`` (its
-        characters past the head's whole ones are one non-ASCII character, unknown here)."""
+        """bool `(K,)`: pseudo candidates whose text may start with ``prefix``: the head's whole
+        characters do, or ``prefix`` goes on past them with a character that is not ASCII (what
+        follows them is not known here, and is never ASCII)."""
         found = np.zeros(self.size, dtype=bool)
         for index, head in enumerate(self.heads.tolist()):
             whole = self.parts[head][0]
@@ -331,14 +319,13 @@ class Characters:
         the one found is read from the pre-tokenizer."""
         key = (whole, begun, chain, kinds)
         with self._lock:
-            known = self._searches.get(key, False)
-        if known is not False:
-            return known  # type: ignore[return-value]
+            if key in self._searches:
+                return self._searches[key]
         found = None
         if len(begun) <= utf8_length(begun[0]):
             found = self._search(whole, begun, chain, kinds)
         with self._lock:
-            self._searches[key] = found  # type: ignore[assignment]
+            self._searches[key] = found
             if len(self._searches) > _SEARCHES:
                 self._searches.pop(next(iter(self._searches)))
         return found

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from memfree.core.canonical import CanonicalMasker
 from memfree.vocab.info import TokenizerInfo
 from tests.memfree.core.test_canonical import _check_rows, _encode, _split
-from tests.memfree.core.test_canonical_split import _ALPHABET
+from tests.memfree.core.test_canonical_split import _ALPHABET, assert_cut_like_its_classes
 
 _DIR = Path(sys.prefix, "vocab", "llama.cpp")
 pytestmark = pytest.mark.skipif(
@@ -108,11 +108,4 @@ def test_characters_of_one_class_are_interchangeable_for_qwen35s_pattern(
     """The shapes stand on this (as for every split family in test_canonical_split.py): a
     text with each character replaced by its class's representative is cut at the same
     places; marks are where Qwen 3.5's pattern differs from Qwen 2's."""
-    _, masker = qwen35
-    split = masker.split
-    assert split is not None
-    pre = masker.bpe.tokenizer_backend.pre_tokenizer
-    stand_in = "".join(split._reps[split.char_class(c)] for c in text)
-    assert [span for _, span in pre.pre_tokenize_str(text)] == [
-        span for _, span in pre.pre_tokenize_str(stand_in)
-    ], (text, stand_in)
+    assert_cut_like_its_classes(qwen35[1], text)

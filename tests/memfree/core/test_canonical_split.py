@@ -101,7 +101,12 @@ def test_characters_of_one_class_are_interchangeable_for_the_pattern(
     representative is cut into chunks at the same places (so a class that merged two
     characters the pattern treats apart would show here; Tekken's letters of neither case are
     one such pair, told apart from "a" only after an uppercase letter)."""
-    _, masker = family
+    assert_cut_like_its_classes(family[1], text)
+
+
+def assert_cut_like_its_classes(masker: CanonicalMasker, text: str) -> None:
+    """``text`` and its stand-in (each character replaced by its class's representative) are
+    cut into chunks at the same places by the masker's pre-tokenizer."""
     split = masker.split
     assert split is not None
     pre = masker.bpe.tokenizer_backend.pre_tokenizer
