@@ -353,3 +353,18 @@ def test_inside_a_character_each_completion_is_allowed_iff_canonical(
         checked += 1
         assert allowed[token] == (_encode(tokenizer, full) == [*row, token]), (full, data)
     assert checked
+
+
+def test_a_pickled_masker_answers_rows_inside_characters_alike(
+    smol: tuple[Any, CanonicalMasker],
+) -> None:
+    """Engines copy guards into workers: a pickled masker (its caches and the rules' columns
+    made anew) answers every prefix of a text with characters of several tokens as the
+    original does."""
+    import pickle
+
+    tokenizer, masker = smol
+    copy = pickle.loads(pickle.dumps(masker))
+    ids = _encode(tokenizer, "日本語 😀 ok ꙮ")
+    for end in range(len(ids) + 1):
+        assert (_allowed(copy, ids[:end]) == _allowed(masker, ids[:end])).all(), end
