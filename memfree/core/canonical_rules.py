@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from memfree.core.canonical_chars import Characters
-from memfree.core.canonical_state import CONTRACTIONS, RUN_OF_CLASS
+from memfree.core.canonical_state import CONTRACTIONS, RULE_KINDS, RUN_OF_CLASS
 from memfree.vocab.bpe import (
     LETTER,
     NUMBER,
@@ -41,10 +41,10 @@ from memfree.vocab.bpe import (
     ByteLevelBpe,
 )
 
-# States of rows that are canonical as they stand (an added token may follow them).
-ENDS_CANONICAL = frozenset({"start", "contraction", "run", "apostrophe", "open", "space"})
-# States these rules answer (the others: a split pattern's, or rows that are not canonical).
-RULE_KINDS = ENDS_CANONICAL | {"space_split"}
+# States of rows that are canonical as they stand (an added token may follow them); these rules
+# answer those and "space_split" (RULE_KINDS; the others: a split pattern's, or rows that are
+# not canonical).
+ENDS_CANONICAL = RULE_KINDS - {"space_split"}
 _WORD_RUNS = (RUN_LETTERS, RUN_NUMBERS, RUN_PUNCT)
 
 

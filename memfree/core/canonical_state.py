@@ -49,14 +49,13 @@ _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
 _ADVANCES = 1 << 14  # rows advanced by one token, kept per tail, added-token progress and token
-_ADVANCING = frozenset(
-    {"start", "contraction", "run", "apostrophe", "open", "space", "space_split", "split"}
-)
-_MISSING = object()
-# States a character written with several tokens may follow (read by GPT-2's rules).
-_BEFORE_CHARACTER = frozenset(
+# States GPT-2's rules answer (memfree.core.canonical_rules); a character written with several
+# tokens may follow only these.
+RULE_KINDS = frozenset(
     {"start", "contraction", "run", "apostrophe", "open", "space", "space_split"}
 )
+_ADVANCING = RULE_KINDS | {"split"}
+_MISSING = object()
 RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}  # runs that go on
 
 
@@ -190,7 +189,7 @@ class RowStates:
             return ("broken", tuple(segment)), None
         before = start + at
         key = self.read(ids[:before], array[:before])[0]
-        if key[0] not in _BEFORE_CHARACTER:
+        if key[0] not in RULE_KINDS:
             return ("dead", ()), None
         return ("partial", key, tuple(segment[at:]), ()), None
 
@@ -520,4 +519,4 @@ def _tokens_of_tail(window: list[int], token_bytes: list[bytes], length: int) ->
     return []
 
 
-__all__ = ["CONTRACTIONS", "RUN_OF_CLASS", "Read", "RowStates", "Tail"]
+__all__ = ["CONTRACTIONS", "RULE_KINDS", "RUN_OF_CLASS", "Read", "RowStates", "Tail"]
