@@ -11,7 +11,10 @@ the text ended there" banned).
 
 With ``--walk`` it runs no model: along the tokenizer's own tokenization of texts in many
 scripts (random mixes, a fixed seed) it counts the steps where canonical decoding bans the
-tokenizer's own next token (a character written with several tokens, a whitespace run).
+tokenizer's own next token (a character written with several tokens, a whitespace run). With
+``--llama-cpp`` it does the same along llama.cpp's tokenizer test texts, for each of its test
+vocabularies in ``<venv>/vocab/llama.cpp`` (``make setup``) that transformers reads, on the
+texts where the tokenizer gives llama.cpp's own ids.
 """
 
 from __future__ import annotations
@@ -71,8 +74,6 @@ def walk(texts: int = 200, seed: int = 0) -> None:
     """The steps, along the tokenizer's own tokenization, whose next token is banned."""
     import random
 
-    import torch
-
     from memfree.core.canonical import CanonicalMasker
     from memfree.vocab.info import TokenizerInfo
     from memfree.vocab.tokenizer import load_tokenizer
@@ -85,20 +86,75 @@ def walk(texts: int = 200, seed: int = 0) -> None:
     for _ in range(texts):
         text = "".join(rng.choice(PIECES) for _ in range(rng.randint(2, 8)))
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        for end in range(len(ids)):
-            row = torch.tensor([ids[:end] or [0]])[:, :end]
-            mask, _ = masker.banned_mask(row, info.vocab_size)
-            steps += 1
-            raw = info.token_bytes[ids[end]] or b""
-            try:
-                raw.decode("utf-8")
-            except UnicodeDecodeError:
-                partial += 1
-            banned += bool(mask[0, ids[end]])
+        counts = _banned_along(masker, info, ids)
+        steps, partial, banned = steps + counts[0], partial + counts[1], banned + counts[2]
     print(
         f"walk: {texts} texts, {steps} steps ({partial} of them a token that is not whole "
         f"characters): the tokenizer's own next token banned at {banned}"
     )
+
+
+def _banned_along(masker: object, info: object, ids: list[int]) -> tuple[int, int, int]:
+    """(steps, of them a token that is not whole characters, of them banned)."""
+    import torch
+
+    steps = partial = banned = 0
+    for end in range(len(ids)):
+        row = torch.tensor([ids[:end] or [0]])[:, :end]
+        mask, _ = masker.banned_mask(row, info.vocab_size)  # type: ignore[attr-defined]
+        steps += 1
+        try:
+            (info.token_bytes[ids[end]] or b"").decode("utf-8")  # type: ignore[attr-defined]
+        except UnicodeDecodeError:
+            partial += 1
+        banned += bool(mask[0, ids[end]])
+    return steps, partial, banned
+
+
+def llama_cpp() -> None:
+    """The steps along llama.cpp's test texts whose next token is banned, per vocabulary."""
+    import sys
+    import time
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    from memfree.core.canonical import CanonicalMasker
+    from memfree.vocab.bpe import CanonicalUnsupportedError
+    from memfree.vocab.info import TokenizerInfo
+
+    folder = Path(sys.prefix, "vocab", "llama.cpp")
+    for path in sorted(folder.glob("ggml-vocab-*.gguf")):
+        name = path.name[len("ggml-vocab-") : -len(".gguf")]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=path.name)
+        texts = Path(f"{path}.inp").read_text().split("\n__ggml_vocab_test__\n")
+        lines = Path(f"{path}.out").read_text().split("\n")
+        pairs = [
+            ids
+            for text, line in zip(texts, lines, strict=False)
+            if (ids := tokenizer(text, add_special_tokens=False)["input_ids"])
+            == [int(i) for i in line.split()]
+        ]
+        info = TokenizerInfo.of(tokenizer)
+        start = time.perf_counter()
+        try:
+            masker = CanonicalMasker(info, [info.eos_token_id])
+        except CanonicalUnsupportedError:
+            print(f"{name}: refused")
+            continue
+        built = time.perf_counter() - start
+        totals = [0, 0, 0]
+        for ids in pairs:
+            for index, count in enumerate(_banned_along(masker, info, ids)):
+                totals[index] += count
+        steps, partial, banned = totals
+        print(
+            f"{name} ({masker.bpe.pattern or 'GPT-2'}'s pattern): {len(pairs)} of {len(texts)} "
+            f"texts tokenized as llama.cpp does, {steps} steps ({partial} a token that is not "
+            f"whole characters): the next token banned at {banned}; tables {built:.1f} s"
+        )
 
 
 def main() -> None:
@@ -106,9 +162,13 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=30, help="code windows")
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--walk", action="store_true", help="no model: the walks only")
+    parser.add_argument("--llama-cpp", action="store_true", help="no model: llama.cpp's test texts")
     args = parser.parse_args()
     if args.walk:
         walk()
+        return
+    if args.llama_cpp:
+        llama_cpp()
         return
     model, tokenizer = load_model()
     with tempfile.TemporaryDirectory() as directory:

@@ -12,19 +12,18 @@ by :class:`~memfree.core.text_promise.TextPromiseMasker`. Without canonical deco
 blocked from the corpus's split spells the same text with another split (``"  "`` where the
 corpus has ``" ", " "``), which no tokenizer would produce from that text.
 
-The condition is decided per row from the row's last pre-tokenizer chunk. Llama 3's and Qwen 2's
-patterns are read through the pre-tokenizer itself (:mod:`memfree.core.canonical_split`; there
-the rule is still the narrower "their text's tokenization as if it ended there");
-GPT-2's pattern (runs of letters, numbers, punctuation or whitespace, contractions, a whitespace
+The condition is decided per row from the row's last pre-tokenizer chunks. The split patterns
+(Llama 3, Qwen 2, ...) are read through the pre-tokenizer itself
+(:mod:`memfree.core.canonical_split`); GPT-2's pattern (runs of letters, numbers, punctuation or whitespace, contractions, a whitespace
 run that gives its last space to the next word) is read by hand-written rules
 (:mod:`memfree.core.canonical_rules`).
 
 Text is cut at special and added tokens, as the tokenizer cuts it. A special token is allowed
 only to end the output (end of sequence): elsewhere it would sit inside the text, invisible once
 special tokens are skipped, and split a stored n-gram there. A character the tokenizer writes
-with several tokens is read by :mod:`memfree.core.canonical_chars` under GPT-2's pattern (its
-head answered as pseudo candidates beside the tokens, a row inside it from the state before its
-head); the split patterns never allow a token that is not whole characters. Each row's answer
+with several tokens is read by :mod:`memfree.core.canonical_chars` (its head answered as pseudo
+candidates beside the tokens, by GPT-2's rules or the split reading; a row inside it from the
+state before its head). Each row's answer
 is computed on the CPU from its last chunks and kept by its state (the chunk's kind and last
 token), so steps mostly read a cached mask.
 """
@@ -117,6 +116,10 @@ class CanonicalMasker:
         if _split and self.split is None:
             special = np.isin(np.arange(self.bpe.vocab_size), list(info.special_token_ids))
             self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
+        if self.split is not None:  # a split pattern: any whitespace character alone may pend
+            self._split_enter = self._new & np.array(
+                [text is not None and len(text) == 1 and text.isspace() for text in self.bpe.texts]
+            )
         self.states = RowStates(
             self.bpe, self._bytes, self._cuts, self.split, self._pair, self._chars
         )
@@ -137,7 +140,7 @@ class CanonicalMasker:
         chars = self._chars
         self._pseudo_columns = (
             pseudo_columns(chars, self._packed_bigram, v.runs)
-            if chars is not None and chars.size
+            if chars is not None and chars.size and chars.classify is None
             else None
         )
         # rule_mask's "run" case over the pseudo candidates, before the merge-tree test: per
@@ -232,7 +235,9 @@ class CanonicalMasker:
             seen[array.tobytes()] = read
             key, tail = read
             keys.append(key)
-            if key[0] == "space" and tail is not None:
+            if tail is not None and (
+                key[0] == "space" or (key[0] == "split" and tail.text[-1:].isspace())
+            ):
                 spaces.append((index, width, tail))
         self._seen.rows = seen
         banned, host = self._gather(keys, vocab_width, device, [index for index, _, _ in spaces])
@@ -365,8 +370,17 @@ class CanonicalMasker:
                 known = self._masks.get(key)
             return known if known is not None else self._compute(key)
         mask = self._cached(key)
-        if fixes and self.split is not None:
-            mask = self.split.fix(key[1], fixes, mask)
+        if key[0] == "split" and self.split is not None:
+            if fixes:
+                mask = self.split.fix(key[1], fixes, mask)
+            chars = self._chars
+            if chars is not None and chars.size:  # heads: one of their pseudo candidates
+                pseudo = self._pseudo(key)
+                if fixes:
+                    pseudo = self.split.fix_pseudo(key[1], fixes, pseudo)
+                if pseudo.any():
+                    mask = mask.copy()
+                    mask[chars.heads[pseudo]] = True
         return mask
 
     def _other_readings(self, tail: Tail) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
@@ -415,8 +429,10 @@ class CanonicalMasker:
         """bool `(vocab_size,)`: the candidates a state allows."""
         kind = key[0]
         if kind == "partial":  # inside a character: the state before its head says
-            _, before, chain, _ = key
+            _, before, chain, tail, _ = key
             assert self._chars is not None
+            if tail is not None:  # a split pattern: checked with the tokenizer itself
+                return self._chars.allowed_after(tail.text, tail.tokens, chain)
             return self._chars.allowed(chain, self._pseudo(before))
         if kind == "dead":
             return np.zeros(self.bpe.vocab_size, dtype=bool)
@@ -436,9 +452,12 @@ class CanonicalMasker:
 
     def _pseudo(self, key: tuple[Any, ...]) -> np.ndarray:
         """bool `(K,)`: the pseudo candidates (a head and the class of the character it
-        begins) a state allows; none but where GPT-2's rules read the state."""
+        begins) a state allows (a split state's before its row's fixes); none but where GPT-2's
+        rules or the split reading read the state."""
         columns = self._pseudo_columns
-        assert self._chars is not None and columns is not None
+        assert self._chars is not None
+        if columns is None:
+            return self._split_pseudo(key)
         if key[0] == "run" and not key[-1] and key[1] in self._pseudo_runs:
             # Most states: the rules' "run" case over the pseudo candidates, uncached.
             base, run = self._pseudo_runs[key[1]]
@@ -454,6 +473,29 @@ class CanonicalMasker:
                 self._pseudos[key] = known
                 if len(self._pseudos) > _CACHE:
                     self._pseudos.popitem(last=False)
+        return known
+
+    def _split_pseudo(self, key: tuple[Any, ...]) -> np.ndarray:
+        """:meth:`_pseudo` for a split pattern: the split reading over the pseudo candidates
+        (``("split", key, pending)``), or where a text starts; kept per state."""
+        chars, split = self._chars, self.split
+        assert chars is not None and split is not None
+        with self._lock:
+            known = self._pseudos.get(key)
+        if known is not None:
+            return known
+        if key[0] == "split":
+            known = split.mask_pseudo(key[1], self._bigram(key[1][1])[chars.heads])
+        elif key[0] == "start":
+            known = split.start_pseudo()
+        else:
+            known = np.zeros(chars.size, dtype=bool)
+        for rest in key[-1] if key[0] in ("split", "start") else ():
+            known = known & ~chars.starting_with(rest)  # it would finish an added token
+        with self._lock:
+            self._pseudos[key] = known
+            if len(self._pseudos) > _CACHE:
+                self._pseudos.popitem(last=False)
         return known
 
     def _by_definition(self, tokens: list[int], data: bytes) -> np.ndarray:
@@ -522,7 +564,7 @@ class _Vocabulary:
     split_enter: np.ndarray  # see _split_enter
     after_apostrophe: np.ndarray  # see contraction_heads
     split: SplitChunks | None  # a split pattern's chunk rules (Llama 3, Qwen 2)
-    chars: Characters | None  # characters written with several tokens (GPT-2's pattern)
+    chars: Characters  # characters written with several tokens
 
 
 def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
@@ -539,6 +581,12 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
     first, run = bpe.first, bpe.run
     runs = {kind: (run == kind) & bpe.self_ok for kind in range(4)}
     word_run = runs[RUN_LETTERS] | runs[RUN_NUMBERS] | runs[RUN_PUNCT]
+    split = SplitChunks(bpe, _written(bpe, special | added)) if bpe.pattern else None
+    chars = Characters.of(
+        bpe, ~(special | added), classify=split.class_of if split is not None else None
+    )
+    if split is not None and chars.size:
+        split.attach(chars.texts, chars.heads)
     vocabulary = _Vocabulary(
         cuts=frozenset(info.special_token_ids) | frozenset(bpe.added.values()),
         new=bpe.self_ok & ~special,
@@ -551,8 +599,8 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         word_run=word_run,
         split_enter=split_enter(bpe, bpe.self_ok & ~special & ~added, word_run),
         after_apostrophe=contraction_heads(bpe.texts),
-        split=SplitChunks(bpe, _written(bpe, special | added)) if bpe.pattern else None,
-        chars=Characters.of(bpe, ~(special | added)),
+        split=split,
+        chars=chars,
     )
     with _TABLES_LOCK:
         _VOCABULARIES[_tables_key(info)] = vocabulary

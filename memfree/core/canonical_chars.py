@@ -1,4 +1,4 @@
-"""Canonical decoding of characters the tokenizer writes with several tokens (GPT-2's pattern).
+"""Canonical decoding of characters the tokenizer writes with several tokens.
 
 A byte-level vocabulary holds tokens that are not whole UTF-8 characters: a *head* (``" \\xe6"``:
 whole characters ``P``, then the first bytes ``h`` of one more) and *continuation* tokens, which
@@ -29,6 +29,12 @@ it ends at a character boundary, or else some completion of its last character w
 characters are of a class the state before the head allows. Every allowed candidate has a
 witness that ends at a character boundary, so an allowed head always has a way on.
 
+A split pattern (:mod:`memfree.core.canonical_split`) tells more classes apart (letters by case,
+marks, CJK): there a head's witnesses are searched per Unicode category and kept per class of
+the pattern, the split reading answers each like a token whose text is the witness's, and a row
+inside a character is checked with the tokenizer itself over the row's last two chunks, the
+chain and the continuation (:meth:`Characters.allowed_after`).
+
 Witnesses are one character long: a head (or a continuation) that only a longer completion
 would keep canonical is banned, an over-ban; so is a whitespace character of several tokens as a
 whitespace run's split reading (the run as it stands, then that character, before a word). Both
@@ -41,7 +47,7 @@ import functools
 import itertools
 import threading
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +149,41 @@ _WHITESPACE = tuple(
 )
 
 
+def _split_guess(char: str) -> str:
+    """A split pattern's search key for a character: Unicode's general category, with CJK
+    ideographs and kana apart (DeepSeek V3 cuts their runs from other letters). The patterns
+    tell characters apart by category (letters by case, marks, numbers, whitespace), so a
+    character of each class is found by trying each key; every witness's class is then read
+    from the pre-tokenizer."""
+    point = ord(char)
+    if 0x4E00 <= point <= 0x9FA5 or 0x3040 <= point <= 0x30FF:
+        return "cjk"
+    return unicodedata.category(char)
+
+
+@functools.lru_cache(maxsize=256)
+def _range_by_key(begun: bytes) -> dict[str, np.ndarray]:
+    """The code points of the characters whose UTF-8 bytes begin with ``begun``, by
+    :func:`_split_guess` (kept per process: heads share their first bytes)."""
+    rest = utf8_length(begun[0]) - len(begun)
+    low = _code_point(begun + b"\x80" * rest)
+    high = min(_code_point(begun + b"\xbf" * rest), 0x10FFFF)
+    found: dict[str, list[int]] = {}
+    for point in range(low, high + 1):
+        if 0xD800 <= point < 0xE000:
+            continue  # surrogates: no character
+        char = chr(point)
+        if char.encode("utf-8")[: len(begun)] == begun:  # else an overlong prefix
+            found.setdefault(_split_guess(char), []).append(point)
+    return {key: np.array(points, dtype=np.int32) for key, points in found.items()}
+
+
+def _split_kinds(begun: bytes) -> list[str]:
+    """The search keys of the characters ``begun`` may begin, the most common first."""
+    keys = _range_by_key(begun)
+    return sorted(keys, key=lambda key: (-len(keys[key]), key))
+
+
 def _guess(char: str) -> int:
     """The class a character likely has (Unicode's tables): only orders the search; every
     witness's class is read from the pre-tokenizer."""
@@ -176,16 +217,18 @@ class Characters:
     is_head: np.ndarray
     parts: dict[int, tuple[str, bytes]]  # head -> (whole characters, begun bytes)
     conts: list[tuple[int, bytes, int]]  # continuation tokens: bytes, leading continuation bytes
+    classify: Callable[[str], int] | None = None  # a split pattern's classes (None: GPT-2's)
     _searches: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def of(cls, bpe: ByteLevelBpe, written: np.ndarray) -> Characters | None:
-        """The tables, or None for a split pattern (its chunks are read through the
-        pre-tokenizer, which this does not model). ``written``: the tokens that may be written
-        (no special or added token)."""
-        if bpe.pattern:
-            return None
+    def of(
+        cls, bpe: ByteLevelBpe, written: np.ndarray, classify: Callable[[str], int] | None = None
+    ) -> Characters:
+        """The tables. ``written``: the tokens that may be written (no special or added
+        token). ``classify``: a split pattern's character classes
+        (:meth:`~memfree.core.canonical_split.SplitChunks.generic_class`; None: GPT-2's
+        pattern, whose four classes the rules read)."""
         size = bpe.vocab_size
         is_cont = np.zeros(size, dtype=bool)
         parts: dict[int, tuple[str, bytes]] = {}
@@ -207,21 +250,25 @@ class Characters:
         chars = cls(
             bpe, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int8), [],
             np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int8), {}, is_cont, is_head,
-            parts, conts,
+            parts, conts, classify,
         )  # fmt: skip
         heads: list[int] = []
         classes: list[int] = []
         texts: list[str] = []
         for head, (whole, begun) in parts.items():
-            for kind in _CLASSES:
+            kinds: list[Any] = list(_CLASSES) if classify is None else _split_kinds(begun)
+            for kind in kinds:
                 witness = chars.witness(whole, begun, (head,), frozenset({kind}))
-                if witness is not None:
-                    chars.columns.setdefault(head, {})[kind] = len(heads)
+                if witness is None:
+                    continue
+                found: int = kind if classify is None else classify(witness)
+                if found not in chars.columns.get(head, {}):
+                    chars.columns.setdefault(head, {})[found] = len(heads)
                     heads.append(head)
-                    classes.append(kind)
+                    classes.append(found)
                     texts.append(whole + witness)
         chars.heads = np.array(heads, dtype=np.int64)
-        chars.classes = np.array(classes, dtype=np.int8)
+        chars.classes = np.array(classes, dtype=np.int16)
         chars.texts = texts
         firsts_runs = [bpe.first_and_run(text) for text in texts]
         chars.firsts = np.array([f for f, _ in firsts_runs], dtype=np.int8)
@@ -305,6 +352,47 @@ class Characters:
                 allowed[token] = tuple(encoding.ids) == (*chain, token)
         return allowed
 
+    def allowed_after(
+        self, text: str, tokens: tuple[int, ...], chain: tuple[int, ...]
+    ) -> np.ndarray:
+        """A split pattern: bool `(vocab_size,)`, the continuations allowed after ``chain`` (a
+        head and continuations, the last character unfinished) where the row before the head
+        ends in the chunks ``text`` with ``tokens`` (its last two: where they start no appended
+        text moves). Checked with the tokenizer itself, so its normalizer, ``ignore_merges``
+        and pattern all count: a continuation that finishes the character is allowed iff that
+        text, the chain's and its own is tokenized as ``tokens``, the chain and it; one that
+        goes on into the next character iff some completion of that character witnesses it."""
+        allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
+        split = _split_head(b"".join(self.bpe.token_bytes[t] for t in chain))
+        if split is None:
+            return allowed
+        whole, begun = split
+        rest = utf8_length(begun[0]) - len(begun)
+        ended: list[tuple[int, str]] = []
+        for token, data, lead in self.conts:
+            if lead > rest:
+                break
+            if lead < rest and len(data) > lead:
+                continue  # a character begins before this one ends: not UTF-8
+            try:
+                piece = (begun + data).decode("utf-8")
+            except UnicodeDecodeError:
+                more = _split_head(begun + data)
+                if more is not None:
+                    found = self.witness(
+                        text + whole + more[0], more[1], (*tokens, *chain, token), frozenset()
+                    )
+                    allowed[token] = found is not None
+                continue
+            ended.append((token, text + whole + piece))
+        if ended:
+            encoded = self.bpe.tokenizer_backend.encode_batch(
+                [joined for _, joined in ended], add_special_tokens=False
+            )
+            for (token, _), encoding in zip(ended, encoded, strict=True):
+                allowed[token] = tuple(encoding.ids) == (*tokens, *chain, token)
+        return allowed
+
     def _of_kinds(self, text: str, kinds: frozenset[int]) -> bool:
         """Whether every character of ``text`` is of a class in ``kinds`` (the characters after
         a head's whole ones share its chunk)."""
@@ -331,9 +419,19 @@ class Characters:
         return found
 
     def _search(
-        self, whole: str, begun: bytes, chain: tuple[int, ...], kinds: frozenset[int]
+        self, whole: str, begun: bytes, chain: tuple[int, ...], kinds: frozenset[Any]
     ) -> str | None:
-        candidates = _completions(begun, kinds)
+        classes = self.classify is None  # GPT-2's: the pre-tokenizer's class must be in kinds
+        if classes:
+            candidates: Iterator[str] = _completions(begun, kinds)
+        else:  # a split pattern: ``kinds`` are search keys (empty: any character)
+            keys = _range_by_key(begun)
+            candidates = (
+                chr(point)
+                for key in sorted(kinds or keys)
+                for point in keys.get(key, np.zeros(0, dtype=np.int32)).tolist()
+            )
+
         backend = self.bpe.tokenizer_backend
         for size in itertools.chain(_BATCHES, itertools.repeat(_BATCHES[-1])):
             batch = list(itertools.islice(candidates, size))
@@ -341,9 +439,8 @@ class Characters:
                 break
             encoded = backend.encode_batch([whole + x for x in batch], add_special_tokens=False)
             for char, encoding in zip(batch, encoded, strict=True):
-                if (
-                    tuple(encoding.ids[: len(chain)]) == chain
-                    and self.bpe.char_class(char) in kinds
+                if tuple(encoding.ids[: len(chain)]) == chain and (
+                    not classes or self.bpe.char_class(char) in kinds
                 ):
                     return char
         return None

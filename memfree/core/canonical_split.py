@@ -27,6 +27,14 @@ merge-tree test, :meth:`~memfree.vocab.bpe.ByteLevelBpe.bigram_allowed`); with `
 also ``x + text(c)`` not a token itself. With an NFC normalizer (Qwen 2) the text must stay NFC:
 a candidate that would compose with or reorder against the row's end is checked by
 normalizing.
+
+The rule is extendable (the row a prefix of the tokenization of some text that begins with its
+text): where the row ends in whitespace, a candidate that is one whitespace character is also
+placed before one character of each other class (``\\s+(?!\\S)`` gives a run's last character to
+what follows), and a reading where it stands alone is one more group for it (the row is then
+pending: its text ended there is tokenized otherwise). Characters written with several tokens
+get *pseudo candidates* (:mod:`memfree.core.canonical_chars`), read here like tokens whose
+text is their witness's (:meth:`SplitChunks.attach`).
 """
 
 from __future__ import annotations
@@ -67,6 +75,11 @@ class _Groups:
 
     of_token: np.ndarray
     groups: tuple[tuple[int, tuple[int, ...]], ...]
+    of_pseudo: np.ndarray  # the same for the pseudo candidates (see attach)
+    # Groups a candidate is also in only when text follows it (group, tokens): a whitespace
+    # character after a whitespace run, the run's split reading (the text ended there is
+    # tokenized otherwise: the row is pending).
+    extra: tuple[tuple[int, np.ndarray], ...] = ()
 
 
 class SplitChunks:
@@ -104,6 +117,7 @@ class SplitChunks:
                 shape = self._shape(text, token=True)[0]
                 self.shape_of[token] = shapes.setdefault(shape, len(shapes))
         self._shape_texts = ["".join(self._reps[c] for c in shape) for shape in shapes]
+        self._shape_ids = shapes
         alone = np.zeros(size, dtype=bool)
         merged = np.zeros(size, dtype=bool)
         for token in np.flatnonzero(self.shape_of >= 0):
@@ -125,8 +139,49 @@ class SplitChunks:
                     self._nfc_risky[token] = True
         self._groups: OrderedDict[tuple[int, ...], _Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
-        self._completions: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._lock = threading.Lock()
+        empty = np.zeros(0, dtype=bool)
+        self.pseudo_shape = np.zeros(0, dtype=np.int64)
+        self.pseudo_alone, self.pseudo_merged, self._pseudo_risky = empty, empty, empty
+        self._pseudo_texts: list[str] = []
+        self._pseudo_of_text: dict[str, list[int]] = {}
+        self._goes_on: dict[tuple[int, int], bool] = {}
+        self._first_class: np.ndarray | None = None
+
+    def attach(self, texts: list[str], heads: np.ndarray) -> None:
+        """Reads pseudo candidates (:mod:`memfree.core.canonical_chars`: a head, and a witness
+        ``texts[j]``: the head's whole characters and one character it begins, of one class)
+        like tokens whose text is the witness's: their shapes, whether the model gives the
+        head first for the text (``pseudo_alone``: it starts a chunk) and whether the merges
+        alone do (``pseudo_merged``: it continues one). Called before any groups are made."""
+        assert not self._groups, "pseudo candidates come before the groups"
+        size = len(texts)
+        self.pseudo_shape = np.full(size, -1, dtype=np.int64)
+        self.pseudo_alone = np.zeros(size, dtype=bool)
+        self.pseudo_merged = np.zeros(size, dtype=bool)
+        self._pseudo_risky = np.zeros(size, dtype=bool)
+        self._pseudo_texts = list(texts)
+        self._pseudo_of_text = {}
+        for index, text in enumerate(texts):
+            if self.bpe.nfc and unicodedata.normalize("NFC", text) != text:
+                continue
+            shape = self._shape(text, token=True)[0]
+            if shape not in self._shape_ids:
+                self._shape_ids[shape] = len(self._shape_texts)
+                self._shape_texts.append("".join(self._reps[c] for c in shape))
+            self.pseudo_shape[index] = self._shape_ids[shape]
+            string = "".join(self._byte_char[b] for b in text.encode("utf-8"))
+            head = int(heads[index])
+            firsts = [model.tokenize(string)[:1] for model in (self._model, self._merges)]
+            self.pseudo_alone[index] = [t.id for t in firsts[0]] == [head]
+            self.pseudo_merged[index] = [t.id for t in firsts[1]] == [head]
+            self._pseudo_risky[index] = self.bpe.nfc and _may_compose(text[0])
+            self._pseudo_of_text.setdefault(text, []).append(index)
+
+    def class_of(self, char: str) -> int:
+        """A character's class outside contractions (what a pseudo candidate is kept per)."""
+        return self._generic_class(self.char_class(char))
 
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles start with empty caches (and their own lock)."""
@@ -211,24 +266,86 @@ class SplitChunks:
                 self._groups.move_to_end(shape)
                 return known
         row = "".join(self._reps[c] for c in shape)
-        size = len(row)
         found: dict[tuple[int, tuple[int, ...]], int] = {}
         of_shape = np.full(len(self._shape_texts), -1, dtype=np.int64)
+        pending: dict[int, set[int]] = {}  # group -> tokens in it only when text follows
         for index, candidate in enumerate(self._shape_texts):
-            starts = [span[0] for _, span in self._pre.pre_tokenize_str(row + candidate)]
-            if any(size < s < size + len(candidate) for s in starts):
-                continue  # crosses a chunk boundary: one token is never two chunks
-            start = max(s for s in starts if s <= size)
-            bounds = tuple(s for s in starts if 0 < s < start)
-            of_shape[index] = found.setdefault((start, bounds), len(found))
+            reading = self._reading(row, candidate, "")
+            if reading is not None:
+                of_shape[index] = found.setdefault(reading[:2], len(found))
+            if row[-1:].isspace() and len(candidate) == 1 and candidate.isspace():
+                # A whitespace run may give its last character to what follows: the run as
+                # it stands, then this one alone, before a character that is not whitespace.
+                for after in self._after_space():
+                    reading = self._reading(row, candidate, after)
+                    if reading is not None:
+                        group = found.setdefault(reading[:2], len(found))
+                        if group != of_shape[index]:
+                            pending.setdefault(group, set()).update(
+                                self._spaces(index, after if reading[2] else "")
+                            )
         narrow = np.int8 if len(found) < 128 else np.int16  # a few groups per shape
         of_token = np.where(self.shape_of >= 0, of_shape[self.shape_of], -1).astype(narrow)
-        groups = _Groups(of_token, tuple(found))
+        of_pseudo = np.where(self.pseudo_shape >= 0, of_shape[self.pseudo_shape], -1)
+        extra = tuple(
+            (group, np.array(sorted(tokens), dtype=np.int64))
+            for group, tokens in pending.items()
+            if tokens
+        )
+        groups = _Groups(of_token, tuple(found), of_pseudo.astype(narrow), extra)
         with self._lock:
             self._groups[shape] = groups
             if len(self._groups) > _CACHE:
                 self._groups.popitem(last=False)
         return groups
+
+    def _reading(
+        self, row: str, candidate: str, after: str
+    ) -> tuple[int, tuple[int, ...], bool] | None:
+        """Where the pre-tokenizer puts a candidate after ``row`` and before ``after``: the
+        start of its chunk, the chunk boundaries inside the row, and whether its chunk goes on
+        into ``after`` (None: it crosses a boundary, or goes on from a chunk before it)."""
+        size, end = len(row), len(row) + len(candidate)
+        starts = [span[0] for _, span in self._pre.pre_tokenize_str(row + candidate + after)]
+        if any(size < s < end for s in starts):
+            return None  # crosses a chunk boundary: one token is never two chunks
+        start = max(s for s in starts if s <= size)
+        goes_on = bool(after) and end not in starts
+        if goes_on and start < size:
+            return None
+        return start, tuple(s for s in starts if 0 < s < start), goes_on
+
+    def _spaces(self, shape: int, after: str) -> list[int]:
+        """The whitespace tokens of a candidate shape that may start a chunk on their own
+        before a character like ``after`` ("": one that starts a chunk of its own): those for
+        which some token that starts with a character of its class goes on with them, no merge
+        across (checked with the tokenizer: ``[c, t]`` for their text). Kept per pair."""
+        found = []
+        for token in np.flatnonzero(self.shape_of == shape).tolist():
+            key = (token, self.char_class(after) if after else -1)
+            known = self._goes_on.get(key)
+            if known is None:
+                known = not after or self._witness_after(token, key[1])
+                self._goes_on[key] = known
+            if known:
+                found.append(token)
+        return found
+
+    def _witness_after(self, token: int, cls: int) -> bool:
+        if self._first_class is None:
+            shapes = list(self._shape_ids)
+            firsts = np.array([shape[0] if shape else -1 for shape in shapes], dtype=np.int64)
+            self._first_class = np.where(self.shape_of >= 0, firsts[self.shape_of], -1)
+        goes = (self._first_class == cls) & self.merged & self.bpe.bigram_allowed(token)
+        followers = np.flatnonzero(goes)[:64].tolist()
+        text = self.bpe.texts[token] or ""
+        joined = [text + (self.bpe.texts[t] or "") for t in followers]
+        encoded = self.bpe.tokenizer_backend.encode_batch(joined, add_special_tokens=False)
+        return any(e.ids == [token, t] for t, e in zip(followers, encoded, strict=True))
+
+    def _after_space(self) -> list[str]:
+        """One character of each class that is not whitespace (what may follow a run)."""
+        return [rep for rep in self._reps if not rep.isspace()]
 
     # -- a row ----------------------------------------------------------------------------------
 
@@ -298,6 +415,57 @@ class SplitChunks:
                 allowed |= members & self.alone
             else:
                 allowed |= members & self.merged & bigram
+        for number, tokens in groups.extra:
+            if facts[number]:
+                start = groups.groups[number][0]
+                ok = self.alone if start == len(shape) else self.merged & bigram
+                allowed[tokens] |= ok[tokens]
+        return allowed
+
+    def mask_pseudo(self, key: tuple[Any, ...], bigram: np.ndarray) -> np.ndarray:
+        """bool `(K,)`: the pseudo candidates a key allows (before the per-row fixes), as
+        :meth:`mask` for tokens; ``bigram``: the merge-tree test after the row's last token,
+        at each pseudo candidate's head."""
+        shape, _, facts, _ = key
+        groups = self.groups(shape)
+        allowed = np.zeros(len(self.pseudo_shape), dtype=bool)
+        for number, ((start, _), fact) in enumerate(zip(groups.groups, facts, strict=True)):
+            if fact:
+                members = groups.of_pseudo == number
+                if start == len(shape):
+                    allowed |= members & self.pseudo_alone
+                else:
+                    allowed |= members & self.pseudo_merged & bigram
+        return allowed
+
+    def start_pseudo(self) -> np.ndarray:
+        """bool `(K,)`: the pseudo candidates allowed where a text starts (each its own chunk,
+        its head first)."""
+        return (self.groups(()).of_pseudo >= 0) & self.pseudo_alone
+
+    def fix_pseudo(
+        self, key: tuple[Any, ...], fixes: tuple[Any, ...], allowed: np.ndarray
+    ) -> np.ndarray:
+        """:meth:`fix` for the pseudo candidates: a witness that would break NFC, or whose
+        text the continued chunk's text makes a token (``ignore_merges``), is banned (another
+        character of its class might not: an over-ban, never an under-ban; a row inside the
+        character is checked with the tokenizer itself)."""
+        groups = self.groups(key[0])
+        banned: list[int] = []
+        for number, text in fixes:
+            if number < 0:
+                for index in np.flatnonzero(self._pseudo_risky & allowed).tolist():
+                    joined = text + self._pseudo_texts[index]
+                    if unicodedata.normalize("NFC", joined) != joined:
+                        banned.append(index)
+                continue
+            banned.extend(
+                index for index in self._completing(text, True) if groups.of_pseudo[index] == number
+            )
+        if not banned:
+            return allowed
+        allowed = allowed.copy()
+        allowed[banned] = False
         return allowed
 
     def fix(self, key: tuple[Any, ...], fixes: tuple[Any, ...], mask: np.ndarray) -> np.ndarray:
@@ -305,6 +473,14 @@ class SplitChunks:
         (``ignore_merges`` gives that token instead), a candidate that breaks NFC."""
         groups = self.groups(key[0])
         banned: list[int] = []
+        # Tokens a split reading allows as a chunk of their own: no continued chunk bans them.
+        alone = {
+            t
+            for group, tokens in groups.extra
+            if key[2][group] and groups.groups[group][0] == len(key[0])
+            for t in tokens.tolist()
+            if self.alone[t]
+        }
         for number, text in fixes:
             if number < 0:
                 for token in np.flatnonzero(self._nfc_risky & mask):
@@ -312,28 +488,38 @@ class SplitChunks:
                     if unicodedata.normalize("NFC", joined) != joined:
                         banned.append(int(token))
                 continue
-            banned.extend(t for t in self._completing(text) if groups.of_token[t] == number)
+            members = {t for group, tokens in groups.extra if group == number for t in tokens}
+            banned.extend(
+                t
+                for t in self._completing(text)
+                if (groups.of_token[t] == number or t in members) and t not in alone
+            )
         if not banned:
             return mask
         mask = mask.copy()
         mask[banned] = False
         return mask
 
-    def _completing(self, text: str) -> tuple[int, ...]:
-        """The candidates ``c`` such that ``text + text(c)`` is a token (kept per text)."""
+    def _completing(self, text: str, pseudo: bool = False) -> tuple[int, ...]:
+        """The candidates ``c`` such that ``text + text(c)`` is a token; ``pseudo``: the pseudo
+        candidates ``j`` such that ``text`` and their witness's text is one (kept per text)."""
         with self._lock:
-            known = self._completions.get(text)
+            known = self._completions.get((text, pseudo))
         if known is None:
-            found = []
+            found: list[int] = []
             index = bisect.bisect_left(self._sorted, (text, -1))
             while index < len(self._sorted) and self._sorted[index][0].startswith(text):
-                token = self.bpe.ids_of.get(self._sorted[index][0][len(text) :])
-                if token is not None:
-                    found.append(token)
+                rest = self._sorted[index][0][len(text) :]
+                if pseudo:
+                    found.extend(self._pseudo_of_text.get(rest, ()))
+                else:
+                    token = self.bpe.ids_of.get(rest)
+                    if token is not None:
+                        found.append(token)
                 index += 1
             known = tuple(found)
             with self._lock:
-                self._completions[text] = known
+                self._completions[(text, pseudo)] = known
                 if len(self._completions) > 4 * _CACHE:
                     self._completions.popitem(last=False)
         return known

@@ -184,14 +184,18 @@ class RowStates:
         began it, and the chain since (:mod:`memfree.core.canonical_chars`). A row whose bytes
         are not text otherwise is answered by the definition (only a prompt makes one)."""
         at = self.chars.chain(segment) if self.chars is not None else None
-        if at is None:
+        if at is None or self.chars is None:
             self.note(" (it ends inside a character)")
             return ("broken", tuple(segment)), None
         before = start + at
-        key = self.read(ids[:before], array[:before])[0]
+        key, tail = self.read(ids[:before], array[:before])
+        if self.chars.classify is not None:  # a split pattern: the before-row's last chunks
+            if key[0] not in ("split", "start") or tail is None:
+                return ("dead", ()), None
+            return ("partial", key, tuple(segment[at:]), Tail(tail.text, tail.tokens), ()), None
         if key[0] not in RULE_KINDS:
             return ("dead", ()), None
-        return ("partial", key, tuple(segment[at:]), ()), None
+        return ("partial", key, tuple(segment[at:]), None, ()), None
 
     def advance(self, key: tuple[Any, ...], tail: Tail | None, token: int) -> Read | None:
         """The read of a row one token longer than a row read as ``(key, tail)``: from the

@@ -101,7 +101,7 @@ def _split(tokenizer: Any, text: str, how: int, cut: int) -> list[int]:
 
 # Texts that may follow a candidate's text: enough to find a witness for every split reading of
 # a trailing whitespace run (a newline alone, a space joined to a letter, digit or punctuation).
-PROBES = ("a", "1", ".", "(", "\n", " ", "日", "😀")
+PROBES = ("a", "A", "1", ".", "(", "'", "/", "\n", " ", "日", "😀", "\u0301")
 
 
 def _definition(
@@ -117,7 +117,7 @@ def _definition(
     to what follows; docs/canonical.md). Candidates that are not whole UTF-8 characters are
     left out (their text is not text): a masker that writes them is checked on them in
     ``test_canonical_chars.py``; the others must ban them.
-    ``extendable=False``: the row as it ends only (the split patterns' rule, not yet widened)."""
+    ``extendable=False``: the row as it ends only."""
     backend = tokenizer.backend_tokenizer
     token_bytes = list(info.token_bytes)
     for content, token in _added(tokenizer).items():

@@ -71,7 +71,7 @@ def test_deepseek_allowed_iff_canonical_for_every_candidate(
     tokenizer, masker = deepseek
     ids = _split(tokenizer, text, how, 7)
     ends = sorted({1, len(ids) // 2, len(ids) - 1, len(ids)})
-    _check_rows(tokenizer, masker, [ids[:end] for end in ends], extendable=False)
+    _check_rows(tokenizer, masker, [ids[:end] for end in ends])
 
 
 def test_real_texts_advance_as_they_read(deepseek: tuple[Any, CanonicalMasker]) -> None:

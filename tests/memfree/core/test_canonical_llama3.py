@@ -229,7 +229,7 @@ def test_llama3_allowed_iff_canonical_for_every_candidate(
     tokenizer, masker = llama3
     ids = _split(tokenizer, text, how, 5)
     ends = sorted({1, len(ids) // 2, len(ids)})
-    _check_rows(tokenizer, masker, [ids[:end] for end in ends], extendable=False)
+    _check_rows(tokenizer, masker, [ids[:end] for end in ends])
 
 
 def test_string_module_round_trips(llama3: tuple[Any, CanonicalMasker]) -> None:

@@ -7,8 +7,9 @@ ranks as tiktoken's BPE makes it (151,387 merges, as Qwen 2's ``merges.txt`` has
 pattern, NFC, ByteLevel. Every row below is checked against the definition for every one of
 the 151,646 candidates.
 
-The split patterns' rule is still "the row as it ends" (``extendable=False``): a whitespace
-run whose split waits on what follows is not yet written with them (issue 35).
+The rule is the extendable one, as for GPT-2's pattern: a whitespace character after a whitespace
+run is allowed where the run's split reading (before a character that is not whitespace) keeps the
+row a prefix of the tokenization (``"x  1"`` is ``x, " ", " ", 1``), and end of sequence is not.
 """
 
 from __future__ import annotations
@@ -118,6 +119,4 @@ def test_qwen2_allowed_iff_canonical_for_every_candidate(
 ) -> None:
     tokenizer, masker = qwen
     ids = _split(tokenizer, text, how, 5)
-    _check_rows(
-        tokenizer, masker, [ids[:end] for end in (1, len(ids) // 2, len(ids))], extendable=False
-    )
+    _check_rows(tokenizer, masker, [ids[:end] for end in (1, len(ids) // 2, len(ids))])

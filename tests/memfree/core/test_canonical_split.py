@@ -9,8 +9,9 @@ test_canonical_tekken.py). Checked with Hypothesis against the definition for ev
 as for GPT-2's pattern in test_canonical.py; and the same reading run over SmolLM2's tokenizer
 must agree with the definition too.
 
-The split patterns' rule is still "the row as it ends" (``extendable=False``): a whitespace
-run whose split waits on what follows is not yet written with them (issue 35).
+The rule is the extendable one, as for GPT-2's pattern: a whitespace character after a whitespace
+run is allowed where the run's split reading (before a character that is not whitespace) keeps the
+row a prefix of the tokenization (``"x  1"`` is ``x, " ", " ", 1``), and end of sequence is not.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_split_patterns_allowed_iff_canonical_for_every_candidate(
 ) -> None:
     tokenizer, masker = family
     ids = _split(tokenizer, text, how, cut)
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
 
 
 # Characters each pattern may treat apart: cases, a mark, letters that are neither case, a
@@ -134,7 +135,7 @@ def test_split_patterns_every_prefix_of_hard_texts(
 ) -> None:
     tokenizer, masker = family
     ids = _encode(tokenizer, text)
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
 
 
 def test_a_boundary_known_in_one_row_is_not_trusted_inside_a_whitespace_run(
@@ -150,10 +151,8 @@ def test_a_boundary_known_in_one_row_is_not_trusted_inside_a_whitespace_run(
         pytest.skip("this family keeps the spaces before a digit in one chunk")
     second = space + _encode(tokenizer, "  def f(x)")
     assert second[:2] == space + space and _encode(tokenizer, "   def f(x)") != second
-    _check_rows(tokenizer, masker, [first[:end] for end in range(len(first) + 1)], extendable=False)
-    _check_rows(
-        tokenizer, masker, [second[:end] for end in range(len(second) + 1)], extendable=False
-    )
+    _check_rows(tokenizer, masker, [first[:end] for end in range(len(first) + 1)])
+    _check_rows(tokenizer, masker, [second[:end] for end in range(len(second) + 1)])
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +169,7 @@ def test_the_split_reading_agrees_with_the_definition_on_smollm2(
     """GPT-2's pattern read the split way: a second, independent implementation."""
     tokenizer, masker = smol_split
     ids = _split(tokenizer, text, how, cut)
-    _check_rows(tokenizer, masker, [ids[: len(ids) // 2], ids], extendable=False)
+    _check_rows(tokenizer, masker, [ids[: len(ids) // 2], ids])
 
 
 def test_a_split_pattern_tokenizer_is_guarded_canonically_by_default(tmp_path: Path) -> None:
@@ -232,7 +231,7 @@ def test_a_window_that_starts_inside_a_multibyte_digit_is_widened(
 ) -> None:
     tokenizer, masker = family
     ids = _encode(tokenizer, "x\u0663" + "1" * 15)  # an Arabic-Indic three, then ones
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)], extendable=False)
+    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
 
 
 def test_a_prefix_verdict_is_kept_per_next_character_not_per_next_byte() -> None:
@@ -249,7 +248,7 @@ def test_a_prefix_verdict_is_kept_per_next_character_not_per_next_byte() -> None
     for order in ((first, second), (second, first)):
         info = TokenizerInfo.of(tokenizer)
         masker = CanonicalMasker(info, [info.eos_token_id])
-        _check_rows(tokenizer, masker, list(order), extendable=False)
+        _check_rows(tokenizer, masker, list(order))
 
 
 def test_an_added_token_follows_only_a_row_that_is_its_own_tokenization() -> None:
@@ -259,7 +258,7 @@ def test_an_added_token_follows_only_a_row_that_is_its_own_tokenization() -> Non
     masker = CanonicalMasker(info, [info.eos_token_id])
     split = _encode(tokenizer, "it") + _encode(tokenizer, "'") + _encode(tokenizer, "s")
     assert split != _encode(tokenizer, "it's")
-    _check_rows(tokenizer, masker, [_encode(tokenizer, "it's"), split], extendable=False)
+    _check_rows(tokenizer, masker, [_encode(tokenizer, "it's"), split])
 
 
 def test_split_maskers_pickle_with_empty_caches(family: tuple[Any, CanonicalMasker]) -> None:

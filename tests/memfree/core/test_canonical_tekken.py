@@ -88,7 +88,7 @@ def test_tekken_allowed_iff_canonical_for_every_candidate(
     tokenizer, masker = tekken
     ids = _split(tokenizer, text, how, 7)
     ends = sorted({1, len(ids) // 2, len(ids) - 1, len(ids)})
-    _check_rows(tokenizer, masker, [ids[:end] for end in ends], extendable=False)
+    _check_rows(tokenizer, masker, [ids[:end] for end in ends])
 
 
 def test_real_texts_advance_as_they_read(tekken: tuple[Any, CanonicalMasker]) -> None:
