@@ -81,6 +81,25 @@ def test_the_other_reading_of_a_pending_run_is_checked(
     assert _allowed(guard, quoting, prompts=prompts)[newline]
 
 
+def test_a_split_patterns_pending_run_is_checked_too(tmp_path: Path) -> None:
+    """Llama 3's pattern: ``"a  1  "`` ended there is ``..., "1", "  "``, but before a digit the
+    run is ``" ", " "``. The second space is allowed (end of sequence is not), and banned where
+    the other reading's last 3-gram is stored."""
+    tokenizer = train_split_bpe("llama3")
+    space = _encode(tokenizer, " ")[0]
+    row = [*_encode(tokenizer, "a  1"), space]
+    ended = _encode(tokenizer, "a  1  ")
+    assert ended[:-1] == row[:-1] and ended[-1] != space
+    assert _encode(tokenizer, "a  1  2")[: len(row) + 1] == [*row, space]
+    free = _guard(tokenizer, tmp_path / "free.memfree", [[5, 6, 7]])
+    assert _allowed(free, row)[space]
+    assert not _allowed(free, [*row, space])[tokenizer.eos_token_id]
+    guard = _guard(tokenizer, tmp_path / "guard.memfree", [ended[-3:]])
+    assert not _allowed(guard, row)[space]
+    cut = stored_ngram_counts(guard.filter, row, [space], tokenizer=tokenizer, text=True)
+    assert cut[0] == 1  # what the ban prevents: the text tokenized again holds it
+
+
 @pytest.fixture(scope="module", params=["smollm2", "llama3"])
 def stored_readings(
     request: pytest.FixtureRequest, default_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory
