@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -270,6 +273,21 @@ def train_sentencepiece(vocab_size: int = 320) -> Any:
 
 
 # Llama 3's and Qwen 2's split patterns, as their tokenizer.json files write them.
+# llama.cpp's test vocabularies (GGUF files), with the texts and ids llama.cpp checks its
+# tokenizer against: make setup takes them out of llama-cpp-python's source distribution on PyPI.
+LLAMA_CPP = Path(sys.prefix, "vocab", "llama.cpp")
+
+
+@functools.cache
+def llama_cpp_tokenizer(name: str) -> Any:
+    """The tokenizer transformers reads from ``ggml-vocab-{name}.gguf`` (once per session)."""
+    from transformers import AutoTokenizer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoTokenizer.from_pretrained(LLAMA_CPP, gguf_file=f"ggml-vocab-{name}.gguf")
+
+
 LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"

@@ -541,9 +541,7 @@ class CanonicalMasker:
     def _starting_with(self, prefix: str) -> np.ndarray:
         cached = self._prefixes.get(prefix)
         if cached is None:
-            texts = self.bpe.texts
-            cached = np.array([t is not None and t.startswith(prefix) for t in texts])
-            self._prefixes[prefix] = cached
+            cached = self._prefixes[prefix] = self.bpe.starting_with(prefix)
         return cached
 
 

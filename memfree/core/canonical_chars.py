@@ -161,7 +161,7 @@ def _split_guess(char: str) -> str:
     return unicodedata.category(char)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _range_by_key(begun: bytes) -> dict[str, np.ndarray]:
     """The code points of the characters whose UTF-8 bytes begin with ``begun``, by
     :func:`_split_guess` (kept per process: heads share their first bytes)."""
@@ -219,6 +219,7 @@ class Characters:
     conts: list[tuple[int, bytes, int]]  # continuation tokens: bytes, leading continuation bytes
     classify: Callable[[str], int] | None = None  # a split pattern's classes (None: GPT-2's)
     _searches: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
+    _starting: dict[str, np.ndarray] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
@@ -292,7 +293,13 @@ class Characters:
     def starting_with(self, prefix: str) -> np.ndarray:
         """bool `(K,)`: pseudo candidates whose text may start with ``prefix``: the head's whole
         characters do, or ``prefix`` goes on past them with a character that is not ASCII (what
-        follows them is not known here, and is never ASCII)."""
+        follows them is not known here, and is never ASCII). Kept per prefix."""
+        known = self._starting.get(prefix)
+        if known is None:
+            known = self._starting[prefix] = self._starting_with(prefix)
+        return known
+
+    def _starting_with(self, prefix: str) -> np.ndarray:
         found = np.zeros(self.size, dtype=bool)
         for index, head in enumerate(self.heads.tolist()):
             whole = self.parts[head][0]
@@ -320,37 +327,14 @@ class Characters:
         the pseudo candidates ``pseudo``."""
         head = chain[0]
         split = _split_head(b"".join(self.bpe.token_bytes[t] for t in chain))
-        allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
         kinds = frozenset(k for k, column in self.columns.get(head, {}).items() if pseudo[column])
-        if split is None or not kinds:
-            return allowed
-        whole, begun = split
-        if not self._of_kinds(whole[len(self.parts[head][0]) :], kinds):
-            return allowed
-        rest = utf8_length(begun[0]) - len(begun)
-        ended: list[tuple[int, str]] = []  # candidates that end at a character boundary
-        for token, data, lead in self.conts:
-            if lead > rest:
-                break
-            if lead < rest and len(data) > lead:
-                continue  # a character begins before this one ends: not UTF-8
-            try:
-                text = (begun + data).decode("utf-8")
-            except UnicodeDecodeError:
-                split = _split_head(begun + data)
-                if split is not None and self._of_kinds(split[0], kinds):
-                    found = self.witness(whole + split[0], split[1], (*chain, token), kinds)
-                    allowed[token] = found is not None
-                continue
-            if self._of_kinds(text, kinds):
-                ended.append((token, whole + text))
-        if ended:
-            encoded = self.bpe.tokenizer_backend.encode_batch(
-                [text for _, text in ended], add_special_tokens=False
-            )
-            for (token, _), encoding in zip(ended, encoded, strict=True):
-                allowed[token] = tuple(encoding.ids) == (*chain, token)
-        return allowed
+        if (
+            split is None
+            or not kinds
+            or not self._of_kinds(split[0][len(self.parts[head][0]) :], kinds)
+        ):
+            return np.zeros(self.bpe.vocab_size, dtype=bool)
+        return self._continuations(chain, "", (), kinds)
 
     def allowed_after(
         self, text: str, tokens: tuple[int, ...], chain: tuple[int, ...]
@@ -359,16 +343,28 @@ class Characters:
         head and continuations, the last character unfinished) where the row before the head
         ends in the chunks ``text`` with ``tokens`` (its last two: where they start no appended
         text moves). Checked with the tokenizer itself, so its normalizer, ``ignore_merges``
-        and pattern all count: a continuation that finishes the character is allowed iff that
-        text, the chain's and its own is tokenized as ``tokens``, the chain and it; one that
-        goes on into the next character iff some completion of that character witnesses it."""
+        and pattern all count."""
+        return self._continuations(chain, text, tokens, None)
+
+    def _continuations(
+        self,
+        chain: tuple[int, ...],
+        text: str,
+        tokens: tuple[int, ...],
+        kinds: frozenset[int] | None,
+    ) -> np.ndarray:
+        """The continuations after ``chain`` that ``text`` (tokenized as ``tokens``), the
+        chain's text and their own keep canonical: one that finishes the character iff that
+        text is tokenized as ``tokens``, the chain and it; one that goes on into the next
+        character iff some completion of that character witnesses it. ``kinds``: the classes
+        the characters after the head's whole ones may have (None: any)."""
         allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
         split = _split_head(b"".join(self.bpe.token_bytes[t] for t in chain))
         if split is None:
             return allowed
         whole, begun = split
         rest = utf8_length(begun[0]) - len(begun)
-        ended: list[tuple[int, str]] = []
+        ended: list[tuple[int, str]] = []  # candidates that end at a character boundary
         for token, data, lead in self.conts:
             if lead > rest:
                 break
@@ -378,13 +374,17 @@ class Characters:
                 piece = (begun + data).decode("utf-8")
             except UnicodeDecodeError:
                 more = _split_head(begun + data)
-                if more is not None:
+                if more is not None and (kinds is None or self._of_kinds(more[0], kinds)):
                     found = self.witness(
-                        text + whole + more[0], more[1], (*tokens, *chain, token), frozenset()
+                        text + whole + more[0],
+                        more[1],
+                        (*tokens, *chain, token),
+                        kinds or frozenset(),
                     )
                     allowed[token] = found is not None
                 continue
-            ended.append((token, text + whole + piece))
+            if kinds is None or self._of_kinds(piece, kinds):
+                ended.append((token, text + whole + piece))
         if ended:
             encoded = self.bpe.tokenizer_backend.encode_batch(
                 [joined for _, joined in ended], add_special_tokens=False

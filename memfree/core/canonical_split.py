@@ -459,9 +459,8 @@ class SplitChunks:
                     if unicodedata.normalize("NFC", joined) != joined:
                         banned.append(index)
                 continue
-            banned.extend(
-                index for index in self._completing(text, True) if groups.of_pseudo[index] == number
-            )
+            completing = np.asarray(self._completing(text, True), dtype=np.int64)
+            banned.extend(completing[groups.of_pseudo[completing] == number].tolist())
         if not banned:
             return allowed
         allowed = allowed.copy()
@@ -488,12 +487,16 @@ class SplitChunks:
                     if unicodedata.normalize("NFC", joined) != joined:
                         banned.append(int(token))
                 continue
-            members = {t for group, tokens in groups.extra if group == number for t in tokens}
-            banned.extend(
-                t
-                for t in self._completing(text)
-                if (groups.of_token[t] == number or t in members) and t not in alone
-            )
+            completing = np.asarray(self._completing(text), dtype=np.int64)
+            if not completing.size:
+                continue
+            members = [tokens for group, tokens in groups.extra if group == number]
+            mine = groups.of_token[completing] == number
+            if members:
+                mine |= np.isin(completing, np.concatenate(members))
+            if alone:
+                mine &= ~np.isin(completing, list(alone))
+            banned.extend(completing[mine].tolist())
         if not banned:
             return mask
         mask = mask.copy()

@@ -31,6 +31,7 @@ tokenizer is refused with :class:`CanonicalUnsupportedError`, never approximated
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 from collections.abc import Callable
@@ -257,6 +258,23 @@ class ByteLevelBpe:
             late = np.unique(owners[np.isin(symbols, partners)])
             allowed[late] = self._bigram_by_merges(a, late)
         return allowed
+
+    def starting_with(self, prefix: str) -> np.ndarray:
+        """bool `(vocab_size,)`: the ids whose text starts with ``prefix`` (a search in the
+        texts in order, not a pass over the vocabulary)."""
+        texts, ids = self._sorted_texts
+        found = np.zeros(self.vocab_size, dtype=bool)
+        start = bisect.bisect_left(texts, prefix)
+        end = start
+        while end < len(texts) and texts[end].startswith(prefix):
+            end += 1
+        found[ids[start:end]] = True
+        return found
+
+    @functools.cached_property
+    def _sorted_texts(self) -> tuple[list[str], np.ndarray]:
+        pairs = sorted((text, token) for token, text in enumerate(self.texts) if text is not None)
+        return [text for text, _ in pairs], np.array([t for _, t in pairs], dtype=np.int64)
 
     @functools.cached_property
     def _late_left_spines(self) -> tuple[np.ndarray, np.ndarray]:

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import itertools
 import random
-import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +29,7 @@ from memfree.core.canonical import CanonicalMasker
 from memfree.core.canonical_chars import utf8_length
 from memfree.vocab.bpe import LETTER, PUNCT
 from memfree.vocab.info import TokenizerInfo
+from tests.conftest import LLAMA_CPP, llama_cpp_tokenizer
 
 SCRIPTS = [
     "日本語のテキストです。",
@@ -62,21 +61,10 @@ def _texts() -> st.SearchStrategy[str]:
     return st.lists(st.sampled_from(SCRIPTS + ASCII), min_size=1, max_size=6).map("".join)
 
 
-# llama.cpp's test vocabularies of GPT-2's pattern, with its test texts and ids (make setup
-# takes them out of llama-cpp-python's source distribution on PyPI).
-LLAMA_CPP = Path(sys.prefix, "vocab", "llama.cpp")
 _NEEDS_LLAMA_CPP = pytest.mark.skipif(
     not (LLAMA_CPP / "ggml-vocab-gpt-2.gguf").exists(),
     reason="needs llama.cpp's test vocabularies in <venv>/vocab/llama.cpp (make setup fetches them)",
 )
-
-
-def _llama_cpp_tokenizer(name: str) -> Any:
-    from transformers import AutoTokenizer
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoTokenizer.from_pretrained(LLAMA_CPP, gguf_file=f"ggml-vocab-{name}.gguf")
 
 
 def _masker(tokenizer: Any) -> CanonicalMasker:
@@ -110,7 +98,7 @@ def vocab(request: pytest.FixtureRequest, default_tokenizer: Any) -> tuple[Any, 
     pre-tokenizer)."""
     if request.param == "smollm2":
         return default_tokenizer, _masker(default_tokenizer)
-    tokenizer = _llama_cpp_tokenizer(request.param)
+    tokenizer = llama_cpp_tokenizer(request.param)
     return tokenizer, _masker(tokenizer)
 
 
@@ -306,7 +294,7 @@ def test_llama_cpp_test_texts_keep_every_next_token(name: str) -> None:
     is banned (heads and continuations of characters included: 90 to 188 of the steps per
     vocabulary) and end of sequence is allowed exactly where the row is its text's
     tokenization. Before issue 35 the guard banned the next token at 116 of GPT-2's 473 steps."""
-    tokenizer = _llama_cpp_tokenizer(name)
+    tokenizer = llama_cpp_tokenizer(name)
     texts = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.inp").read_text().split("\n__ggml_vocab_test__\n")
     lines = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
     agreed = [

@@ -12,7 +12,6 @@ test texts token by token, characters of several tokens included, are in test_ca
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from hypothesis import strategies as st
 
 from memfree.core.canonical import CanonicalMasker
 from memfree.vocab.info import TokenizerInfo
+from tests.conftest import llama_cpp_tokenizer
 from tests.memfree.core.test_canonical import _check_rows, _encode, _split
 from tests.memfree.core.test_canonical_split import _ALPHABET, assert_cut_like_its_classes
 
@@ -43,11 +43,7 @@ def _texts() -> list[tuple[str, list[int]]]:
 
 @pytest.fixture(scope="module")
 def qwen35() -> tuple[Any, CanonicalMasker]:
-    from transformers import AutoTokenizer
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tokenizer = AutoTokenizer.from_pretrained(_DIR, gguf_file="ggml-vocab-qwen35.gguf")
+    tokenizer = llama_cpp_tokenizer("qwen35")
     info = TokenizerInfo.of(tokenizer)
     return tokenizer, CanonicalMasker(info, [info.eos_token_id])
 
