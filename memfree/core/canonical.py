@@ -14,9 +14,9 @@ corpus has ``" ", " "``), which no tokenizer would produce from that text.
 
 The condition is decided per row from the row's last pre-tokenizer chunks. The split patterns
 (Llama 3, Qwen 2, ...) are read through the pre-tokenizer itself
-(:mod:`memfree.core.canonical_split`); GPT-2's pattern (runs of letters, numbers, punctuation or whitespace, contractions, a whitespace
-run that gives its last space to the next word) is read by hand-written rules
-(:mod:`memfree.core.canonical_rules`).
+(:mod:`memfree.core.canonical_split`); GPT-2's pattern (runs of letters, numbers, punctuation
+or whitespace, contractions, a whitespace run that gives its last space to the next word) is
+read by hand-written rules (:mod:`memfree.core.canonical_rules`).
 
 Text is cut at special and added tokens, as the tokenizer cuts it. A special token is allowed
 only to end the output (end of sequence): elsewhere it would sit inside the text, invisible once
@@ -116,10 +116,8 @@ class CanonicalMasker:
         if _split and self.split is None:
             special = np.isin(np.arange(self.bpe.vocab_size), list(info.special_token_ids))
             self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
-        if self.split is not None:  # a split pattern: any whitespace character alone may pend
-            self._split_enter = self._new & np.array(
-                [text is not None and len(text) == 1 and text.isspace() for text in self.bpe.texts]
-            )
+        if _split and vocabulary.split is None:  # GPT-2's pattern read as a split one
+            self._split_enter = _lone_spaces(self.bpe, self._new)
         self.states = RowStates(
             self.bpe, self._bytes, self._cuts, self.split, self._pair, self._chars
         )
@@ -559,7 +557,7 @@ class _Vocabulary:
     first_space: np.ndarray
     runs: dict[int, np.ndarray]  # run kind -> tokens that are one such run and come back alone
     word_run: np.ndarray
-    split_enter: np.ndarray  # see _split_enter
+    split_enter: np.ndarray  # GPT-2's: split_enter(); a split pattern's: _lone_spaces()
     after_apostrophe: np.ndarray  # see contraction_heads
     split: SplitChunks | None  # a split pattern's chunk rules (Llama 3, Qwen 2)
     chars: Characters  # characters written with several tokens
@@ -595,7 +593,11 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         first_space=(first == SP) | (first == WS),
         runs=runs,
         word_run=word_run,
-        split_enter=split_enter(bpe, bpe.self_ok & ~special & ~added, word_run),
+        split_enter=(
+            split_enter(bpe, bpe.self_ok & ~special & ~added, word_run)
+            if split is None
+            else _lone_spaces(bpe, bpe.self_ok & ~special & ~added)
+        ),
         after_apostrophe=contraction_heads(bpe.texts),
         split=split,
         chars=chars,
@@ -603,6 +605,12 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
     with _TABLES_LOCK:
         _VOCABULARIES[_tables_key(info)] = vocabulary
     return vocabulary
+
+
+def _lone_spaces(bpe: ByteLevelBpe, new: np.ndarray) -> np.ndarray:
+    """A split pattern's tokens that may enter a whitespace run's split reading (and leave the
+    row pending): every token that is one whitespace character and comes back alone."""
+    return new & np.array([t is not None and len(t) == 1 and t.isspace() for t in bpe.texts])
 
 
 def _written(bpe: ByteLevelBpe, cut: np.ndarray) -> np.ndarray:
