@@ -281,8 +281,8 @@ def test_inside_a_character_only_continuations_and_no_special_token(
 # llama.cpp's vocabularies of byte-level BPE that transformers reads, and how many of the steps
 # along their test texts are a head or a continuation (at least).
 _PARTIAL = {
-    "gpt-2": 90, "starcoder": 90, "deepseek-coder": 90, "deepseek-llm": 0, "falcon": 0,
-    "llama-bpe": 40, "qwen2": 20, "qwen35": 20,
+    "gpt-2": 90, "starcoder": 90, "deepseek-coder": 90, "deepseek-llm": 90, "falcon": 50,
+    "llama-bpe": 60, "qwen2": 30, "qwen35": 30,
 }  # fmt: skip
 
 
