@@ -98,9 +98,7 @@ def _completions(begun: bytes, kinds: frozenset[int]) -> Iterator[str]:
     """The characters whose UTF-8 bytes begin with ``begun`` and that Unicode's tables put in
     ``kinds`` (:func:`_guess`), in order. They are one range of code points: UTF-8 keeps the
     order of code points."""
-    rest = utf8_length(begun[0]) - len(begun)
-    low = _code_point(begun + b"\x80" * rest)
-    high = min(_code_point(begun + b"\xbf" * rest), 0x10FFFF)
+    low, high = _code_points(begun)
     if WS in kinds:
         yield from (c for c in _WHITESPACE if low <= ord(c) <= high)
     if not kinds - {WS}:
@@ -130,6 +128,14 @@ def _block_classes(block: int) -> frozenset[int]:
         for point in range(start, min(start + (1 << _BLOCK), 0x110000))
         if not 0xD800 <= point < 0xE000
     )
+
+
+def _code_points(begun: bytes) -> tuple[int, int]:
+    """The first and last code point whose UTF-8 bytes may begin with ``begun`` (one range:
+    UTF-8 keeps the order of code points)."""
+    rest = utf8_length(begun[0]) - len(begun)
+    low = _code_point(begun + b"\x80" * rest)
+    return low, min(_code_point(begun + b"\xbf" * rest), 0x10FFFF)
 
 
 def _code_point(data: bytes) -> int:
@@ -165,9 +171,7 @@ def _split_guess(char: str) -> str:
 def _range_by_key(begun: bytes) -> dict[str, np.ndarray]:
     """The code points of the characters whose UTF-8 bytes begin with ``begun``, by
     :func:`_split_guess` (kept per process: heads share their first bytes)."""
-    rest = utf8_length(begun[0]) - len(begun)
-    low = _code_point(begun + b"\x80" * rest)
-    high = min(_code_point(begun + b"\xbf" * rest), 0x10FFFF)
+    low, high = _code_points(begun)
     found: dict[str, list[int]] = {}
     for point in range(low, high + 1):
         if 0xD800 <= point < 0xE000:
