@@ -24,11 +24,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -c "$$VOCABS"
 	touch $(STAMP)
 
-# llama.cpp's test vocabularies of byte-level BPE (GGUF files transformers reads with gguf_file=),
-# with the texts and ids llama.cpp checks its tokenizer against, out of its source distribution.
+# llama.cpp's test vocabularies of byte-level and SentencePiece-style BPE (GGUF files transformers
+# reads with gguf_file=), with the texts and ids llama.cpp checks its tokenizer against, out of
+# its source distribution.
 define VOCABS
 import glob, os, re, tarfile
-names = re.compile(r".*/models/ggml-vocab-(gpt-2|starcoder|deepseek-coder|deepseek-llm|falcon|llama-bpe|qwen2|qwen35)\.gguf(\.inp|\.out)?$$")
+names = re.compile(r".*/models/ggml-vocab-(gpt-2|starcoder|deepseek-coder|deepseek-llm|falcon|llama-bpe|qwen2|qwen35|llama-spm|phi-3)\.gguf(\.inp|\.out)?$$")
 out = os.path.join("$(VENV)", "vocab", "llama.cpp")
 os.makedirs(out, exist_ok=True)
 with tarfile.open(glob.glob("$(VENV)/vocab/llama_cpp_python-*.tar.gz")[0]) as archive:

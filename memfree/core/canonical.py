@@ -51,7 +51,9 @@ from memfree.core.canonical_rules import (
     split_enter,
 )
 from memfree.core.canonical_split import SplitChunks
+from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
+from memfree.core.state_table import StateTable
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -64,17 +66,17 @@ from memfree.vocab.bpe import (
     SP,
     WS,
     ByteLevelBpe,
+    tables_key,
 )
 from memfree.vocab.info import TokenizerInfo
+from memfree.vocab.sentencepiece import is_sentencepiece
 
 _CACHE = 256
 _BIGRAMS = 2048  # merge tests kept (packed), per last token
-_SLOTS = 512  # states whose banned rows a masker keeps (more while one step needs more)
 _UNPICKLED = (
     *("_lock", "_masks", "_bigrams", "_readings", "_seen", "_pseudos"),
     *("_columns", "_pseudo_columns", "_pseudo_runs"),
-    *("_table", "_used", "_versions", "_mirrors", "_mirror_always", "sent"),
-    *("_slots", "_steps", "_capacity", "_table_lock"),
+    "table",
 )
 
 
@@ -124,7 +126,7 @@ class CanonicalMasker:
         self._lock = threading.Lock()
         self._seen = threading.local()  # per thread: its last step's rows (bytes) -> their read
         self._make_columns()
-        self._start_table()
+        self.table = StateTable(self._fill)
 
     def _make_columns(self) -> None:
         """What the rules read of the tokens and of the pseudo candidates (bound to this
@@ -154,6 +156,11 @@ class CanonicalMasker:
     def describe(self) -> dict[str, Any]:
         return {}
 
+    @property
+    def sent(self) -> int:
+        """The bytes the latest step sent to the scores' device (0 on the CPU)."""
+        return self.table.sent
+
     def __getstate__(self) -> dict[str, Any]:
         """Copies and pickles start with empty caches (and their own lock)."""
         state = self.__dict__.copy()
@@ -170,20 +177,7 @@ class CanonicalMasker:
         self._lock = threading.Lock()
         self._seen = threading.local()
         self._make_columns()
-        self._start_table()
-
-    def _start_table(self) -> None:
-        self._table = np.ones((0, 0), dtype=bool)  # banned candidates of the states seen lately
-        self._used = np.zeros(0, dtype=np.int64)  # the step that last used each table row
-        self._versions = np.zeros(0, dtype=np.int64)  # the step that last filled each table row
-        # Per device: the table's copy there, and the version of each row it holds.
-        self._mirrors: dict[str, tuple[torch.Tensor | None, np.ndarray]] = {}
-        self._mirror_always = False  # tests: use the copy on the CPU too
-        self.sent = 0  # bytes the latest step sent to the scores' device (0 on the CPU)
-        self._slots: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # state -> table row
-        self._steps = 0
-        self._capacity = _SLOTS  # rows past which the least recently used state is dropped
-        self._table_lock = threading.Lock()
+        self.table = StateTable(self._fill)
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -238,7 +232,8 @@ class CanonicalMasker:
             ):
                 spaces.append((index, width, tail))
         self._seen.rows = seen
-        banned, host = self._gather(keys, vocab_width, device, [index for index, _, _ in spaces])
+        wanted = [index for index, _, _ in spaces]
+        banned, host = self.table.gather(keys, vocab_width, device, wanted)
         for index, end, tail in spaces:
             replaced, readings = self._other_readings(tail)
             for token, tokens in readings:
@@ -246,91 +241,6 @@ class CanonicalMasker:
                     pending.append(Pending(index, token, end - replaced, tokens))
         active = torch.ones(count, dtype=torch.bool, device=device)
         return banned, active, pending
-
-    def _gather(
-        self,
-        keys: list[tuple[Any, ...] | None],
-        width: int,
-        device: torch.device,
-        wanted: list[int],
-    ) -> tuple[torch.Tensor, dict[int, np.ndarray]]:
-        """bool `(len(keys), width)` on ``device``: each state's banned row (None: a row that
-        holds an id past the vocabulary, which may only end), from a table of the states seen
-        lately; and the host's copy of the rows ``wanted``. On the CPU a step copies one table
-        row per row. On another device the table has a copy there, brought up to date row by
-        row (only states new since it was last used go over), and the rows are gathered there:
-        what crosses is the rows' table indexes and the new states' rows."""
-        with self._table_lock:
-            if self._table.shape[1] != width:  # another width: a table of its own
-                self._table = np.ones((0, width), dtype=bool)
-                self._used = np.zeros(0, dtype=np.int64)
-                self._versions = np.zeros(0, dtype=np.int64)
-                self._slots.clear()
-                self._mirrors.clear()
-            self._steps += 1
-            slots = np.empty(len(keys), dtype=np.int64)
-            for index, key in enumerate(keys):
-                slots[index] = self._slot(key if key is not None else ("past",), width)
-            host = {index: self._table[slots[index]].copy() for index in wanted}
-            if device.type == "cpu" and not self._mirror_always:
-                self.sent = 0
-                return torch.from_numpy(self._table[slots]), host
-            return self._mirrored(slots, device), host
-
-    def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
-        """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock)."""
-        key = str(device)
-        tensor, seen = self._mirrors.get(key, (None, np.zeros(0, dtype=np.int64)))
-        size, width = self._table.shape
-        if tensor is None or tensor.shape[0] < size:  # the table grew: rows to fill there too
-            grown = torch.ones((size, width), dtype=torch.bool, device=device)
-            if tensor is not None:
-                grown[: tensor.shape[0]] = tensor
-            tensor = grown
-            seen = np.concatenate([seen, np.full(size - len(seen), -1, dtype=np.int64)])
-        used = np.unique(slots)
-        stale = used[seen[used] != self._versions[used]]
-        if stale.size:
-            rows = torch.from_numpy(self._table[stale]).to(device)
-            tensor[torch.from_numpy(stale).to(device)] = rows
-            seen[stale] = self._versions[stale]
-        self._mirrors[key] = (tensor, seen)
-        self.sent = int(stale.size * width + slots.size * 8)
-        return tensor[torch.from_numpy(slots).to(device)]
-
-    def _slot(self, key: tuple[Any, ...], width: int) -> int:
-        """The table row of a state's banned candidates, computed on first use. Past the
-        table's capacity the least recently used state gives its row up, unless this step
-        uses it too (then the table grows). Called under the table's lock."""
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) < len(self._table):
-                slot = len(self._slots)
-            else:
-                oldest = next(iter(self._slots.values()), None)
-                if (
-                    len(self._table) < self._capacity
-                    or oldest is None
-                    or self._used[oldest] == self._steps
-                ):
-                    slot = len(self._table)
-                    grown = np.ones((2 * slot or min(64, self._capacity), width), dtype=bool)
-                    grown[:slot] = self._table
-                    used = np.zeros(len(grown), dtype=np.int64)
-                    used[:slot] = self._used
-                    versions = np.zeros(len(grown), dtype=np.int64)
-                    versions[:slot] = self._versions
-                    self._table, self._used, self._versions = grown, used, versions
-                else:
-                    self._slots.popitem(last=False)
-                    slot = oldest
-            self._fill(self._table[slot], key, width)
-            self._versions[slot] = self._steps  # copies on other devices: this row is new
-            self._slots[key] = slot
-        else:
-            self._slots.move_to_end(key)
-        self._used[slot] = self._steps
-        return slot
 
     def _fill(self, row: np.ndarray, key: tuple[Any, ...], width: int) -> None:
         """``row``: the candidates a state bans (ids past the vocabulary always; end of
@@ -565,7 +475,7 @@ class _Vocabulary:
 
 def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
     with _TABLES_LOCK:
-        known = _VOCABULARIES.get(_tables_key(info))
+        known = _VOCABULARIES.get(tables_key(info))
     if known is not None:
         return known
     size = bpe.vocab_size
@@ -603,7 +513,7 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         chars=chars,
     )
     with _TABLES_LOCK:
-        _VOCABULARIES[_tables_key(info)] = vocabulary
+        _VOCABULARIES[tables_key(info)] = vocabulary
     return vocabulary
 
 
@@ -638,30 +548,6 @@ class Pending(NamedTuple):
     tokens: tuple[int, ...]
 
 
-def _tables_key(info: TokenizerInfo) -> tuple[Any, ...]:
-    """What the tables depend on: the vocabulary and special tokens (the fingerprint), and the
-    steps around the model, which the fingerprint does not hash (two tokenizers may share a
-    vocabulary and split text differently)."""
-    backend = getattr(info.tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return (info.fingerprint,)
-    model = backend.model
-    steps = (backend.normalizer, backend.pre_tokenizer)
-    return (
-        info.fingerprint,
-        *(step.__getstate__() if step is not None else None for step in steps),
-        type(model).__name__,
-        *(getattr(model, name, None) for name in _MODEL_FIELDS),
-    )
-
-
-_MODEL_FIELDS = (
-    "dropout",
-    "byte_fallback",
-    "ignore_merges",
-    "continuing_subword_prefix",
-    "end_of_word_suffix",
-)
 _TABLES: dict[tuple[Any, ...], ByteLevelBpe] = {}
 _VOCABULARIES: dict[tuple[Any, ...], _Vocabulary] = {}
 _TABLES_LOCK = threading.Lock()
@@ -671,10 +557,24 @@ def bpe_tables(info: TokenizerInfo) -> ByteLevelBpe:
     """The tokenizer's tables, built once per process and tokenizer (by its fingerprint and
     the steps around its model)."""
     with _TABLES_LOCK:
-        tables = _TABLES.get(_tables_key(info))
+        tables = _TABLES.get(tables_key(info))
         if tables is None:
-            tables = _TABLES[_tables_key(info)] = ByteLevelBpe.of(info)
+            tables = _TABLES[tables_key(info)] = ByteLevelBpe.of(info)
         return tables
 
 
-__all__ = ["CanonicalMasker", "Pending", "bpe_tables"]
+def canonical_masker(
+    info: TokenizerInfo, end_token_ids: Iterable[int] = ()
+) -> CanonicalMasker | SentencePieceMasker:
+    """The canonical masker of ``info``'s tokenizer family: SentencePiece-style BPE (Llama 2,
+    Mistral up to v0.3, Phi-3, Gemma) or byte-level BPE (the rest).
+
+    Raises:
+        CanonicalUnsupportedError: a tokenizer neither family reads exactly.
+    """
+    if is_sentencepiece(info):
+        return SentencePieceMasker(info, end_token_ids)
+    return CanonicalMasker(info, end_token_ids)
+
+
+__all__ = ["CanonicalMasker", "Pending", "bpe_tables", "canonical_masker"]

@@ -98,7 +98,7 @@ def _completions(begun: bytes, kinds: frozenset[int]) -> Iterator[str]:
     """The characters whose UTF-8 bytes begin with ``begun`` and that Unicode's tables put in
     ``kinds`` (:func:`_guess`), in order. They are one range of code points: UTF-8 keeps the
     order of code points."""
-    low, high = _code_points(begun)
+    low, high = code_points(begun)
     if WS in kinds:
         yield from (c for c in _WHITESPACE if low <= ord(c) <= high)
     if not kinds - {WS}:
@@ -130,7 +130,7 @@ def _block_classes(block: int) -> frozenset[int]:
     )
 
 
-def _code_points(begun: bytes) -> tuple[int, int]:
+def code_points(begun: bytes) -> tuple[int, int]:
     """The first and last code point whose UTF-8 bytes may begin with ``begun`` (one range:
     UTF-8 keeps the order of code points)."""
     rest = utf8_length(begun[0]) - len(begun)
@@ -171,7 +171,7 @@ def _split_guess(char: str) -> str:
 def _range_by_key(begun: bytes) -> dict[str, np.ndarray]:
     """The code points of the characters whose UTF-8 bytes begin with ``begun``, by
     :func:`_split_guess` (kept per process: heads share their first bytes)."""
-    low, high = _code_points(begun)
+    low, high = code_points(begun)
     found: dict[str, list[int]] = {}
     for point in range(low, high + 1):
         if 0xD800 <= point < 0xE000:
@@ -450,4 +450,4 @@ class Characters:
         return None
 
 
-__all__ = ["Characters", "utf8_length"]
+__all__ = ["Characters", "code_points", "utf8_length"]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from memfree.core.canonical import CanonicalMasker, Pending
+from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.token import TokenMasker
 from memfree.core.token_index import IndexMasker
 from memfree.vocab.info import TokenizerInfo
@@ -29,7 +30,8 @@ class TextPromiseMasker:
 
     Args:
         token: the token masker (the filter's n-grams over ids).
-        canonical: the canonical masker (the tokenizer's own split).
+        canonical: the canonical masker (the tokenizer's own split; see
+            :func:`~memfree.core.canonical.canonical_masker`).
 
     Attributes:
         context_width: None: the canonical masker reads each row back to its last chunks (a
@@ -37,7 +39,11 @@ class TextPromiseMasker:
         tokenizer: the tokenizer's info.
     """
 
-    def __init__(self, token: TokenMasker | IndexMasker, canonical: CanonicalMasker) -> None:
+    def __init__(
+        self,
+        token: TokenMasker | IndexMasker,
+        canonical: CanonicalMasker | SentencePieceMasker,
+    ) -> None:
         self.token = token
         self.canonical = canonical
         self.n = token.n

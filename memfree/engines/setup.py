@@ -196,13 +196,13 @@ class GuardSetup:
             )
         if canonical:
             assert info is not None
-            from memfree.core.canonical import CanonicalMasker
+            from memfree.core.canonical import canonical_masker
             from memfree.core.text_promise import TextPromiseMasker
             from memfree.core.token import TokenMasker
             from memfree.core.token_index import IndexMasker
 
             assert isinstance(masker, (TokenMasker, IndexMasker))
-            masker = TextPromiseMasker(masker, CanonicalMasker(info, eos))
+            masker = TextPromiseMasker(masker, canonical_masker(info, eos))
         return cls(ngram_filter, n, unit, exempt, eos, masker, watch, bool(canonical))
 
 

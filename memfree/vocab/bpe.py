@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from memfree.vocab.info import TokenizerInfo
+from memfree.vocab.merge_tree import MergeTree
 from memfree.vocab.token_bytes import UnsupportedTokenizerError
 
 # Character classes, as GPT-2's split pattern sees them:
@@ -58,7 +59,6 @@ _RUN_OF = {
     SP: RUN_SPACE,
     WS: RUN_SPACE,
 }
-_INF = np.iinfo(np.int64).max
 _WORD_GUARD = (
     "Pass canonical=False (--no-canonical) to guard the token ids only, or build a word filter "
     "(`memfree build --unit word`): the word guard's promise is over the text for every tokenizer."
@@ -102,15 +102,9 @@ class ByteLevelBpe:
     model: dict[str, Any]
     nfc: bool
     _tokenizer: Any
-    _left: np.ndarray  # (V,) left child of each merged token (-1: none)
-    _right: np.ndarray
-    _made_at: np.ndarray  # (V,) rank of the merge that makes the token (_INF: not merged)
-    _partners: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by left: offsets, right, rank
-    _members: tuple[np.ndarray, np.ndarray, np.ndarray]  # CSR by symbol: offsets, token, rho
+    tree: MergeTree  # the merges, for the pair test
     _classes: dict[str, int]
-    _late: tuple[np.ndarray, np.ndarray]  # (V,) bool: a late node on the right / left spine
     _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    _merges_only: list[Any] = field(default_factory=list)  # the model without ignore_merges
 
     @classmethod
     def of(cls, info: TokenizerInfo) -> ByteLevelBpe:
@@ -155,15 +149,13 @@ class ByteLevelBpe:
             if token in special or not text:
                 continue
             first[token], run[token] = _first_and_run(text, classes.__getitem__)
-        left, right, made_at, partners = _merge_tree(model["merges"], vocab, size)
-        members = _left_spines(left, made_at, size)
-        late = _late_spines(left, right, made_at)
+        tree = MergeTree.of(vocab, model["merges"], size)
         ids_of = {text: i for i, text in enumerate(texts) if text is not None and i not in special}
         return cls(
             size, tuple(texts), self_ok, first, run, added, ids_of,
             tuple(b if b is not None else b"" for b in token_bytes), pattern, model,
             (spec.get("normalizer") or {}).get("type") == "NFC", info.tokenizer,
-            left, right, made_at, partners, members, classes, late,
+            tree, classes,
         )  # fmt: skip
 
     def char_class(self, char: str) -> int:
@@ -206,58 +198,14 @@ class ByteLevelBpe:
 
     def bigram_allowed(self, a: int) -> np.ndarray:
         """bool `(vocab_size,)`: BPE gives ``[a, b]`` back for the bytes of ``a`` then ``b``
-        (for every ``b`` BPE gives back alone; the caller checks that).
+        (for every ``b`` BPE gives back alone; the caller checks that): see
+        :meth:`~memfree.vocab.merge_tree.MergeTree.bigram_allowed`."""
+        return self.tree.bigram_allowed(a)
 
-        A merge across the junction fires iff some x on ``a``'s right spine and y on ``b``'s
-        left spine form a merge of rank r while both stand there: r < cons(x) and r <= cons(y)
-        (cons: the rank of the merge that consumes the symbol in its tree), and their lives
-        meet: form(y) < cons(x) and form(x) <= cons(y) (form: the rank that makes it; a byte
-        is there from the start). Merges are applied in increasing rank, leftmost first among
-        equals. In a vocabulary trained by BPE every merge comes after the merges that make
-        its parts, and the second pair of conditions always holds; a vocabulary converted from
-        tiktoken's ranks (Llama 3) has merges whose parts are made later. There the rule is
-        exact wherever each node on the two spines is made no earlier than the nodes under it
-        (a symbol's life is then the span between those ranks; the proof is in
-        docs/canonical.md); the few tokens with a later-made node on a spine are read from the
-        merges themselves.
-        """
-        if self._late[0][a]:  # read from the merges: only where some merge meets the junction
-            allowed = np.ones(self.vocab_size, dtype=bool)
-            near = self._meeting(a)
-            allowed[near] = self._bigram_by_merges(a, near)
-            return allowed
-        conflict = np.zeros(self.vocab_size, dtype=bool)
-        offsets, partner, rank = self._partners
-        member_offsets, member, rho = self._members
-        formed = self._formed
-        for x, consumed_at in self._right_spine(a):
-            start, end = offsets[x], offsets[x + 1]
-            if start == end:
-                continue
-            ys, ranks = partner[start:end], rank[start:end]
-            keep = (ranks < consumed_at) & (formed[ys] < consumed_at)
-            ys, ranks = ys[keep], ranks[keep]
-            if not ys.size:
-                continue
-            starts, ends = member_offsets[ys], member_offsets[ys + 1]
-            lengths = ends - starts
-            total = int(lengths.sum())
-            if not total:
-                continue
-            # The concatenated ranges [starts[i], ends[i]) as one index array.
-            shifts = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-            index = np.arange(total) + shifts
-            hit = rho[index] >= np.repeat(np.maximum(ranks, formed[x]), lengths)
-            conflict[member[index[hit]]] = True
-        allowed = ~conflict
-        owners, symbols = self._late_left_spines
-        if owners.size:  # read from the merges, where some merge meets the junction at all
-            partners = np.concatenate(
-                [partner[offsets[x] : offsets[x + 1]] for x, _ in self._right_spine(a)]
-            )
-            late = np.unique(owners[np.isin(symbols, partners)])
-            allowed[late] = self._bigram_by_merges(a, late)
-        return allowed
+    @property
+    def merges_model(self) -> Any:
+        """The tokenizer's BPE model without ``ignore_merges`` (the merges alone), built once."""
+        return self.tree.merges_model
 
     def starting_with(self, prefix: str) -> np.ndarray:
         """bool `(vocab_size,)`: the ids whose text starts with ``prefix`` (a search in the
@@ -275,79 +223,6 @@ class ByteLevelBpe:
     def _sorted_texts(self) -> tuple[list[str], np.ndarray]:
         pairs = sorted((text, token) for token, text in enumerate(self.texts) if text is not None)
         return [text for text, _ in pairs], np.array([t for _, t in pairs], dtype=np.int64)
-
-    @functools.cached_property
-    def _late_left_spines(self) -> tuple[np.ndarray, np.ndarray]:
-        """The tokens with a late node on their left spine, once per symbol on that spine:
-        (token, symbol) as two arrays."""
-        owners, symbols = [], []
-        for token in np.flatnonzero(self._late[1]).tolist():
-            node = token
-            while node >= 0:
-                owners.append(token)
-                symbols.append(node)
-                node = int(self._left[node])
-        return np.array(owners, dtype=np.int64), np.array(symbols, dtype=np.int64)
-
-    def _meeting(self, a: int) -> np.ndarray:
-        """The tokens with a symbol on their left spine that some merge joins to a symbol on
-        ``a``'s right spine (whatever the ranks): the only ones a merge across the junction
-        can reach."""
-        offsets, partner, _ = self._partners
-        member_offsets, member, _ = self._members
-        found = [
-            member[member_offsets[y] : member_offsets[y + 1]]
-            for x, _ in self._right_spine(a)
-            for y in np.unique(partner[offsets[x] : offsets[x + 1]])
-        ]
-        return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
-
-    @functools.cached_property
-    def _formed(self) -> np.ndarray:
-        """int64 `(V,)`: the rank of the merge that makes each token (-1: a byte, never made)."""
-        return np.where(self._made_at == _INF, -1, self._made_at)
-
-    @functools.cached_property
-    def _strings(self) -> dict[int, str]:
-        """Each id's string in the model's vocabulary (bytes as ByteLevel writes them)."""
-        return {token: string for string, token in self.model["vocab"].items()}
-
-    @property
-    def merges_model(self) -> Any:
-        """The tokenizer's BPE model without ``ignore_merges`` (the merges alone), built once."""
-        if not self._merges_only:
-            from tokenizers import models
-
-            merges = [
-                tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1))
-                for m in self.model["merges"]
-            ]
-            self._merges_only.append(models.BPE(self.model["vocab"], merges, ignore_merges=False))
-        return self._merges_only[0]
-
-    def _bigram_by_merges(self, a: int, others: np.ndarray) -> np.ndarray:
-        """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
-        ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say)."""
-        model = self.merges_model
-        strings = self._strings
-        head = strings.get(a)
-        result = np.zeros(len(others), dtype=bool)
-        if head is None:
-            return result
-        for index, b in enumerate(others.tolist()):
-            tail = strings.get(b)
-            if tail is not None:
-                result[index] = [t.id for t in model.tokenize(head + tail)] == [a, b]
-        return result
-
-    def _right_spine(self, a: int) -> list[tuple[int, int]]:
-        """(symbol, rank of the merge that consumes it) down the right edge of ``a``'s tree."""
-        spine = [(a, _INF)]
-        node = a
-        while self._right[node] >= 0:
-            spine.append((int(self._right[node]), int(self._made_at[node])))
-            node = int(self._right[node])
-        return spine
 
 
 # Split patterns whose chunks canonical decoding reads through the pre-tokenizer itself
@@ -473,123 +348,28 @@ def _probe_classes(pre_tokenizer: Any, chars: set[str]) -> dict[str, int]:
     return classes
 
 
-def _merge_tree(
-    merges: list[Any], vocab: dict[str, int], size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Each merged token's children and the rank that makes it, and the merges by left symbol.
-
-    A token that several merges make (Llama 3's vocabulary, converted from tiktoken's ranks,
-    holds a merge for every split of a token into two tokens) has one tree all the same: the one
-    BPE builds from the token's own bytes. Where the token ends up whole, no merge ever crossed
-    its edges, and the merges inside it ran as they run on its bytes alone (lowest rank first,
-    leftmost among equals). Its children are the two parts that tree joins last; a token that
-    its own bytes never make (only ``ignore_merges`` gives it, as a whole chunk) has none.
-    """
-    left = np.full(size, -1, dtype=np.int64)
-    right = np.full(size, -1, dtype=np.int64)
-    made_at = np.full(size, _INF, dtype=np.int64)
-    rows = []
-    pairs: dict[tuple[int, int], tuple[int, int]] = {}  # (x, y) -> (rank, token), as BPE reads
-    several: set[int] = set()
-    for rank, merge in enumerate(merges):
-        a, b = merge if isinstance(merge, list) else merge.split(" ", 1)
-        x, y, z = vocab.get(a), vocab.get(b), vocab.get(a + b)
-        if x is None or y is None or z is None or z >= size:
-            continue
-        pairs.setdefault((x, y), (rank, z))
-        if made_at[z] != _INF:
-            several.add(z)
-        else:
-            left[z], right[z], made_at[z] = x, y, rank
-        rows.append((x, y, rank))
-    if several:
-        strings = {token: string for string, token in vocab.items() if token < size}
-        for z in several:
-            last = _last_merge([vocab.get(char, -1) for char in strings[z]], pairs)
-            if last is not None and last[3] == z:
-                left[z], right[z], made_at[z] = last[:3]
-            else:  # never made by merges: a leaf (it cannot stand inside a merged chunk)
-                left[z], right[z], made_at[z] = -1, -1, _INF
-    table = np.array(rows, dtype=np.int64).reshape(-1, 3)
-    order = np.argsort(table[:, 0], kind="stable")
-    table = table[order]
-    offsets = np.searchsorted(table[:, 0], np.arange(size + 1))
-    return left, right, made_at, (offsets, table[:, 1].copy(), table[:, 2].copy())
+def tables_key(info: TokenizerInfo) -> tuple[Any, ...]:
+    """What the tables depend on: the vocabulary and special tokens (the fingerprint), and the
+    steps around the model, which the fingerprint does not hash (two tokenizers may share a
+    vocabulary and split text differently)."""
+    backend = getattr(info.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return (info.fingerprint,)
+    model = backend.model
+    steps = (backend.normalizer, backend.pre_tokenizer)
+    return (
+        info.fingerprint,
+        *(step.__getstate__() if step is not None else None for step in steps),
+        type(model).__name__,
+        *(getattr(model, name, None) for name in _MODEL_FIELDS),
+    )
 
 
-def _late_spines(
-    left: np.ndarray, right: np.ndarray, made_at: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """bool `(V,)` twice: tokens with a *late* node on their right spine, and on their left
-    spine (themselves included). A node is late when a node under it is made by a merge of a
-    later rank than its own: BPE then makes it after its own rank (Llama 3's converted merges
-    have a few; a vocabulary trained by BPE has none)."""
-    merged = left >= 0
-    formed = np.where(made_at == _INF, -1, made_at)
-    latest = formed.copy()  # the latest rank in each token's tree
-    while True:
-        grown = latest.copy()
-        grown[merged] = np.maximum(
-            formed[merged], np.maximum(latest[left[merged]], latest[right[merged]])
-        )
-        if np.array_equal(grown, latest):
-            break
-        latest = grown
-    late = merged & (latest > formed)
-    spines = []
-    for child in (right, left):
-        on = late.copy()
-        while True:
-            grown = on.copy()
-            grown[merged] |= on[child[merged]]
-            if np.array_equal(grown, on):
-                break
-            on = grown
-        spines.append(on)
-    return spines[0], spines[1]
-
-
-def _last_merge(
-    symbols: list[int], pairs: dict[tuple[int, int], tuple[int, int]]
-) -> tuple[int, int, int, int] | None:
-    """BPE over ``symbols`` (lowest rank first, leftmost among equals): the last merge it
-    applies, ``(x, y, rank, token)``, when it ends with one symbol; else None."""
-    last = None
-    while len(symbols) > 1:
-        best: tuple[int, int, int] | None = None
-        for index in range(len(symbols) - 1):
-            found = pairs.get((symbols[index], symbols[index + 1]))
-            if found is not None and (best is None or found[0] < best[0]):
-                best = (found[0], index, found[1])
-        if best is None:
-            return None
-        rank, index, token = best
-        last = (symbols[index], symbols[index + 1], rank, token)
-        symbols[index : index + 2] = [token]
-    return last
-
-
-def _left_spines(
-    left: np.ndarray, made_at: np.ndarray, size: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each symbol y, the tokens whose left spine holds y, with the rank of the merge that
-    consumes y there (_INF for the token itself)."""
-    symbols, tokens, ranks = [], [], []
-    for token in range(size):
-        node, consumed_at = token, _INF
-        while True:
-            symbols.append(node)
-            tokens.append(token)
-            ranks.append(consumed_at)
-            child = int(left[node])
-            if child < 0:
-                break
-            node, consumed_at = child, int(made_at[node])
-    table = np.array([symbols, tokens, ranks], dtype=np.int64)
-    order = np.argsort(table[0], kind="stable")
-    table = table[:, order]
-    offsets = np.searchsorted(table[0], np.arange(size + 1))
-    return offsets, table[1].copy(), table[2].copy()
-
-
-__all__ = ["ByteLevelBpe", "CanonicalUnsupportedError"]
+_MODEL_FIELDS = (
+    "dropout",
+    "byte_fallback",
+    "ignore_merges",
+    "continuing_subword_prefix",
+    "end_of_word_suffix",
+)
+__all__ = ["ByteLevelBpe", "CanonicalUnsupportedError", "tables_key"]

@@ -132,8 +132,8 @@ def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
     step does; here the device is the CPU), which receives only the rows of new states."""
     tokenizer, base = family
     masker = CanonicalMasker(base.info, base.end_token_ids, _split=base.split is not None)
-    masker._capacity = 2  # fewer rows than a step's states: it grows, and drops old ones
-    masker._mirror_always = copy
+    masker.table.capacity = 2  # fewer rows than a step's states: it grows, and drops old ones
+    masker.table.mirror_always = copy
     sent = 0
     width = masker.bpe.vocab_size + 3  # ids past the vocabulary: banned, as without memory
     texts = [
@@ -184,7 +184,7 @@ def test_the_device_copy_receives_only_new_states(
 ) -> None:
     """Asked again for rows whose states it holds, the step sends only their table indexes."""
     masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
-    masker._mirror_always = True
+    masker.table.mirror_always = True
     rows = [_split(default_tokenizer, text, 0, 0)[-2:] for text in ("Hello world", "x = 1\n")]
     batch = torch.tensor(rows)
     width = masker.bpe.vocab_size
@@ -202,8 +202,8 @@ def test_a_step_of_another_width_gets_a_table_of_its_own(
     """Engines ask with the model's width, which may differ from the tokenizer's; a masker
     asked with one width, then another, then the first again, answers each as a fresh one."""
     masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
-    masker._mirror_always = copy
-    masker._capacity = 2
+    masker.table.mirror_always = copy
+    masker.table.capacity = 2
     rows = [_split(default_tokenizer, t, 0, 0)[-2:] for t in ("Hello world", "x = 1\n", "a b")]
     batch = torch.tensor(rows)
     size = masker.bpe.vocab_size

@@ -156,18 +156,18 @@ def _hard_partners(
     """Tokens ``b`` that a merge whose parts are made after it (an *early* merge, from the
     conversion) joins to ``a`` across the junction, and tokens with a later-made node on their
     left spine: where the ranks alone do not say when symbols stand together."""
-    offsets, partner, rank = bpe._partners
-    member_offsets, member, _ = bpe._members
-    formed = bpe._formed
+    offsets, partner, rank = bpe.tree.partners
+    member_offsets, member, _ = bpe.tree.members
+    formed = bpe.tree.formed
     found: set[int] = set()
-    for x, _ in bpe._right_spine(a):
+    for x, _ in bpe.tree.right_spine(a):
         for k in range(offsets[x], offsets[x + 1]):
             y = int(partner[k])
             if rank[k] < formed[x] or rank[k] < formed[y]:
                 members = member[member_offsets[y] : member_offsets[y + 1]]
                 if members.size:
                     found.update(rng.choice(members, min(4, members.size)).tolist())
-    found.update(rng.choice(np.flatnonzero(bpe._late[1]), 8).tolist())
+    found.update(rng.choice(np.flatnonzero(bpe.tree.late[1]), 8).tolist())
     return [b for b in found if b in made][:60]
 
 
@@ -181,7 +181,7 @@ def test_the_merge_tree_test_is_the_merges_own_answer(
     ``a`` by early merges, with late left spines, and at random."""
     bpe, model, made = merges
     rng = np.random.default_rng(seed)
-    pool = np.flatnonzero(bpe._late[0]) if late else made
+    pool = np.flatnonzero(bpe.tree.late[0]) if late else made
     a = int(rng.choice(np.intersect1d(pool, made)))
     row = bpe.bigram_allowed(a)
     made_set = set(made.tolist())

@@ -1,0 +1,141 @@
+"""The banned rows of the states seen lately, one table per vocabulary width, mirrored on the
+scores' device.
+
+A canonical masker answers each row of a step by its *state* (what the tokenizer's split needs
+of the row's end); rows in the same state ban the same candidates. :class:`StateTable` keeps
+each recent state's banned row in a table and gathers a step's rows from it: on the CPU one
+table row is copied per row; on another device the table has a copy there, brought up to date
+row by row (only states new since it was last used go over), and the step's rows are gathered
+there, so what crosses is the rows' table indexes and the new states' rows
+(:attr:`StateTable.sent` counts the bytes).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+_SLOTS = 512  # states whose banned rows a table keeps (more while one step needs more)
+
+
+class StateTable:
+    """Banned rows by state.
+
+    Args:
+        fill: ``fill(row, key, width)`` writes the banned candidates of state ``key`` into the
+            bool array ``row`` (``width`` long); called once per state while it stays.
+        capacity: rows past which the least recently used state gives its row up.
+
+    Attributes:
+        sent: the bytes the latest step sent to the scores' device (0 on the CPU).
+        mirror_always: tests: gather from the device copy on the CPU too.
+    """
+
+    def __init__(
+        self, fill: Callable[[np.ndarray, tuple[Any, ...], int], None], capacity: int = _SLOTS
+    ) -> None:
+        self._fill = fill
+        self._table = np.ones((0, 0), dtype=bool)  # banned candidates of the states seen lately
+        self._used = np.zeros(0, dtype=np.int64)  # the step that last used each table row
+        self._versions = np.zeros(0, dtype=np.int64)  # the step that last filled each table row
+        # Per device: the table's copy there, and the version of each row it holds.
+        self._mirrors: dict[str, tuple[torch.Tensor | None, np.ndarray]] = {}
+        self.mirror_always = False  # tests: use the copy on the CPU too
+        self.sent = 0  # bytes the latest step sent to the scores' device (0 on the CPU)
+        self._slots: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # state -> table row
+        self._steps = 0
+        self.capacity = capacity  # rows past which the least recently used state is dropped
+        self._lock = threading.Lock()
+
+    def gather(
+        self,
+        keys: list[tuple[Any, ...] | None],
+        width: int,
+        device: torch.device,
+        wanted: list[int],
+    ) -> tuple[torch.Tensor, dict[int, np.ndarray]]:
+        """bool `(len(keys), width)` on ``device``: each state's banned row (None: a row that
+        holds an id past the vocabulary, which may only end), from a table of the states seen
+        lately; and the host's copy of the rows ``wanted``. On the CPU a step copies one table
+        row per row. On another device the table has a copy there, brought up to date row by
+        row (only states new since it was last used go over), and the rows are gathered there:
+        what crosses is the rows' table indexes and the new states' rows."""
+        with self._lock:
+            if self._table.shape[1] != width:  # another width: a table of its own
+                self._table = np.ones((0, width), dtype=bool)
+                self._used = np.zeros(0, dtype=np.int64)
+                self._versions = np.zeros(0, dtype=np.int64)
+                self._slots.clear()
+                self._mirrors.clear()
+            self._steps += 1
+            slots = np.empty(len(keys), dtype=np.int64)
+            for index, key in enumerate(keys):
+                slots[index] = self._slot(key if key is not None else ("past",), width)
+            host = {index: self._table[slots[index]].copy() for index in wanted}
+            if device.type == "cpu" and not self.mirror_always:
+                self.sent = 0
+                return torch.from_numpy(self._table[slots]), host
+            return self._mirrored(slots, device), host
+
+    def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
+        """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock)."""
+        key = str(device)
+        tensor, seen = self._mirrors.get(key, (None, np.zeros(0, dtype=np.int64)))
+        size, width = self._table.shape
+        if tensor is None or tensor.shape[0] < size:  # the table grew: rows to fill there too
+            grown = torch.ones((size, width), dtype=torch.bool, device=device)
+            if tensor is not None:
+                grown[: tensor.shape[0]] = tensor
+            tensor = grown
+            seen = np.concatenate([seen, np.full(size - len(seen), -1, dtype=np.int64)])
+        used = np.unique(slots)
+        stale = used[seen[used] != self._versions[used]]
+        if stale.size:
+            rows = torch.from_numpy(self._table[stale]).to(device)
+            tensor[torch.from_numpy(stale).to(device)] = rows
+            seen[stale] = self._versions[stale]
+        self._mirrors[key] = (tensor, seen)
+        self.sent = int(stale.size * width + slots.size * 8)
+        return tensor[torch.from_numpy(slots).to(device)]
+
+    def _slot(self, key: tuple[Any, ...], width: int) -> int:
+        """The table row of a state's banned candidates, computed on first use. Past the
+        table's capacity the least recently used state gives its row up, unless this step
+        uses it too (then the table grows). Called under the table's lock."""
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) < len(self._table):
+                slot = len(self._slots)
+            else:
+                oldest = next(iter(self._slots.values()), None)
+                if (
+                    len(self._table) < self.capacity
+                    or oldest is None
+                    or self._used[oldest] == self._steps
+                ):
+                    slot = len(self._table)
+                    grown = np.ones((2 * slot or min(64, self.capacity), width), dtype=bool)
+                    grown[:slot] = self._table
+                    used = np.zeros(len(grown), dtype=np.int64)
+                    used[:slot] = self._used
+                    versions = np.zeros(len(grown), dtype=np.int64)
+                    versions[:slot] = self._versions
+                    self._table, self._used, self._versions = grown, used, versions
+                else:
+                    self._slots.popitem(last=False)
+                    slot = oldest
+            self._fill(self._table[slot], key, width)
+            self._versions[slot] = self._steps  # copies on other devices: this row is new
+            self._slots[key] = slot
+        else:
+            self._slots.move_to_end(key)
+        self._used[slot] = self._steps
+        return slot
+
+
+__all__ = ["StateTable"]
