@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -476,3 +477,88 @@ def test_other_sentencepiece_steps_are_refused_by_name() -> None:
         with pytest.raises(CanonicalUnsupportedError, match=words) as raised:
             canonical_masker(TokenizerInfo.of(tokenizer))
         assert "canonical=False" in str(raised.value) and "--unit word" in str(raised.value)
+
+
+# -- generate() with a SentencePiece-style tokenizer ---------------------------------------------
+
+PASSAGE = "the quick brown fox jumps over the lazy dog and runs far away"
+PROMPT = "the quick"
+
+
+def _stored_in(ids: list[int], stored: set[tuple[int, ...]]) -> int:
+    return sum(tuple(ids[i : i + 3]) in stored for i in range(len(ids) - 2))
+
+
+def _greedy(model: Any, tokenizer: Any, guard: Any | None) -> list[int]:
+    ids = tokenizer(PROMPT, return_tensors="pt")
+    out = model.generate(
+        **ids,
+        logits_processor=[guard] if guard is not None else None,
+        max_new_tokens=30,
+        do_sample=False,
+        pad_token_id=tokenizer.eos_token_id,
+    )
+    row: list[int] = out[0].tolist()
+    return row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+
+
+@pytest.mark.parametrize("name", ["phi-3", "llama-spm"])
+def test_generate_spelling_a_stored_passage_another_way(name: str, tmp_path: Path) -> None:
+    """A tiny Llama trained here to continue ``"the quick"`` with the rest of a stored passage
+    spelled one character piece at a time (``"▁", "b", "r", ...``: ids no tokenizer would give
+    that text). Guarded over the ids only, its copy goes through (no stored n-gram in its ids)
+    and its text, tokenized again, holds the stored n-grams. Guarded canonically (the default),
+    the output is its text's tokenization and that text holds no stored n-gram."""
+    from memfree import MemFreeLogitsProcessor, NgramFilter
+    from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
+    from tests.conftest import train_on_rows
+
+    tokenizer = llama_cpp_tokenizer(name)
+    prompt = tokenizer(PROMPT)["input_ids"]
+    spelled = [
+        tokenizer.convert_tokens_to_ids(c) for c in PASSAGE[len(PROMPT) :].replace(" ", SPACE)
+    ]
+    model = train_on_rows(tokenizer, [prompt + spelled], window=len(prompt + spelled), steps=120)
+    canonical = tokenizer(PASSAGE, add_special_tokens=False)["input_ids"]
+    stored = {tuple(canonical[i : i + 3]) for i in range(len(canonical) - 2)}
+    filt = NgramFilter.from_ngrams(
+        tmp_path / "f.memfree",
+        np.array(sorted(stored)),
+        false_positive_rate=1e-9,
+        metadata={
+            "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+            "special_token_ids": list(special_token_ids(tokenizer)),
+        },
+    )
+    ids_only = _greedy(
+        model, tokenizer, MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
+    )
+    assert ids_only[len(prompt) :] == spelled[: len(ids_only) - len(prompt)]  # the copy
+    assert _stored_in(ids_only, stored) == 0
+    again = tokenizer(tokenizer.decode(ids_only, skip_special_tokens=True))["input_ids"]
+    assert _stored_in(again, stored) > 5  # the text holds the passage's n-grams
+    guarded = _greedy(model, tokenizer, MemFreeLogitsProcessor(filt, tokenizer=tokenizer))
+    again = tokenizer(tokenizer.decode(guarded, skip_special_tokens=True))["input_ids"]
+    assert len(guarded) >= len(prompt) + 10, guarded  # it writes on, not only end of sequence
+    assert again == guarded  # prompt and output: their text's tokenization
+    assert _stored_in(again, stored) == 0
+
+
+def test_generate_changes_nothing_where_nothing_stored_is_at_stake(tmp_path: Path) -> None:
+    """A tiny Llama trained on the passage's own tokenization (Phi-3's reading: Prepend), and a
+    filter that stores nothing it writes: canonical decoding changes no greedy output."""
+    from memfree import MemFreeLogitsProcessor, NgramFilter
+    from memfree.vocab.tokenizer import tokenizer_fingerprint
+    from tests.conftest import train_on_rows
+
+    tokenizer = llama_cpp_tokenizer("phi-3")
+    rows = [tokenizer(PASSAGE + "\n\nThe end.\n")["input_ids"]]
+    model = train_on_rows(tokenizer, rows, window=len(rows[0]), steps=120)
+    filt = NgramFilter.from_ngrams(
+        tmp_path / "f.memfree",
+        np.array([[7, 8, 9]]),
+        metadata={"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer)},
+    )
+    plain = _greedy(model, tokenizer, None)
+    assert plain[: len(rows[0])] == rows[0][: len(plain)]  # it learned the passage
+    assert _greedy(model, tokenizer, MemFreeLogitsProcessor(filt, tokenizer=tokenizer)) == plain
