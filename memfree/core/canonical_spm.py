@@ -86,6 +86,7 @@ class SentencePieceMasker:
         )
         self._bytes = np.flatnonzero(self.bpe.byte_of >= 0)
         self._space = next((t for t, p in enumerate(self.bpe.pieces) if p == SPACE), -1)
+        self._leading = _leading(info)
         self._warned = False
         self._setup()
 
@@ -189,11 +190,14 @@ class SentencePieceMasker:
         """A row's state, read from its ids: each segment checked with the tokenizer's model."""
         if any(token < 0 or token >= self.bpe.vocab_size for token in ids):
             return _PAST
-        led = 0  # the tokens the tokenizer may have put before the text (beginning of sequence)
+        led = 0  # the tokens before the text (beginning of sequence)
         while led < len(ids) and ids[led] in self._cuts:
             led += 1
-        start, first = led, True
-        key: State = self._segment_start(first=True)
+        # Put there by the tokenizer (``tokenizer(text)``), the text after them is its first
+        # segment; else the text wrote them ("<s>Hello"), and under prepend_scheme="first" the
+        # segment after them gets no "▁".
+        start, first = led, not led or tuple(ids[:led]) == self._leading
+        key: State = self._segment_start(first)
         for index in range(led, len(ids) + 1):
             if index < len(ids) and ids[index] not in self._cuts:
                 continue
@@ -371,6 +375,17 @@ class SentencePieceMasker:
                 RuntimeWarning,
                 stacklevel=4,
             )
+
+
+def _leading(info: TokenizerInfo) -> tuple[int, ...]:
+    """The ids the tokenizer puts before a text (beginning of sequence), if any."""
+    ids = info.tokenizer("x", add_special_tokens=True)["input_ids"]
+    leading = []
+    for token in ids:
+        if token not in info.special_token_ids:
+            break
+        leading.append(int(token))
+    return tuple(leading)
 
 
 def _may_end(key: State) -> bool:

@@ -255,9 +255,13 @@ def _filter_for(tokenizer: Any, path: Path, ngrams: list[list[int]]) -> NgramFil
     )
 
 
-@pytest.mark.parametrize("family", ["sentencepiece", "wordpiece"])
-def test_other_families_are_refused_naming_the_word_guard(tmp_path: Path, family: str) -> None:
-    tokenizer = train_sentencepiece() if family == "sentencepiece" else train_wordpiece()
+def test_other_families_are_refused_naming_the_word_guard(tmp_path: Path) -> None:
+    """WordPiece (BERT) is refused, naming the alternatives; SentencePiece-style BPE is read
+    (:mod:`memfree.core.canonical_spm`, tested in test_canonical_spm.py)."""
+    spm = train_sentencepiece()
+    guard = MemFreeLogitsProcessor(_filter_for(spm, tmp_path / "s.memfree", [[5, 6, 7]]), spm)
+    assert guard.canonical is True
+    tokenizer = train_wordpiece()
     path = tmp_path / "f.memfree"
     ngram_filter = _filter_for(tokenizer, path, [[5, 6, 7]])
     with pytest.raises(CanonicalUnsupportedError, match="word filter") as error:

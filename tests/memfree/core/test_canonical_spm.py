@@ -5,7 +5,8 @@ transformers from its GGUF file as ``Metaspace(prepend_scheme="first")``), Phi-3
 pieces and 64 added tokens, read as a ``Prepend("▁")`` + ``Replace(" ", "▁")`` normalizer, as
 Llama 2's and Mistral's older ``tokenizer.json`` files are), and two tokenizers built in the test
 from Llama 2's exactly as those families' ``tokenizer.json`` files are: Gemma's (a ``Replace``
-normalizer alone: no ``"▁"`` put before the text) and ``Metaspace(prepend_scheme="always")``.
+normalizer alone: no ``"▁"`` put before the text) and ``Metaspace(prepend_scheme="always")``;
+and a BPE trained here with Llama 2's steps (576 ids: every candidate is checked).
 
 The definition is read with the tokenizer itself: a row (optionally led by beginning of
 sequence) is its text's tokenization when some text that normalizes to its pieces is tokenized
@@ -32,7 +33,7 @@ from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.vocab.bpe import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.sentencepiece import SPACE
-from tests.conftest import LLAMA_CPP, llama_cpp_tokenizer
+from tests.conftest import LLAMA_CPP, llama_cpp_tokenizer, train_sentencepiece
 
 pytestmark = pytest.mark.skipif(
     not (LLAMA_CPP / "ggml-vocab-llama-spm.gguf").exists(),
@@ -56,6 +57,8 @@ def _variant(name: str) -> Any:
     """The tokenizer of one variant (Llama 2's pieces throughout)."""
     if name in ("llama-spm", "phi-3"):
         return llama_cpp_tokenizer(name)
+    if name == "trained":  # Llama 2's tokenizer.json steps, a BPE trained here (576 ids)
+        return train_sentencepiece()
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -81,7 +84,7 @@ def _variant(name: str) -> Any:
     )
 
 
-VARIANTS = ("llama-spm", "phi-3", "gemma", "metaspace-always")
+VARIANTS = ("llama-spm", "phi-3", "gemma", "metaspace-always", "trained")
 
 
 @pytest.fixture(scope="module", params=VARIANTS)
@@ -189,8 +192,10 @@ def _encode(tokenizer: Any, text: str, bos: bool) -> list[int]:
 
 def _candidates(masker: SentencePieceMasker, seed: int) -> list[int]:
     """The candidates a row is checked on: every byte token, piece of one or two characters and
-    piece with "<", ">" or "/", and 1,500 others at random."""
+    piece with "<", ">" or "/", and 1,500 others at random (all of a small vocabulary)."""
     bpe = masker.bpe
+    if bpe.vocab_size <= 2000:
+        return sorted(set(range(bpe.vocab_size)) - masker._cuts)
     focus = [
         token
         for token, piece in enumerate(bpe.pieces)
@@ -204,16 +209,17 @@ def _candidates(masker: SentencePieceMasker, seed: int) -> list[int]:
 
 def _check_row(tokenizer: Any, masker: SentencePieceMasker, row: list[int], seed: int = 0) -> None:
     """Candidates of ``row`` against the definition, both ways, and end of sequence. A row led
-    by beginning of sequence and no text yet reads it as the tokenizer's: its first token gets
-    the "▁" the tokenizer puts first (a text that writes "<s>" itself is read so only where the
-    prompt already is)."""
+    by beginning of sequence and no text yet reads it as the tokenizer's where the tokenizer
+    adds one: its first token gets the "▁" the tokenizer puts first (a text that writes "<s>"
+    itself is read so only where the prompt already is)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         allowed = masker.allowed(row)
         ends = masker.may_end(row)
     candidates = _candidates(masker, seed)
     grown = [[*row, token] for token in candidates]
-    written = len(row) > 1 or row[:1] != [tokenizer.bos_token_id]
+    adds = tokenizer("x")["input_ids"][:1] == [tokenizer.bos_token_id]
+    written = len(row) > 1 or row[:1] != [tokenizer.bos_token_id] or not adds
     exact = _verdicts(tokenizer, masker, grown, ("",), written)
     for token, rows_ok, longer in zip(candidates, exact, grown, strict=True):
         if allowed[token] and not rows_ok:
@@ -375,14 +381,14 @@ def test_rows_of_ordinary_text(family: tuple[Any, SentencePieceMasker], text: st
 
 
 def test_a_special_tokens_text_is_never_spelled(family: tuple[Any, SentencePieceMasker]) -> None:
-    """``"</s"`` then ``">"``: the text would read back as end of sequence, so ``">"`` (and
-    every piece that begins with it) is banned there; after ``"</"`` a piece that begins
-    ``"s>"`` is too. Special tokens are allowed only to end."""
+    """``"</s"`` then ``">"``: the text would read back as end of sequence, so ``">"`` (every
+    piece that begins with it, and its byte token) is banned there. Special tokens are allowed
+    only to end."""
     tokenizer, masker = family
     row = _encode(tokenizer, "x </s", True)
     assert row[-1] != tokenizer.eos_token_id
     allowed = masker.allowed(row)
-    closing = masker.bpe.starting_with(">")
+    closing = masker.bpe.starting_with(">") | (masker.bpe.byte_of == ord(">"))
     assert closing.any() and not (allowed & closing).any()
     assert not allowed[list(masker.info.special_token_ids)].any()
 
@@ -405,13 +411,15 @@ def test_text_after_a_special_token(family: tuple[Any, SentencePieceMasker], tex
     assert allowed[masker.bpe.spaced & masker.bpe.self_ok].any()
 
 
-def test_byte_tokens_spell_only_characters_the_vocabulary_lacks(
-    family: tuple[Any, SentencePieceMasker],
-) -> None:
+@pytest.mark.parametrize("name", VARIANTS[:4])
+def test_byte_tokens_spell_only_characters_the_vocabulary_lacks(name: str) -> None:
     """A newline (``<0x0A>``: Llama 2 has no piece for it) is allowed; the bytes of ``"a"`` or
     of ``"日"`` (pieces of their own) are not; inside ``"ẞ"`` (spelled in bytes) only its
-    continuations are allowed, and end of sequence is refused until it is whole."""
-    tokenizer, masker = family
+    continuations are allowed, and end of sequence is refused until it is whole (Llama 2's
+    pieces)."""
+    tokenizer = _variant(name)
+    masker = canonical_masker(TokenizerInfo.of(tokenizer), [tokenizer.eos_token_id])
+    assert isinstance(masker, SentencePieceMasker)
     bpe = masker.bpe
     byte = {int(bpe.byte_of[t]): t for t in masker._bytes.tolist()}
     row = _encode(tokenizer, "Hello", True)
