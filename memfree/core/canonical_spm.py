@@ -48,7 +48,7 @@ from memfree.vocab.sentencepiece import (
 _CACHE = 1024  # states whose allowed candidates are kept
 _BROKEN = ("broken",)  # not canonical: only a prompt makes one; it may only end
 _PAST = ("past",)  # an id past the vocabulary: no text gives it
-_UNPICKLED = ("_lock", "_answers", "_progress_bans", "table", "_seen")
+_UNPICKLED = ("_lock", "_answers", "_progress_bans", "_progress_bytes", "table", "_seen")
 
 State = tuple[Any, ...]  # ("ok", last piece | -1, prefix, begun bytes, progress, lone) | _BROKEN
 
@@ -94,6 +94,7 @@ class SentencePieceMasker:
         self._lock = threading.Lock()
         self._answers: OrderedDict[State, np.ndarray] = OrderedDict()
         self._progress_bans: dict[str, np.ndarray] = {}
+        self._progress_bytes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._seen = threading.local()  # per thread: its last step's rows (bytes) -> state
         self.table = StateTable(self._fill)
 
@@ -329,18 +330,29 @@ class SentencePieceMasker:
         if prefix:
             allowed &= bpe.spaced
         else:
-            for token in self._bytes.tolist():
-                data = bytes([int(bpe.byte_of[token])])
-                if utf8_length(data[0]) == 1:
-                    allowed[token] = self._completes(data, progress)
-                elif utf8_length(data[0]) > 1:
-                    allowed[token] = self._may_begin(data)
+            tokens, starts = self._byte_starts(progress)
+            allowed[tokens] = starts
         allowed &= ~self._holding
         if progress:
             allowed &= ~self._progress_banned(progress)
         if not lone:  # an added token that is not special: a cut, where the segment may end
             allowed |= self._added
         return allowed
+
+    def _byte_starts(self, progress: str) -> tuple[np.ndarray, np.ndarray]:
+        """The byte tokens and whether each may start a character after whole ones (the text's
+        end ``progress``): a character the vocabulary lacks, or the first byte of some."""
+        cached = self._progress_bytes.get(progress)
+        if cached is None:
+            starts = np.zeros(len(self._bytes), dtype=bool)
+            for index, token in enumerate(self._bytes.tolist()):
+                data = bytes([int(self.bpe.byte_of[token])])
+                if utf8_length(data[0]) == 1:
+                    starts[index] = self._completes(data, progress)
+                elif utf8_length(data[0]) > 1:
+                    starts[index] = self._may_begin(data)
+            cached = self._progress_bytes[progress] = (self._bytes, starts)
+        return cached
 
     def _completes(self, data: bytes, progress: str) -> bool:
         """Whether the bytes ``data`` spell a character the vocabulary lacks, and the text with

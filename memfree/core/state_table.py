@@ -52,6 +52,11 @@ class StateTable:
         self.capacity = capacity  # rows past which the least recently used state is dropped
         self._lock = threading.Lock()
 
+    @property
+    def nbytes(self) -> int:
+        """The table's bytes on the host."""
+        return int(self._table.nbytes)
+
     def gather(
         self,
         keys: list[tuple[Any, ...] | None],
