@@ -119,7 +119,7 @@ def llama_cpp() -> None:
 
     from transformers import AutoTokenizer
 
-    from memfree.core.canonical import CanonicalMasker
+    from memfree.core.canonical import canonical_masker
     from memfree.vocab.bpe import CanonicalUnsupportedError
     from memfree.vocab.info import TokenizerInfo
 
@@ -140,7 +140,7 @@ def llama_cpp() -> None:
         info = TokenizerInfo.of(tokenizer)
         start = time.perf_counter()
         try:
-            masker = CanonicalMasker(info, [info.eos_token_id])
+            masker = canonical_masker(info, [info.eos_token_id])
         except CanonicalUnsupportedError:
             print(f"{name}: refused")
             continue
@@ -151,10 +151,18 @@ def llama_cpp() -> None:
                 totals[index] += count
         steps, partial, banned = totals
         print(
-            f"{name} ({masker.bpe.pattern or 'GPT-2'}'s pattern): {len(pairs)} of {len(texts)} "
+            f"{name} ({_family(masker)}): {len(pairs)} of {len(texts)} "
             f"texts tokenized as llama.cpp does, {steps} steps ({partial} a token that is not "
             f"whole characters): the next token banned at {banned}; tables {built:.1f} s"
         )
+
+
+def _family(masker: object) -> str:
+    from memfree.core.canonical_spm import SentencePieceMasker
+
+    if isinstance(masker, SentencePieceMasker):
+        return f"SentencePiece-style BPE, '▁' put first: {masker.bpe.prepend}"
+    return f"{masker.bpe.pattern or 'GPT-2'}'s pattern"
 
 
 def main() -> None:

@@ -49,6 +49,7 @@ class MergeTree:
     late: tuple[np.ndarray, np.ndarray]
     byte_fallback: bool = False  # the model writes a character it lacks as byte tokens
     _merges_only: list[Any] = field(default_factory=list)  # the model without ignore_merges
+    _late_rows: dict[int, np.ndarray] = field(default_factory=dict)  # late tokens' answers
 
     @classmethod
     def of(
@@ -80,10 +81,13 @@ class MergeTree:
         merges themselves.
         """
         if self.late[0][a]:  # read from the merges: only where some merge meets the junction
-            allowed = np.ones(self.size, dtype=bool)
-            near = self._meeting(a)
-            allowed[near] = self._bigram_by_merges(a, near)
-            return allowed
+            kept = self._late_rows.get(a)  # few tokens (runs of spaces), each read once
+            if kept is None:
+                kept = np.ones(self.size, dtype=bool)
+                near = self._meeting(a)
+                kept[near] = self._bigram_by_merges(a, near)
+                self._late_rows[a] = kept
+            return kept.copy()
         conflict = np.zeros(self.size, dtype=bool)
         offsets, partner, rank = self.partners
         member_offsets, member, rho = self.members
