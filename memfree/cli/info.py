@@ -109,7 +109,8 @@ def _promise(metadata: dict[str, Any]) -> str:
         return "no stored word n-gram in the text (any tokenizer)"
     return (
         "no stored token n-gram in the ids, nor in their text tokenized again (canonical "
-        "decoding, the default with a byte-level BPE tokenizer); over the ids only with "
+        "decoding, the default with a BPE tokenizer it reads: byte-level or SentencePiece-style); "
+        "over the ids only with "
         "canonical=False (--no-canonical)"
     )
 

@@ -109,8 +109,8 @@ class MemFreeLogitsProcessor(_Base):
         FilterMismatchError: tokenizer fingerprint or n differs from the filter's (or, for a word
             filter, its normalizer).
         CanonicalUnsupportedError: canonical decoding with a tokenizer it is not exact for
-            (anything but byte-level BPE with GPT-2's pre-tokenizer): pass ``canonical=False``,
-            or guard with a word filter.
+            (see docs/canonical.md: byte-level BPE with the split patterns it reads, or
+            SentencePiece-style BPE): pass ``canonical=False``, or guard with a word filter.
         EmptyFilterError: the filter stores no n-gram (pass ``allow_empty=True`` to accept it).
         ValueError: a bad argument.
 
