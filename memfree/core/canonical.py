@@ -53,7 +53,7 @@ from memfree.core.canonical_rules import (
 from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
-from memfree.core.state_table import StateTable
+from memfree.core.state_table import StateTable, TableMasker, row_bounds
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -73,14 +73,9 @@ from memfree.vocab.sentencepiece import is_sentencepiece
 
 _CACHE = 256
 _BIGRAMS = 2048  # merge tests kept (packed), per last token
-_UNPICKLED = (
-    *("_lock", "_masks", "_bigrams", "_readings", "_seen", "_pseudos"),
-    *("_columns", "_pseudo_columns", "_pseudo_runs"),
-    "table",
-)
 
 
-class CanonicalMasker:
+class CanonicalMasker(TableMasker):
     """Bans every candidate that would make a row's ids not its text's tokenization.
 
     Args:
@@ -92,6 +87,12 @@ class CanonicalMasker:
     Raises:
         CanonicalUnsupportedError: another tokenizer family.
     """
+
+    UNPICKLED = (
+        *("_lock", "_masks", "_bigrams", "_readings", "_seen", "_pseudos"),
+        *("_columns", "_pseudo_columns", "_pseudo_runs"),
+        "table",
+    )
 
     def __init__(
         self, info: TokenizerInfo, end_token_ids: Iterable[int] = (), *, _split: bool = False
@@ -153,23 +154,8 @@ class CanonicalMasker:
             ):  # fmt: skip
                 self._pseudo_runs[cls] = (c.new & ~continues, c.runs[RUN_OF_CLASS[cls]])
 
-    def describe(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def sent(self) -> int:
-        """The bytes the latest step sent to the scores' device (0 on the CPU)."""
-        return self.table.sent
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles start with empty caches (and their own lock)."""
-        state = self.__dict__.copy()
-        for name in _UNPICKLED:
-            state.pop(name)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    def _setup(self) -> None:
+        """The caches a copy starts without."""
         self._masks = OrderedDict()
         self._bigrams = OrderedDict()
         self._readings = OrderedDict()
@@ -180,15 +166,6 @@ class CanonicalMasker:
         self.table = StateTable(self._fill)
 
     # -- the step -------------------------------------------------------------------------------
-
-    def banned_mask(
-        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """bool `(rows, vocab_width)`: candidates that make the row not canonical; every row is
-        checked. Negative ids on the left are padding (they add no text). Ids past the
-        tokenizer's vocabulary are banned (no text gives them)."""
-        banned, active, _ = self.step(contexts, vocab_width, device)
-        return banned, active
 
     def step(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
@@ -201,10 +178,7 @@ class CanonicalMasker:
         count, width = arrays.shape
         # Left padding (negative ids add no text) and ids no text gives, for all rows at once:
         # a row that advances is never turned into a Python list.
-        written = arrays >= 0
-        starts = written.argmax(axis=1) if width else np.zeros(count, dtype=np.int64)
-        firsts: list[int] = np.where(written.any(axis=1), starts, width).tolist()
-        past: list[bool] = np.any(arrays >= self.bpe.vocab_size, axis=1).tolist()
+        firsts, past = row_bounds(arrays, self.bpe.vocab_size)
         pending: list[Pending] = []
         keys: list[tuple[Any, ...] | None] = []
         spaces: list[tuple[int, int, Tail]] = []  # rows in a whitespace run: end, last chunks

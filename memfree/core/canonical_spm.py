@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from memfree.core.canonical_chars import code_points, utf8_length
-from memfree.core.state_table import StateTable
+from memfree.core.state_table import StateTable, TableMasker, row_bounds
 from memfree.vocab.bpe import tables_key
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.sentencepiece import (
@@ -48,12 +48,11 @@ from memfree.vocab.sentencepiece import (
 _CACHE = 1024  # states whose allowed candidates are kept
 _BROKEN = ("broken",)  # not canonical: only a prompt makes one; it may only end
 _PAST = ("past",)  # an id past the vocabulary: no text gives it
-_UNPICKLED = ("_lock", "_answers", "_progress_bans", "_progress_bytes", "table", "_seen")
 
 State = tuple[Any, ...]  # ("ok", last piece | -1, prefix, begun bytes, progress, lone) | _BROKEN
 
 
-class SentencePieceMasker:
+class SentencePieceMasker(TableMasker):
     """Bans every candidate that would make a row's ids not its text's tokenization, for a
     SentencePiece-style BPE tokenizer.
 
@@ -65,6 +64,8 @@ class SentencePieceMasker:
     Raises:
         CanonicalUnsupportedError: another tokenizer family.
     """
+
+    UNPICKLED = ("_lock", "_answers", "_progress_bans", "_progress_bytes", "table", "_seen")
 
     def __init__(self, info: TokenizerInfo, end_token_ids: Iterable[int] = ()) -> None:
         self.info = info
@@ -98,34 +99,7 @@ class SentencePieceMasker:
         self._seen = threading.local()  # per thread: its last step's rows (bytes) -> state
         self.table = StateTable(self._fill)
 
-    def describe(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def sent(self) -> int:
-        """The bytes the latest step sent to the scores' device (0 on the CPU)."""
-        return self.table.sent
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles start with empty caches (and their own lock)."""
-        state = self.__dict__.copy()
-        for name in _UNPICKLED:
-            state.pop(name)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._setup()
-
     # -- the step -------------------------------------------------------------------------------
-
-    def banned_mask(
-        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """bool `(rows, vocab_width)`: candidates that make the row not canonical; every row is
-        checked. Negative ids on the left are padding. Ids past the vocabulary are banned."""
-        banned, active, _ = self.step(contexts, vocab_width, device)
-        return banned, active
 
     def step(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
@@ -134,11 +108,8 @@ class SentencePieceMasker:
         guard leaves is its text's tokenization, or inside a character)."""
         device = torch.device(device or contexts.device)
         arrays = contexts.detach().cpu().numpy().astype(np.int64, copy=False)
-        count, width = arrays.shape
-        written = arrays >= 0
-        starts = written.argmax(axis=1) if width else np.zeros(count, dtype=np.int64)
-        firsts: list[int] = np.where(written.any(axis=1), starts, width).tolist()
-        past: list[bool] = np.any(arrays >= self.bpe.vocab_size, axis=1).tolist()
+        count = arrays.shape[0]
+        firsts, past = row_bounds(arrays, self.bpe.vocab_size)
         before = getattr(self._seen, "rows", {})
         seen: dict[bytes, State] = {}
         keys: list[State | None] = []

@@ -143,4 +143,63 @@ class StateTable:
         return slot
 
 
-__all__ = ["StateTable"]
+class TableMasker:
+    """What the canonical maskers share: a step's rows read from a :class:`StateTable`, copies
+    and pickles that start with empty caches, and the masker's face (:meth:`banned_mask`).
+
+    A subclass names the attributes a copy drops (``UNPICKLED``), makes them again in
+    :meth:`_setup`, and answers :meth:`step`.
+    """
+
+    UNPICKLED: tuple[str, ...] = ()
+    table: StateTable
+
+    def describe(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def sent(self) -> int:
+        """The bytes the latest step sent to the scores' device (0 on the CPU)."""
+        return self.table.sent
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with empty caches (and their own lock)."""
+        state = self.__dict__.copy()
+        for name in self.UNPICKLED:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def _setup(self) -> None:
+        raise NotImplementedError
+
+    def banned_mask(
+        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """bool `(rows, vocab_width)`: candidates that make the row not canonical; every row is
+        checked. Negative ids on the left are padding (they add no text). Ids past the
+        tokenizer's vocabulary are banned (no text gives them)."""
+        banned, active, _ = self.step(contexts, vocab_width, device)
+        return banned, active
+
+    def step(
+        self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
+        raise NotImplementedError
+
+
+def row_bounds(arrays: np.ndarray, vocab_size: int) -> tuple[list[int], list[bool]]:
+    """For padded rows of ids (negative ids on the left are padding): each row's first written
+    position, and whether it holds an id past the vocabulary (no text gives one)."""
+    count, width = arrays.shape
+    written = arrays >= 0
+    starts = written.argmax(axis=1) if width else np.zeros(count, dtype=np.int64)
+    firsts: list[int] = np.where(written.any(axis=1), starts, width).tolist()
+    past: list[bool] = np.any(arrays >= vocab_size, axis=1).tolist()
+    return firsts, past
+
+
+__all__ = ["StateTable", "TableMasker", "row_bounds"]
