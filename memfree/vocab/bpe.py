@@ -59,7 +59,7 @@ _RUN_OF = {
     SP: RUN_SPACE,
     WS: RUN_SPACE,
 }
-_WORD_GUARD = (
+WORD_GUARD = (
     "Pass canonical=False (--no-canonical) to guard the token ids only, or build a word filter "
     "(`memfree build --unit word`): the word guard's promise is over the text for every tokenizer."
 )
@@ -113,13 +113,7 @@ class ByteLevelBpe:
         Raises:
             CanonicalUnsupportedError: the tokenizer is not of the family read here.
         """
-        backend = getattr(info.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise CanonicalUnsupportedError(
-                f"canonical decoding needs a fast (Rust) tokenizer; {info.name} is a slow one. "
-                + _WORD_GUARD
-            )
-        spec = json.loads(backend.to_str())
+        backend, spec = tokenizer_spec(info)
         pattern = _check_family(info.name, spec)
         model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
@@ -319,9 +313,24 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             f"Qwen 2's, Qwen 3.5's, Mistral Tekken's, OpenAI o200k's or DeepSeek V3's split pattern "
             f"(SmolLM2, GPT-2, GPT-NeoX, Llama 3, Qwen 2, Qwen 3.5, Mistral Nemo, gpt-oss, DeepSeek "
             f"V3); {name} has "
-            f"{'; '.join(problems)}. " + _WORD_GUARD
+            f"{'; '.join(problems)}. " + WORD_GUARD
         )
     return pattern
+
+
+def tokenizer_spec(info: TokenizerInfo) -> tuple[Any, dict[str, Any]]:
+    """The ``tokenizers.Tokenizer`` behind ``info`` and its JSON.
+
+    Raises:
+        CanonicalUnsupportedError: a slow (Python) tokenizer.
+    """
+    backend = getattr(info.tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise CanonicalUnsupportedError(
+            f"canonical decoding needs a fast (Rust) tokenizer; {info.name} is a slow one. "
+            + WORD_GUARD
+        )
+    return backend, json.loads(backend.to_str())
 
 
 def _first_and_run(text: str, class_of: Callable[[str], int]) -> tuple[int, int]:
@@ -372,4 +381,10 @@ _MODEL_FIELDS = (
     "continuing_subword_prefix",
     "end_of_word_suffix",
 )
-__all__ = ["ByteLevelBpe", "CanonicalUnsupportedError", "tables_key"]
+__all__ = [
+    "WORD_GUARD",
+    "ByteLevelBpe",
+    "CanonicalUnsupportedError",
+    "tables_key",
+    "tokenizer_spec",
+]

@@ -32,16 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from memfree.vocab.bpe import CanonicalUnsupportedError
+from memfree.vocab.bpe import WORD_GUARD, CanonicalUnsupportedError, tokenizer_spec
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.merge_tree import MergeTree
 
 SPACE = "\u2581"  # "▁": SentencePiece's space
 _BYTE = re.compile(r"<0x([0-9A-F]{2})>")
-_WORD_GUARD = (
-    "Pass canonical=False (--no-canonical) to guard the token ids only, or build a word filter "
-    "(`memfree build --unit word`): the word guard's promise is over the text for every tokenizer."
-)
 # Where the tokenizer puts a "▁" before a segment of text (a stretch between added tokens).
 PREPEND_ALWAYS = "always"  # Prepend("▁"): before every segment, even one that starts with "▁"
 PREPEND_UNLESS_SPACE = "unless-space"  # Metaspace "always": before every segment not so begun
@@ -99,13 +95,7 @@ class SentencePieceBpe:
         Raises:
             CanonicalUnsupportedError: the tokenizer is not of the family read here.
         """
-        backend = getattr(info.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise CanonicalUnsupportedError(
-                f"canonical decoding needs a fast (Rust) tokenizer; {info.name} is a slow one. "
-                + _WORD_GUARD
-            )
-        spec = json.loads(backend.to_str())
+        backend, spec = tokenizer_spec(info)
         prepend = _check_family(info.name, spec)
         model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
@@ -243,7 +233,7 @@ def _check_family(name: str, spec: dict[str, Any]) -> str:
             f"canonical decoding is exact for SentencePiece-style BPE tokenizers (Llama 2, "
             f"Mistral up to v0.3, Phi-3, Gemma: spaces written as '▁' by a Replace normalizer "
             f"or a Metaspace pre-tokenizer that does not split, byte fallback); {name} has "
-            f"{'; '.join(problems)}. " + _WORD_GUARD
+            f"{'; '.join(problems)}. " + WORD_GUARD
         )
     return prepend
 
