@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.memfree-installed
+TEST_WORKERS ?= 2  # pytest-xdist processes (this machine has 2 cores; each loads its own models)
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup test lint format demo bench bench-scale bench-engines test-engines setup-engines clean
@@ -74,7 +75,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 demo: $(STAMP)
 	$(PY) -m memfree.cli.demo
