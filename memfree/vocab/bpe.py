@@ -205,13 +205,7 @@ class ByteLevelBpe:
         """bool `(vocab_size,)`: the ids whose text starts with ``prefix`` (a search in the
         texts in order, not a pass over the vocabulary)."""
         texts, ids = self._sorted_texts
-        found = np.zeros(self.vocab_size, dtype=bool)
-        start = bisect.bisect_left(texts, prefix)
-        end = start
-        while end < len(texts) and texts[end].startswith(prefix):
-            end += 1
-        found[ids[start:end]] = True
-        return found
+        return ids_starting_with(texts, ids, prefix, self.vocab_size)
 
     @functools.cached_property
     def _sorted_texts(self) -> tuple[list[str], np.ndarray]:
@@ -316,6 +310,18 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             f"{'; '.join(problems)}. " + WORD_GUARD
         )
     return pattern
+
+
+def ids_starting_with(texts: list[str], ids: np.ndarray, prefix: str, size: int) -> np.ndarray:
+    """bool `(size,)`: the ids whose text starts with ``prefix``, searched in ``texts`` (sorted;
+    ``ids`` beside them), not by a pass over the vocabulary."""
+    found = np.zeros(size, dtype=bool)
+    start = bisect.bisect_left(texts, prefix)
+    end = start
+    while end < len(texts) and texts[end].startswith(prefix):
+        end += 1
+    found[ids[start:end]] = True
+    return found
 
 
 def tokenizer_spec(info: TokenizerInfo) -> tuple[Any, dict[str, Any]]:

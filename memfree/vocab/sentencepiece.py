@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from memfree.vocab.bpe import WORD_GUARD, CanonicalUnsupportedError, tokenizer_spec
+from memfree.vocab.bpe import (
+    WORD_GUARD,
+    CanonicalUnsupportedError,
+    ids_starting_with,
+    tokenizer_spec,
+)
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.merge_tree import MergeTree
 
@@ -167,13 +172,7 @@ class SentencePieceBpe:
         """bool `(vocab_size,)`: the pieces whose text (``"▁"`` as a space) starts with
         ``prefix``."""
         texts, ids = self.sorted_pieces
-        found = np.zeros(self.vocab_size, dtype=bool)
-        start = bisect.bisect_left(texts, prefix)
-        end = start
-        while end < len(texts) and texts[end].startswith(prefix):
-            end += 1
-        found[ids[start:end]] = True
-        return found
+        return ids_starting_with(texts, ids, prefix, self.vocab_size)
 
 
 def _check_family(name: str, spec: dict[str, Any]) -> str:
