@@ -248,7 +248,7 @@ class SentencePieceMasker(TableMasker):
         if any(content in text for content in self._contents):
             return _BROKEN
         last = whole[-1] if whole and byte_of[whole[-1]] < 0 and not begun else -1
-        lone = self.bpe.prepend == PREPEND_ALWAYS and prefix and whole == [self._space]
+        lone = self.bpe.prepend == PREPEND_ALWAYS and prefix and segment == [self._space]
         return ("ok", last, prefix and not whole, begun, self._progress(text), lone)
 
     def _progress(self, text: str) -> str:

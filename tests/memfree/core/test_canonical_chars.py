@@ -199,14 +199,18 @@ def test_a_head_some_character_completes_is_allowed(
             texts.append(base + whole + char)
             heads.append(head)
     encoded = tokenizer.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
-    witnessed = {
-        head
-        for head, encoding in zip(heads, encoded, strict=True)
-        if encoding.ids[: len(row) + 1] == [*row, head]
-    }
-    missed = [masker.info.token_bytes[h] for h in witnessed if not allowed[h]]
+    witnesses: dict[int, list[str]] = {}
+    for head, text, encoding in zip(heads, texts, encoded, strict=True):
+        if encoding.ids[: len(row) + 1] == [*row, head]:
+            witnesses.setdefault(head, []).append(text[len(base) :])
+    missed = [h for h in witnesses if not allowed[h]]
+    # The one over-ban docs/canonical.md states: a whitespace character written with several
+    # tokens, after a whitespace run, read as the run's split reading ("   ", "\x85" before
+    # "x" with Qwen 2's vocabulary). Any other miss fails.
+    stated = [h for h in missed if base[-1:].isspace() and all(w.isspace() for w in witnesses[h])]
+    missed = [masker.info.token_bytes[h] for h in missed if h not in stated]
     assert not missed, (base, missed[:8])
-    assert witnessed  # the sample reached some head
+    assert witnesses  # the sample reached some head
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
