@@ -75,14 +75,22 @@ def windows(ids: list[list[int]], count: int, length: int) -> torch.Tensor:
 
 
 def step_time(guard: Any, rows: torch.Tensor, prompt: int, width: int) -> float:
-    """Seconds per step over the second half of the steps (the first half fills the caches)."""
+    """Seconds per step over the second half of the steps (the first half fills the caches); on
+    a GPU each step waits for the device (the mask is ready when the step is timed)."""
     steps = rows.shape[1] - prompt
     for length in range(prompt, prompt + steps // 2):
         guard.blocked_mask(rows[:, :length], width)
+    synchronize(rows.device)
     started = time.perf_counter()
     for length in range(prompt + steps // 2, rows.shape[1]):
         guard.blocked_mask(rows[:, :length], width)
+    synchronize(rows.device)
     return (time.perf_counter() - started) / (steps - steps // 2)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def device_bytes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width: int) -> float:
@@ -90,7 +98,7 @@ def device_bytes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width
     the rows of states new to the device's copy), mean over the timed steps: the same step with
     the device's copy kept on the CPU."""
     masker = guard.masker.canonical
-    masker.table.mirror_always = True
+    masker.table.mirror_always = True  # on the CPU: as if it were another device
     steps = rows.shape[1] - args.prompt
     sent = []
     for length in range(args.prompt, rows.shape[1]):
@@ -118,10 +126,11 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
     )
     bos = tokenizer.bos_token_id
     led = bos is not None and tokenizer("x")["input_ids"][:1] == [bos]
-    for size in SIZES:
+    for size in args.sizes:
         rows = windows(ids, size, args.prompt + args.steps)
         if led:  # as the tokenizer gives a prompt: Llama 2's windows begin mid-text after <s>
             rows = torch.cat([torch.full((size, 1), bos), rows[:, :-1]], dim=1)
+        rows = rows.to(args.device)
         base = cost = float("inf")
         for _ in range(args.repeats):  # interleaved, best of each; a fresh guard each time
             plain = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
@@ -149,6 +158,8 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="where the rows and masks live: cpu, cuda")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="rows per step")
     parser.add_argument(
         "--families",
         default="smollm2,qwen2,llama3,tekken,deepseek3,llama2",
@@ -160,9 +171,11 @@ def main() -> None:
     from memfree import NgramFilter
     from memfree.vocab.tokenizer import load_tokenizer
 
+    args.sizes = [int(size) for size in args.sizes.split(",")]
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     print(
         f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), CPU; {args.prompt}-token prompts, "
+        f"({torch.get_num_threads()} threads), {where}; {args.prompt}-token prompts, "
         f"{args.steps} steps (the last {args.steps - args.steps // 2} timed), best of {args.repeats}"
     )
     chosen = args.families.split(",")

@@ -275,7 +275,10 @@ def train_sentencepiece(vocab_size: int = 320) -> Any:
 # Llama 3's and Qwen 2's split patterns, as their tokenizer.json files write them.
 # llama.cpp's test vocabularies (GGUF files), with the texts and ids llama.cpp checks its
 # tokenizer against: make setup takes them out of llama-cpp-python's source distribution on PyPI.
-LLAMA_CPP = Path(sys.prefix, "vocab", "llama.cpp")
+# Where make setup puts llama.cpp's test vocabularies (another place: MEMFREE_LLAMA_CPP_VOCAB).
+LLAMA_CPP = Path(
+    os.environ.get("MEMFREE_LLAMA_CPP_VOCAB") or Path(sys.prefix, "vocab", "llama.cpp")
+)
 
 
 @functools.cache

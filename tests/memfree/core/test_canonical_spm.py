@@ -499,7 +499,7 @@ def _stored_in(ids: list[int], stored: set[tuple[int, ...]]) -> int:
 
 
 def _greedy(model: Any, tokenizer: Any, guard: Any | None) -> list[int]:
-    ids = tokenizer(PROMPT, return_tensors="pt")
+    ids = tokenizer(PROMPT, return_tensors="pt").to(model.device)
     out = model.generate(
         **ids,
         logits_processor=[guard] if guard is not None else None,
@@ -513,6 +513,10 @@ def _greedy(model: Any, tokenizer: Any, guard: Any | None) -> list[int]:
 
 @pytest.mark.parametrize("name", ["phi-3", "llama-spm"])
 def test_generate_spelling_a_stored_passage_another_way(name: str, tmp_path: Path) -> None:
+    check_spelled_passage(name, tmp_path, "cpu")
+
+
+def check_spelled_passage(name: str, tmp_path: Path, device: str) -> None:
     """A tiny Llama trained here to continue ``"the quick"`` with the rest of a stored passage
     spelled one character piece at a time (``"▁", "b", "r", ...``: ids no tokenizer would give
     that text). Guarded over the ids only, its copy goes through (no stored n-gram in its ids)
@@ -528,6 +532,7 @@ def test_generate_spelling_a_stored_passage_another_way(name: str, tmp_path: Pat
         tokenizer.convert_tokens_to_ids(c) for c in PASSAGE[len(PROMPT) :].replace(" ", SPACE)
     ]
     model = train_on_rows(tokenizer, [prompt + spelled], window=len(prompt + spelled), steps=120)
+    model = model.to(device)
     canonical = tokenizer(PASSAGE, add_special_tokens=False)["input_ids"]
     stored = {tuple(canonical[i : i + 3]) for i in range(len(canonical) - 2)}
     filt = NgramFilter.from_ngrams(

@@ -213,3 +213,88 @@ def test_graphed_and_eager_steps_give_the_same_masks(tmp_path: Path) -> None:
         inside = graphed.blocked_mask(ids, 48)[0]
     assert torch.equal(inside, graphed.blocked_mask(ids, 48)[0])
     assert blocked > 0  # the cases block something
+
+
+# -- canonical decoding on the GPU ---------------------------------------------------------------
+
+ODD_TEXTS = [
+    "Größe und Maß: 東京タワーは高い。\n\n한국어 문장입니다. 🙂👍 done\n",
+    "x = 1\n\n\n# a comment\ndef f():\n    return 'it''s'  # 12345 67\n\n\nThe end.",
+]
+
+
+def _canonical_tokenizer(name: str, trained: Any) -> Any:
+    if name == "trained":
+        return trained
+    if name == "qwen2":
+        from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer
+
+        try:
+            return qwen2_tokenizer()
+        except (ImportError, OSError) as error:  # pragma: no cover - not set up there
+            pytest.skip(f"Qwen 2's vocabulary is not installed: {error}")
+    from tests.conftest import llama_cpp_tokenizer
+
+    try:
+        return llama_cpp_tokenizer(name)
+    except OSError as error:  # pragma: no cover - not set up there
+        pytest.skip(f"llama.cpp's {name} vocabulary is not set up: {error}")
+
+
+def _text_rows(tokenizer: Any, count: int, length: int) -> torch.Tensor:
+    """``count`` rows of ``length`` ids: each a text's own tokenization (with the special tokens
+    the tokenizer adds) from a line that starts at column 0, standard-library modules and texts
+    with characters the tokenizers write with several tokens."""
+    import sysconfig
+
+    texts = list(ODD_TEXTS)
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[20:]:
+        text = path.read_text(errors="ignore")
+        at = text.find("\n\n", 200)
+        texts.append(text[at + 2 :] if at >= 0 else text)
+        if len(texts) == 4 * count:
+            break
+    rows = [tokenizer(t * (1 + 4 * length // len(t)))["input_ids"] for t in texts]
+    return torch.tensor([row[:length] for row in rows[:count]])
+
+
+@pytest.mark.parametrize("name", ["trained", "llama-spm", "qwen2"])
+def test_canonical_steps_on_cuda_equal_the_cpus(name: str, tmp_path: Path, tokenizer: Any) -> None:
+    """Rows of real text growing one token a step: the default guard (canonical decoding, the
+    n-gram side graphed) bans exactly the same candidates on the GPU as on the CPU, and the
+    canonical side bans something the ids-only guard does not (the case exercises it)."""
+    from memfree.testing import token_filter_from_ngrams
+
+    chosen = _canonical_tokenizer(name, tokenizer)
+    rows = _text_rows(chosen, 12, 48)
+    ngrams = [rows[r, i : i + 4].tolist() for r in range(0, 12, 2) for i in range(8, 40)]
+    filt = token_filter_from_ngrams(tmp_path / "f.memfree", ngrams, chosen)
+    on_cpu = MemFreeLogitsProcessor(filt, tokenizer=chosen)
+    on_gpu = MemFreeLogitsProcessor(filt, tokenizer=chosen)
+    ids_only = MemFreeLogitsProcessor(filt, tokenizer=chosen, canonical=False)
+    assert on_cpu.canonical and on_gpu.canonical
+    width = len(chosen)
+    generator = torch.Generator().manual_seed(0)
+    canonical_only = ngram_banned = 0
+    for length in range(8, rows.shape[1] + 1):
+        ids = rows[:, :length]
+        scores = torch.randn(ids.shape[0], width, generator=generator)
+        expected = torch.isneginf(on_cpu(ids, scores.clone()))
+        got = on_gpu(ids.cuda(), scores.cuda())
+        assert got.device.type == "cuda"
+        assert torch.equal(torch.isneginf(got).cpu(), expected), length
+        plain = torch.isneginf(ids_only(ids, scores.clone()))
+        ngram_banned += int(plain.sum())
+        canonical_only += int((expected & ~plain).sum())
+        assert not (plain & ~expected).any()  # canonical decoding only adds bans
+    assert ngram_banned > 0 and canonical_only > 0
+
+
+def test_generate_on_cuda_spelling_a_stored_passage_another_way(tmp_path: Path) -> None:
+    """The SentencePiece-style attack of test_canonical_spm (a stored passage spelled one
+    character piece at a time), generated on the GPU: the ids-only guard lets the copy through,
+    the canonical guard writes its text's tokenization, which holds no stored n-gram."""
+    from tests.memfree.core.test_canonical_spm import check_spelled_passage
+
+    _canonical_tokenizer("llama-spm", None)  # skips where the vocabulary is not set up
+    check_spelled_passage("llama-spm", tmp_path, "cuda")

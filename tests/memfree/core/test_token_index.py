@@ -158,11 +158,12 @@ def test_cuda_matches_cpu_without_host_synchronisation(tmp_path: Path) -> None:
     cuda = IndexMasker(filt, special)
     contexts = torch.from_numpy(rng.integers(0, 52, size=(16, 7)))
     contexts[0, -3:] = torch.tensor([1, 2, 3])
-    cuda.banned_mask(contexts.cuda(), 64)  # the arrays move to the GPU once, here
+    on_device = contexts.cuda()  # a copy from pageable memory waits for the host: not a step's
+    cuda.banned_mask(on_device, 64)  # the arrays move to the GPU once, here
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        on_gpu, active = cuda.banned_mask(contexts.cuda(), 64)
+        on_gpu, active = cuda.banned_mask(on_device, 64)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     expected, expected_active = cpu.banned_mask(contexts, 64)
