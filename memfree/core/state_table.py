@@ -3,11 +3,12 @@ scores' device.
 
 A canonical masker answers each row of a step by its *state* (what the tokenizer's split needs
 of the row's end); rows in the same state ban the same candidates. :class:`StateTable` keeps
-each recent state's banned row in a table and gathers a step's rows from it: on the CPU one
-table row is copied per row; on another device the table has a copy there, brought up to date
-row by row (only states new since it was last used go over), and the step's rows are gathered
-there, so what crosses is the rows' table indexes and the new states' rows
-(:attr:`StateTable.sent` counts the bytes).
+each recent state's banned row in a table, packed 8 candidates a byte (so that it holds the
+states of several steps of a serving batch: a state met again costs nothing), and gathers a
+step's rows from it: on the CPU one packed row is unpacked per row; on another device the table
+has a copy there, brought up to date row by row (only states new since it was last used go
+over), and the step's rows are gathered and unpacked there, so what crosses is the rows' table
+indexes and the new states' packed rows (:attr:`StateTable.sent` counts the bytes).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-_SLOTS = 512  # states whose banned rows a table keeps (more while one step needs more)
+_SLOTS = 4096  # states whose banned rows a table keeps (more while one step needs more)
+_BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)  # np.packbits' order
 
 
 class StateTable:
@@ -40,7 +42,11 @@ class StateTable:
         self, fill: Callable[[np.ndarray, tuple[Any, ...], int], None], capacity: int = _SLOTS
     ) -> None:
         self._fill = fill
-        self._table = np.ones((0, 0), dtype=bool)  # banned candidates of the states seen lately
+        # The banned candidates of the states seen lately, packed (np.packbits), and the width
+        # they were packed from; a scratch row for ``fill``.
+        self._table = np.zeros((0, 0), dtype=np.uint8)
+        self._width = -1
+        self._scratch = np.ones(0, dtype=bool)
         self._used = np.zeros(0, dtype=np.int64)  # the step that last used each table row
         self._versions = np.zeros(0, dtype=np.int64)  # the step that last filled each table row
         # Per device: the table's copy there, and the version of each row it holds.
@@ -55,7 +61,7 @@ class StateTable:
     @property
     def nbytes(self) -> int:
         """The table's bytes on the host."""
-        return int(self._table.nbytes)
+        return int(self._table.nbytes + self._scratch.nbytes)
 
     def gather(
         self,
@@ -71,8 +77,10 @@ class StateTable:
         row (only states new since it was last used go over), and the rows are gathered there:
         what crosses is the rows' table indexes and the new states' rows."""
         with self._lock:
-            if self._table.shape[1] != width:  # another width: a table of its own
-                self._table = np.ones((0, width), dtype=bool)
+            if self._width != width:  # another width: a table of its own
+                self._width = width
+                self._table = np.zeros((0, (width + 7) // 8), dtype=np.uint8)
+                self._scratch = np.ones(width, dtype=bool)
                 self._used = np.zeros(0, dtype=np.int64)
                 self._versions = np.zeros(0, dtype=np.int64)
                 self._slots.clear()
@@ -80,11 +88,15 @@ class StateTable:
             self._steps += 1
             slots = np.empty(len(keys), dtype=np.int64)
             for index, key in enumerate(keys):
-                slots[index] = self._slot(key if key is not None else ("past",), width)
-            host = {index: self._table[slots[index]].copy() for index in wanted}
+                slots[index] = self._slot(key if key is not None else ("past",))
+            host = {
+                index: np.unpackbits(self._table[slots[index]], count=width).view(bool)
+                for index in wanted
+            }
             if device.type == "cpu" and not self.mirror_always:
                 self.sent = 0
-                return torch.from_numpy(self._table[slots]), host
+                rows = np.unpackbits(self._table[slots], axis=1, count=width).view(bool)
+                return torch.from_numpy(rows), host
             return self._mirrored(slots, device), host
 
     def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -97,9 +109,9 @@ class StateTable:
     def _gather_mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
         key = str(device)
         tensor, seen = self._mirrors.get(key, (None, np.zeros(0, dtype=np.int64)))
-        size, width = self._table.shape
+        size, packed = self._table.shape
         if tensor is None or tensor.shape[0] < size:  # the table grew: rows to fill there too
-            grown = torch.ones((size, width), dtype=torch.bool, device=device)
+            grown = torch.zeros((size, packed), dtype=torch.uint8, device=device)
             if tensor is not None:
                 grown[: tensor.shape[0]] = tensor
             tensor = grown
@@ -111,10 +123,12 @@ class StateTable:
             tensor[torch.from_numpy(stale).to(device)] = rows
             seen[stale] = self._versions[stale]
         self._mirrors[key] = (tensor, seen)
-        self.sent = int(stale.size * width + slots.size * 8)
-        return tensor[torch.from_numpy(slots).to(device)]
+        self.sent = int(stale.size * packed + slots.size * 8)
+        rows = tensor[torch.from_numpy(slots).to(device)]
+        bits = rows.unsqueeze(-1).bitwise_and(_BITS.to(device)).ne(0)
+        return bits.reshape(len(slots), packed * 8)[:, : self._width]
 
-    def _slot(self, key: tuple[Any, ...], width: int) -> int:
+    def _slot(self, key: tuple[Any, ...]) -> int:
         """The table row of a state's banned candidates, computed on first use. Past the
         table's capacity the least recently used state gives its row up, unless this step
         uses it too (then the table grows). Called under the table's lock."""
@@ -130,7 +144,9 @@ class StateTable:
                     or self._used[oldest] == self._steps
                 ):
                     slot = len(self._table)
-                    grown = np.ones((2 * slot or min(64, self.capacity), width), dtype=bool)
+                    grown = np.zeros(
+                        (2 * slot or min(64, self.capacity), self._table.shape[1]), dtype=np.uint8
+                    )
                     grown[:slot] = self._table
                     used = np.zeros(len(grown), dtype=np.int64)
                     used[:slot] = self._used
@@ -140,7 +156,8 @@ class StateTable:
                 else:
                     self._slots.popitem(last=False)
                     slot = oldest
-            self._fill(self._table[slot], key, width)
+            self._fill(self._scratch, key, self._width)
+            self._table[slot] = np.packbits(self._scratch)
             self._versions[slot] = self._steps  # copies on other devices: this row is new
             self._slots[key] = slot
         else:

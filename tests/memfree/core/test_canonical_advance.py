@@ -176,7 +176,7 @@ def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
             else:
                 row.append(int(rng.randrange(masker.bpe.vocab_size)))
     if copy:  # the indexes every step, and the rows of new states (here almost every row)
-        assert len(rows) * 8 * 24 < sent <= len(rows) * (width + 8) * 24
+        assert len(rows) * 8 * 24 < sent <= len(rows) * ((width + 7) // 8 + 8) * 24
 
 
 def test_the_device_copy_receives_only_new_states(
@@ -189,7 +189,7 @@ def test_the_device_copy_receives_only_new_states(
     batch = torch.tensor(rows)
     width = masker.bpe.vocab_size
     first, _, _ = masker.step(batch, width)
-    assert masker.sent == 2 * width + 2 * 8
+    assert masker.sent == 2 * ((width + 7) // 8) + 2 * 8  # packed: 8 candidates a byte
     again, _, _ = masker.step(batch, width)
     assert masker.sent == 2 * 8
     assert torch.equal(first, again)
@@ -208,7 +208,7 @@ def test_the_device_copy_serves_steps_inside_and_outside_inference_mode(
     with torch.inference_mode():
         inside, _, _ = masker.step(torch.tensor(rows[:2]), width)
     outside, _, _ = masker.step(torch.tensor(rows[1:]), width)  # a new state's row goes over
-    assert masker.sent == width + 2 * 8
+    assert masker.sent == (width + 7) // 8 + 2 * 8
     with torch.inference_mode():
         again, _, _ = masker.step(torch.tensor(rows), width)
     expected = np.stack([_expected(masker, row, width) for row in rows])
