@@ -3,6 +3,7 @@ only when asked for (``memfree --help`` imports no torch, no builder, no eval).
 
     common.py              errors, warnings and side-by-side text, for every subcommand
     info.py                memfree info
+    tables.py              memfree tables
     generate.py            memfree generate
     demo.py                make demo (python -m memfree.cli.demo)
     bloom_builder/cli.py   memfree build
@@ -40,6 +41,7 @@ class CommandModule(Protocol):
 COMMANDS: dict[str, Command] = {
     "build": Command("bloom_builder.cli", "build a filter of a corpus's n-grams"),
     "info": Command("memfree.cli.info", "show a filter's metadata"),
+    "tables": Command("memfree.cli.tables", "canonical decoding's cached tables; build them ahead"),
     "generate": Command("memfree.cli.generate", "complete prompts with the guard"),
     "eval": Command("eval.cli.evaluate", "measure memorization the guard does and does not stop"),
     "audit": Command("eval.cli.audit", "canaries: insert, exposure, extraction"),

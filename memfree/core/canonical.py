@@ -54,6 +54,7 @@ from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
 from memfree.core.state_table import StateTable, TableMasker, row_bounds
+from memfree.core.table_cache import cached_tables
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -452,6 +453,13 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         known = _VOCABULARIES.get(tables_key(info))
     if known is not None:
         return known
+    vocabulary = _build_vocabulary(info, bpe)
+    with _TABLES_LOCK:
+        _VOCABULARIES[tables_key(info)] = vocabulary
+    return vocabulary
+
+
+def _build_vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
     size = bpe.vocab_size
     special = np.isin(np.arange(size), list(info.special_token_ids))
     added = np.zeros(size, dtype=bool)
@@ -486,8 +494,6 @@ def _vocabulary(info: TokenizerInfo, bpe: ByteLevelBpe) -> _Vocabulary:
         split=split,
         chars=chars,
     )
-    with _TABLES_LOCK:
-        _VOCABULARIES[tables_key(info)] = vocabulary
     return vocabulary
 
 
@@ -525,16 +531,33 @@ class Pending(NamedTuple):
 _TABLES: dict[tuple[Any, ...], ByteLevelBpe] = {}
 _VOCABULARIES: dict[tuple[Any, ...], _Vocabulary] = {}
 _TABLES_LOCK = threading.Lock()
+_BUILD_LOCK = threading.Lock()  # one build at a time (the tables are large)
 
 
 def bpe_tables(info: TokenizerInfo) -> ByteLevelBpe:
-    """The tokenizer's tables, built once per process and tokenizer (by its fingerprint and
-    the steps around its model)."""
+    """The tokenizer's tables, once per process and tokenizer (by its fingerprint and the steps
+    around its model): read from memfree's cache directory where an earlier process kept them
+    (:mod:`memfree.core.table_cache`), else built and kept there, with the vocabulary's."""
+    key = tables_key(info)
     with _TABLES_LOCK:
-        tables = _TABLES.get(tables_key(info))
-        if tables is None:
-            tables = _TABLES[tables_key(info)] = ByteLevelBpe.of(info)
+        tables = _TABLES.get(key)
+    if tables is not None:
         return tables
+    with _BUILD_LOCK:
+        with _TABLES_LOCK:
+            tables = _TABLES.get(key)
+        if tables is not None:
+            return tables
+
+        def build() -> tuple[ByteLevelBpe, _Vocabulary]:
+            bpe = ByteLevelBpe.of(info)
+            return bpe, _build_vocabulary(info, bpe)
+
+        bpe, vocabulary = cached_tables("byte-level", key, info.fingerprint, build)
+        with _TABLES_LOCK:
+            _TABLES[key] = bpe
+            _VOCABULARIES[key] = vocabulary
+        return bpe
 
 
 def canonical_masker(

@@ -20,6 +20,7 @@ from memfree.cli import COMMANDS, build_parser, command_module, main
 MINIMAL = {
     "build": ["build", "corpus.txt", "-o", "out.memfree"],
     "info": ["info", "f.memfree"],
+    "tables": ["tables"],
     "generate": ["generate", "--filter", "f.memfree", "--prompt", "def"],
     "eval": ["eval", "discoverable"],
     "audit": ["audit", "insert", "corpus.txt", "-o", "planted"],
@@ -30,12 +31,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return build_parser(argv).parse_args(argv)
 
 
-def test_help_lists_the_five_commands(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_lists_the_six_commands(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stopped:
         main(["--help"])
     assert stopped.value.code == 0
     listing = capsys.readouterr().out
-    assert list(COMMANDS) == ["build", "info", "generate", "eval", "audit"]
+    assert list(COMMANDS) == ["build", "info", "tables", "generate", "eval", "audit"]
     for name, command in COMMANDS.items():
         assert f"    {name}" in listing and command.help in listing
 

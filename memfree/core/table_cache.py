@@ -1,0 +1,214 @@
+"""Canonical decoding's tables on disk: built once per tokenizer, read back by every process.
+
+A canonical masker's tables (the BPE model's merge trees, the split pattern's token shapes, the
+characters written with several tokens) take 1-2 s to build for a 49k vocabulary and 10-20 s for
+a 151k one, in every process that guards with that tokenizer: each vLLM worker, each server
+restart. They depend only on the tokenizer (:func:`memfree.vocab.bpe.tables_key`: its
+fingerprint and the steps around its model) and on memfree's version, so the first process keeps
+them in memfree's cache directory (``$MEMFREE_CACHE/canonical``, by default
+``~/.cache/memfree/canonical``) and the next ones read them back.
+
+A file is never trusted: it begins with a header naming the format, memfree's version, the
+tables' key and the SHA-256 and length of what follows; a file whose header, length or checksum
+does not match is rebuilt (with a warning saying why) and written again. Files are written to a
+temporary name and renamed, so a reader never sees half a file; two processes that build the same
+tables at once both write whole files, and the last rename wins. What follows the header is a
+pickle of the tables: reading it runs as much code as reading a ``.pyc`` file from the same
+directory would, so the cache is trusted as the user's own files are (``MEMFREE_CACHE`` can point
+it elsewhere). A cache directory that cannot be written (read-only, full) is said once per
+process; the tables are then built in each process, as without a cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+FORMAT = 1
+MAGIC = b"memfree canonical tables\n"
+_MAX_HEADER = 4096
+T = TypeVar("T")
+
+_warned: set[str] = set()
+_lock = threading.Lock()
+
+
+def tables_dir() -> Path:
+    """Where the tables are kept: ``canonical`` in memfree's cache directory."""
+    from memfree.vocab.tokenizer import cache_dir
+
+    return cache_dir() / "canonical"
+
+
+def key_digest(kind: str, key: tuple[Any, ...]) -> str:
+    """The file name's digest of a family's tables for one tokenizer and the code that builds
+    them (memfree's version and the source of :mod:`memfree.core` and :mod:`memfree.vocab`, so
+    that a checkout between releases never reads tables an older build of them wrote)."""
+    identity = repr((FORMAT, _version(), _code_digest(), kind, key))
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("memfree")
+    except PackageNotFoundError:  # a source tree on the path, not installed
+        return "0+unknown"
+
+
+@functools.cache
+def _code_digest() -> str:
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parents[1]
+    for folder in ("core", "vocab"):
+        for source in sorted((root / folder).glob("*.py")):
+            digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
+
+
+def cached_tables(kind: str, key: tuple[Any, ...], fingerprint: str, build: Callable[[], T]) -> T:
+    """The tables of ``kind`` (a family's name) for the tokenizer of ``key``: read from the
+    cache when a whole, matching file is there, else built with ``build()`` and kept."""
+    digest = key_digest(kind, key)
+    path = tables_dir() / f"{kind}-{digest}.tables"
+    found = _read(path, digest)
+    if found is not None:
+        return found
+    started = time.perf_counter()
+    tables = build()
+    header = {
+        "format": FORMAT,
+        "kind": kind,
+        "key": digest,
+        "tokenizer_fingerprint": fingerprint,
+        "build_seconds": round(time.perf_counter() - started, 2),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _write(path, header, tables)
+    return tables
+
+
+def read_header(path: Path) -> tuple[dict[str, Any], int]:
+    """A tables file's header and the offset of what follows it.
+
+    Raises:
+        ValueError: not a tables file of this format (what is wrong, in words).
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as handle:
+        start = handle.read(len(MAGIC) + _MAX_HEADER)
+    if not start.startswith(MAGIC):
+        raise ValueError("it does not begin as a memfree tables file")
+    end = start.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise ValueError("its header is cut short")
+    try:
+        header = json.loads(start[len(MAGIC) : end])
+    except ValueError:
+        raise ValueError("its header is not JSON") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ValueError("its header is of another format")
+    return header, end + 1
+
+
+def _read(path: Path, digest: str) -> Any | None:
+    """The tables in ``path`` if the file is whole and of ``digest``; None if there is none or
+    it is damaged (then said once)."""
+    try:
+        header, offset = read_header(path)
+        if header.get("key") != digest:
+            raise ValueError("its header names other tables")
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            payload = handle.read()
+        if len(payload) != header.get("bytes"):
+            raise ValueError(
+                f"it holds {len(payload)} bytes of tables, its header says {header.get('bytes')}"
+            )
+        if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+            raise ValueError("its checksum does not match (the file is damaged)")
+        return pickle.loads(payload)
+    except FileNotFoundError:
+        return None
+    except (
+        OSError,
+        ValueError,
+        pickle.UnpicklingError,
+        EOFError,
+        AttributeError,
+        ImportError,
+    ) as error:
+        _say_once(
+            str(path),
+            f"memfree: {path}: canonical decoding's cached tables are unusable ({error}); "
+            "they are built again and the file rewritten",
+        )
+        return None
+
+
+def _write(path: Path, header: dict[str, Any], tables: Any) -> None:
+    """Keep ``tables`` at ``path`` (a whole file or none); a directory that cannot take it is
+    said once per process."""
+    try:
+        payload = pickle.dumps(tables, protocol=pickle.HIGHEST_PROTOCOL)
+        header = {**header, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n")
+                out.write(payload)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        _say_once(
+            str(path.parent),
+            f"memfree: cannot keep canonical decoding's tables in {path.parent} ({error}); each "
+            "process builds them again. Set MEMFREE_CACHE to a writable directory with room.",
+        )
+
+
+def _say_once(what: str, message: str) -> None:
+    with _lock:
+        if what in _warned:
+            return
+        _warned.add(what)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def kept_tables() -> list[dict[str, Any]]:
+    """The tables files in the cache: each one's header, path, size and whether it is whole
+    (its checksum read through), for ``memfree tables``."""
+    found = []
+    folder = tables_dir()
+    for path in sorted(folder.glob("*.tables")) if folder.is_dir() else []:
+        entry: dict[str, Any] = {"path": str(path), "size_bytes": path.stat().st_size}
+        try:
+            header, offset = read_header(path)
+            with open(path, "rb") as handle:
+                handle.seek(offset)
+                payload = handle.read()
+            entry.update(header)
+            entry["whole"] = len(payload) == header.get("bytes") and hashlib.sha256(
+                payload
+            ).hexdigest() == header.get("sha256")
+        except (OSError, ValueError) as error:
+            entry.update(whole=False, problem=str(error))
+        found.append(entry)
+    return found
+
+
+__all__ = ["cached_tables", "kept_tables", "key_digest", "read_header", "tables_dir"]
