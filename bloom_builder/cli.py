@@ -218,7 +218,7 @@ def _add_reading_and_output_options(
         help="layout of a memfree filter: prefix-index (the default, for --unit token and "
         "--unit word alike) answers a guarded row with one lookup; blocked-512 is a blocked "
         "Bloom filter with a prefix section (the one earlier memfree releases read); see "
-        "docs/index.md",
+        "docs/prefix-index.md",
     )
     parser.add_argument(
         "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"

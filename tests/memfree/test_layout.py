@@ -62,6 +62,58 @@ def test_no_module_exceeds_its_budget() -> None:
     assert not long, f"cut these along their seams: {long}"
 
 
+def _documented_modules() -> dict[str, dict[str, str]]:
+    """docs/layout.md's module tables: folder -> module file -> its line."""
+    import re
+
+    listed: dict[str, dict[str, str]] = {}
+    folder = None
+    for line in (ROOT / "docs" / "layout.md").read_text(encoding="utf-8").splitlines():
+        heading = re.match(r"### `([^`]+)/`", line)
+        if heading:
+            folder = heading.group(1)
+            listed.setdefault(folder, {})
+        elif line.startswith("## "):
+            folder = None
+        elif folder and (row := re.match(r"\| `([^`]+\.py)` \| (.*) \|$", line)):
+            listed[folder][row.group(1)] = row.group(2)
+    return listed
+
+
+def test_layout_md_names_every_module_and_only_those() -> None:
+    """docs/layout.md lists every folder of the three packages and every module in it, and
+    nothing that is not there (it had drifted: a folder that was renamed, two modules missing)."""
+    listed = _documented_modules()
+    folders = {
+        str(path.parent.relative_to(ROOT))
+        for package in ("memfree", "bloom_builder", "eval")
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert sorted(folders - set(listed)) == [], "folders docs/layout.md does not describe"
+    assert sorted(set(listed) - folders) == [], "folders docs/layout.md names that do not exist"
+    for folder, modules in listed.items():
+        real = {path.name for path in (ROOT / folder).glob("*.py")}
+        assert sorted(real - set(modules)) == [], f"{folder}: modules docs/layout.md misses"
+        assert sorted(set(modules) - real) == [], f"{folder}: modules docs/layout.md invents"
+        assert all(line.strip() for line in modules.values()), folder
+
+
+def test_every_relative_link_in_the_docs_names_a_file_that_is_there() -> None:
+    """README.md and docs/*.md link only to files of this repository that exist (a page renamed
+    or a file moved fails here, not in a reader's browser)."""
+    import re
+
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL, or a place on the same page
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
 def test_no_library_message_names_a_decoding_flag() -> None:
     """DecodingSettings' errors name fields; the command lines translate them to flags."""
     source = (ROOT / "memfree" / "generation.py").read_text(encoding="utf-8")
