@@ -32,8 +32,8 @@ import torch
 
 from memfree.core.token import TokenMasker
 from memfree.core.token_index import IndexMasker
+from memfree.filterfile import NgramFilter
 from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.native import NgramFilter
 
 _COLD = """
 import os, sys, tempfile, time, numpy as np, torch

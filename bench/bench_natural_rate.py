@@ -61,8 +61,8 @@ def main() -> None:
     parser.add_argument("--held-out", type=float, default=0.1, help="share of files held out")
     args = parser.parse_args()
 
+    from memfree.filterfile import NgramFilter
     from memfree.filterfile.index_file import IndexFilter
-    from memfree.filterfile.native import NgramFilter
     from memfree.vocab.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()

@@ -159,7 +159,7 @@ def verify_written(output: Path, temporary: Path) -> None:
         BuildError: the check failed; the message names the output and what to do.
     """
     from memfree.errors import DamagedFilterError
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
 
     try:
         NgramFilter.open(temporary, verify=True).close()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from memfree.errors import SettingError, require
 
 if TYPE_CHECKING:
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
 
 EDIT_UNITS = ("char", "whitespace")
 NORMALIZATIONS = ("none", "casefold", "words")

@@ -16,7 +16,7 @@ from memfree.errors import (
     FilterError,
     FilterMismatchError,
 )
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile import NgramFilter
 
 if TYPE_CHECKING:
     from memfree.engines.stats import GuardStats

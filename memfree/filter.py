@@ -5,8 +5,7 @@ The file format lives in :mod:`memfree.filterfile`; this module keeps the path s
 
 from __future__ import annotations
 
-from memfree.filterfile import open_filter
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile import NgramFilter, open_filter
 from memfree.filterfile.protocol import BlockedBits, NgramSet
 
 __all__ = ["BlockedBits", "NgramFilter", "NgramSet", "open_filter"]

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from memfree.filterfile import NgramFilter
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED
 from memfree.filterfile.index_file import DEFAULT_INDEX_FALSE_POSITIVE_RATE, IndexFilter
-from memfree.filterfile.native import NgramFilter
 from memfree.filterfile.protocol import NgramSet
 from memfree.vocab.words import text_word_hashes, word_metadata
 

@@ -126,7 +126,7 @@ def _model_and_filters(args: argparse.Namespace, settings: Any) -> tuple[Any, An
         ValueError: a filter of the other unit given as --filter or --word-filter.
     """
     from eval.experiments import check_filters
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
     from memfree.models import load_model
 
     ngram_filter = NgramFilter.open(args.filter) if args.filter is not None else None
@@ -147,7 +147,7 @@ def _default_filter(unit: str, tokenizer: Any) -> Any:
     from bloom_builder.build import build_filter
     from bloom_builder.settings import BuildSettings
     from memfree.errors import DamagedFilterError
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
     from memfree.units import get_unit
 
     path, settings = {

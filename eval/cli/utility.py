@@ -68,7 +68,7 @@ def _filter_and_tokenizer(filter_path: str, tokenizer_name: str | None) -> tuple
             with (the guard's own check).
         memfree.vocab.tokenizer.TokenizerNotFoundError: no such tokenizer.
     """
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
     from memfree.units import unit_of
     from memfree.vocab.tokenizer import check_tokenizer, load_tokenizer
 

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         return fail(in_flag_terms(str(error), DECODING_FLAGS))
 
     from memfree.errors import FilterError
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
 
     try:
         ngram_filter = NgramFilter.open(args.filter)

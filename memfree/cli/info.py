@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``memfree info``; returns the exit status (2 for a missing or damaged filter)."""
     from memfree.errors import FilterError
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile import NgramFilter
 
     kwargs: dict[str, Any] = {}
     if args.ngram_size is not None:

@@ -1,5 +1,5 @@
 """One class for vLLM, under either model runner, loadable as a plugin: the guard with no code
-change (:class:`MemFreeLogitsProcessor`).
+change (:class:`MemFreeVllmLogitsProcessor`).
 
 vLLM 0.32 builds every class registered under the ``vllm.logits_processors`` entry-point group
 (memfree registers this one) in every engine of the environment, and V1's and Model Runner V2's
@@ -101,7 +101,7 @@ class ServingLog:
         return line
 
 
-class MemFreeLogitsProcessor(*_BASES):  # type: ignore[misc]
+class MemFreeVllmLogitsProcessor(*_BASES):  # type: ignore[misc]
     """MemFree decoding in vLLM, under the V1 runner or Model Runner V2, configured by the engine's
     ``additional_config["memfree"]`` or the environment (:meth:`ServingConfig.find`).
 
@@ -204,7 +204,7 @@ def _named(vllm_config: Any) -> bool:
     the entry point."""
     named = getattr(getattr(vllm_config, "model_config", None), "logits_processors", None) or ()
     for item in named:
-        if isinstance(item, type) and issubclass(item, MemFreeLogitsProcessor):
+        if isinstance(item, type) and issubclass(item, MemFreeVllmLogitsProcessor):
             return True
         if isinstance(item, str) and item.startswith("memfree."):
             return True
@@ -225,8 +225,8 @@ def _refuse_unfilled_placeholders(vllm_config: Any, named: bool) -> None:
     raise ServingConfigError(
         "memfree under vLLM's V1 runner with async scheduling: vLLM passes the sampled ids to "
         "a logits processor only when it is named; add --logits-processors "
-        "memfree.integrations.vllm:MemFreeLogitsProcessor (or --no-async-scheduling)"
+        "memfree.integrations.vllm:MemFreeVllmLogitsProcessor (or --no-async-scheduling)"
     )
 
 
-__all__ = ["MemFreeLogitsProcessor", "ServingLog"]
+__all__ = ["MemFreeVllmLogitsProcessor", "ServingLog"]

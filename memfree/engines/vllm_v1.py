@@ -1,5 +1,5 @@
 """The guard inside vLLM's V1 model runner: :class:`V1Guard`, the implementation that
-:class:`~memfree.engines.vllm_plugin.MemFreeLogitsProcessor` runs when V1 builds it.
+:class:`~memfree.engines.vllm_plugin.MemFreeVllmLogitsProcessor` runs when V1 builds it.
 
 vLLM builds one processor per engine and tells it how its persistent batch changes through
 ``update_state(BatchUpdate)``: requests added (with their prompt ids and a live reference to

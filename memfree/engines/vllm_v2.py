@@ -1,5 +1,5 @@
 """The guard inside vLLM's Model Runner V2: :class:`V2Guard`, the implementation that
-:class:`~memfree.engines.vllm_plugin.MemFreeLogitsProcessor` runs when MRV2 builds it.
+:class:`~memfree.engines.vllm_plugin.MemFreeVllmLogitsProcessor` runs when MRV2 builds it.
 
 MRV2 keeps every request's committed ids on the device (``req_states.all_token_ids``, valid up to
 ``total_len``) in a slot that is recycled, calls ``add_request(slot, params)`` when a request takes

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from memfree.errors import DamagedFilterError
+from memfree.filterfile import NgramFilter
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np
 from memfree.filterfile.header import (
@@ -47,11 +48,12 @@ from memfree.filterfile.index_sizing import Concentration, choose_shape, word_sh
 DEFAULT_INDEX_FALSE_POSITIVE_RATE = 1e-5
 
 
-class IndexFilter:
-    """A read-only set of token n-grams in the prefix-keyed index layout, memory-mapped.
+class IndexFilter(NgramFilter):
+    """A read-only set of n-grams in the prefix-keyed index layout (the default build),
+    memory-mapped.
 
-    Open with :func:`memfree.filterfile.open_filter` (or :meth:`NgramFilter.open`); write a small
-    one with :meth:`from_ngrams`. Queries never produce false negatives.
+    Open with :meth:`NgramFilter.open <memfree.filterfile.NgramFilter.open>`; write a small one
+    with :meth:`from_ngrams`. Queries never produce false negatives.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class IndexFilter:
         self.file_watch: FileWatch | None = None
 
     @classmethod
-    def from_ngrams(
+    def from_ngrams(  # type: ignore[override]  # each layout takes its own arguments
         cls,
         path: str | os.PathLike[str],
         ngrams: np.ndarray | list[list[int]],

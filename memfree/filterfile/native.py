@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from memfree.filterfile import NgramFilter
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
 from memfree.filterfile.native_open import open_native
@@ -31,16 +32,13 @@ from memfree.filterfile.writer import (
 )
 
 
-class NgramFilter:
-    """A read-only set of token n-grams backed by one memory-mapped file.
+class BloomFilter(NgramFilter):
+    """A read-only set of n-grams in memfree's blocked Bloom layout, backed by one memory-mapped
+    file (the default layout of earlier releases, still built with ``--layout blocked-512``).
 
-    Open with :meth:`open` (validates magic, version, size, parameters and checksum) or write
-    one with :meth:`create`. Queries never produce false negatives.
-
-    Example:
-        >>> filt = NgramFilter.open("stdlib.memfree")  # doctest: +SKIP
-        >>> filt.contains([[1, 2, 3], [4, 5, 6]])  # doctest: +SKIP
-        array([ True, False])
+    Open with :meth:`NgramFilter.open <memfree.filterfile.NgramFilter.open>` (validates magic,
+    version, size, parameters and checksum) or write one with :meth:`create` or
+    :meth:`from_ngrams`. Queries never produce false negatives.
     """
 
     def __init__(
@@ -67,35 +65,14 @@ class NgramFilter:
     # -- opening and creating ----------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, verify: bool = True, **kwargs: Any) -> NgramSet:
-        """Open and validate a filter file, in whichever format its magic bytes name.
-
-        Args:
-            path: a memfree filter, or a pybloomfiltermmap3 file (with its ``.json`` sidecar, or
-                ``ngram_size=`` given).
-            verify: check the bit array's checksum (reads the whole file once).
-            **kwargs: passed to the pybloomfiltermmap3 reader (``ngram_size``).
-
-        Returns:
-            An :class:`NgramFilter`, or a :class:`~memfree.filterfile.pybloom.PybloomNgramFilter`.
-
-        Raises:
-            FileNotFoundError: the path does not exist.
-            DamagedFilterError: the file is truncated, damaged, of another version or not a filter.
-        """
-        from memfree.filterfile import open_filter
-
-        return open_filter(path, verify=verify, **kwargs)
-
-    @classmethod
-    def _open_native(cls, path: Path, verify: bool) -> NgramFilter:
+    def _open_native(cls, path: Path, verify: bool) -> BloomFilter:
         opened = open_native(path, verify)
         filt = cls(path, opened.bit_words, opened.metadata, opened.prefix_bit_words)
         filt.file_watch = opened.file_watch
         return filt
 
     @classmethod
-    def _open_written(cls, path: str | os.PathLike[str]) -> NgramFilter:
+    def _open_written(cls, path: str | os.PathLike[str]) -> BloomFilter:
         """Open (verified) a native file this process just wrote."""
         return cls._open_native(Path(path), verify=True)
 
@@ -105,7 +82,7 @@ class NgramFilter:
         path: str | os.PathLike[str],
         bit_words: np.ndarray,
         metadata: Mapping[str, Any],
-    ) -> NgramFilter:
+    ) -> BloomFilter:
         """Write a filter file atomically (temporary name, then rename) and open it.
 
         Args:
@@ -117,7 +94,7 @@ class NgramFilter:
         return cls._open_written(write_filter(path, bit_words, metadata))
 
     @classmethod
-    def from_ngrams(
+    def from_ngrams(  # type: ignore[override]  # each layout takes its own arguments
         cls,
         path: str | os.PathLike[str],
         ngrams: np.ndarray | list[list[int]],
@@ -126,7 +103,7 @@ class NgramFilter:
         prefix_false_positive_rate: float | None = DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
         hash_seed: int = DEFAULT_HASH_SEED,
         metadata: Mapping[str, Any] | None = None,
-    ) -> NgramFilter:
+    ) -> BloomFilter:
         """Write a filter holding exactly the given n-grams (deduplicated) and open it.
 
         For small, explicit sets (tests, hand-made block lists); corpora go through
@@ -279,7 +256,7 @@ class NgramFilter:
 
     def __repr__(self) -> str:
         return (
-            f"NgramFilter({str(self.path)!r}, n={self.n}, num_ngrams={self.num_ngrams}, "
+            f"BloomFilter({str(self.path)!r}, n={self.n}, num_ngrams={self.num_ngrams}, "
             f"num_bits={self.num_bits}, num_probes={self.num_probes}, "
             f"expected_fpr={self.expected_false_positive_rate:.3g})"
         )
@@ -301,7 +278,7 @@ class NgramFilter:
         if self._prefix_bit_words is not None:
             self._prefix_bit_words = np.empty(0, dtype=np.uint64)
 
-    def __enter__(self) -> NgramFilter:
+    def __enter__(self) -> BloomFilter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -315,4 +292,4 @@ def describe_rate(rate: float) -> str:
     return f"{rate:.3g} (1 in {math.ceil(1 / rate):,})"
 
 
-__all__ = ["BlockedBits", "NgramFilter", "NgramSet", "describe_rate"]
+__all__ = ["BlockedBits", "BloomFilter", "NgramFilter", "NgramSet", "describe_rate"]

@@ -34,10 +34,11 @@ class BlockedBits:
 class NgramSet(Protocol):
     """What every filter format answers when read: the guard and the evaluation need no more.
 
-    :class:`NgramFilter` (memfree's Bloom layout), :class:`~memfree.filterfile.index_file.IndexFilter`
-    (the prefix-keyed index) and
-    :class:`~memfree.filterfile.pybloom.PybloomNgramFilter` (pybloomfiltermmap3 interchange files) implement
-    it; neither subclasses the other.
+    Every layout's reader implements it, each a subclass of the face
+    :class:`~memfree.filterfile.NgramFilter`: :class:`~memfree.filterfile.native.BloomFilter`
+    (memfree's Bloom layout), :class:`~memfree.filterfile.index_file.IndexFilter` (the
+    prefix-keyed index) and :class:`~memfree.filterfile.pybloom.PybloomNgramFilter`
+    (pybloomfiltermmap3 interchange files).
     """
 
     path: Path

@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
+from memfree.filterfile import NgramFilter
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
 from memfree.filterfile.pybloom_format import (
@@ -39,7 +40,7 @@ from memfree.filterfile.pybloom_hash import (  # expected_false_positive_rate: r
 from memfree.filterfile.pybloom_writer import PybloomWriter
 
 
-class PybloomNgramFilter:
+class PybloomNgramFilter(NgramFilter):
     """A read-only n-gram set in a pybloomfiltermmap3 file; open it with :func:`open_pybloom`.
 
     Implements :class:`memfree.filterfile.native.NgramSet` (the read API every filter format shares) without

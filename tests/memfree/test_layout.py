@@ -43,6 +43,39 @@ def test_public_paths_name_the_same_objects() -> None:
     assert MemFreeLlamaCppLogitsProcessor is llama_cpp.MemFreeLlamaCppLogitsProcessor
 
 
+def test_every_layout_opens_as_an_ngram_filter_with_a_name_of_its_own(tmp_path: Path) -> None:
+    """``NgramFilter.open`` of a default build (the prefix index), a Bloom file and a
+    pybloomfiltermmap3 file is an ``NgramFilter`` (the README's quick start), each reader a class
+    of its own; and no two public classes share a name."""
+    from memfree.filterfile.index_file import IndexFilter
+    from memfree.filterfile.native import BloomFilter
+
+    ngrams = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
+    paths = {
+        BloomFilter: NgramFilter.from_ngrams(tmp_path / "b.memfree", ngrams).path,
+        IndexFilter: IndexFilter.from_ngrams(tmp_path / "i.memfree", ngrams, vocab_size=8).path,
+    }
+    writer = pybloom.PybloomWriter(capacity=2, error_rate=0.01, hash_seed=1)
+    writer.add_ngrams(ngrams)
+    paths[pybloom.PybloomNgramFilter] = writer.write(
+        tmp_path / "p.bloom", {"tokenizer": "toy", "unit": "token"}, 2
+    )
+    for reader, path in paths.items():
+        opened = NgramFilter.open(path)
+        assert type(opened) is reader and isinstance(opened, NgramFilter)
+        assert isinstance(open_filter(path), NgramFilter) and opened.contains(ngrams).all()
+    assert len({reader.__name__ for reader in paths} | {"NgramFilter"}) == 4
+    public = {
+        name: obj
+        for module in (memfree, memfree.filter, memfree.processor, memfree.integrations.vllm)
+        for name in getattr(module, "__all__", ())
+        if isinstance(obj := getattr(module, name), type)
+    }
+    names: dict[str, type] = {}
+    for name, cls in public.items():
+        assert names.setdefault(cls.__name__, cls) is cls, f"two public classes named {name}"
+
+
 def test_version_comes_from_the_package_metadata() -> None:
     assert memfree.__version__ == importlib.metadata.version("memfree")
 

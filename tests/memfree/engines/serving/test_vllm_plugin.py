@@ -18,9 +18,9 @@ import torch
 
 from memfree.engines.policy import ServingConfigError
 from memfree.engines.vllm import (
-    MemFreeLogitsProcessor,
     MemFreeV1LogitsProcessor,
     MemFreeV2LogitsProcessor,
+    MemFreeVllmLogitsProcessor,
 )
 from memfree.engines.vllm_v1 import V1Guard
 from memfree.engines.vllm_v2 import V2Guard
@@ -62,18 +62,22 @@ def _added(prompt: list[int]) -> Any:
 def test_the_entry_point_names_the_one_class() -> None:
     found = {ep.name: ep for ep in entry_points(group="vllm.logits_processors")}
     assert "memfree" in found, "reinstall the package (`make setup`) to register the entry point"
-    assert found["memfree"].value == "memfree.integrations.vllm:MemFreeLogitsProcessor"
-    assert found["memfree"].load() is MemFreeLogitsProcessor
+    assert found["memfree"].value == "memfree.integrations.vllm:MemFreeVllmLogitsProcessor"
+    assert found["memfree"].load() is MemFreeVllmLogitsProcessor
     assert integration.MemFreeV1LogitsProcessor is integration.MemFreeV2LogitsProcessor
-    assert MemFreeV1LogitsProcessor is MemFreeV2LogitsProcessor is MemFreeLogitsProcessor
+    assert MemFreeV1LogitsProcessor is MemFreeV2LogitsProcessor is MemFreeVllmLogitsProcessor
+    # Its earlier name, which server flags may still give, names it too (not the transformers
+    # processor of that name), though no longer exported.
+    assert integration.MemFreeLogitsProcessor is MemFreeVllmLogitsProcessor
+    assert "MemFreeLogitsProcessor" not in integration.__all__
 
 
 def test_without_configuration_it_is_inert_and_says_so(
     helpers: Any, tokenizer_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        v1 = MemFreeLogitsProcessor(_config(helpers, tokenizer_dir), torch.device("cpu"), False)
-        v2 = MemFreeLogitsProcessor(_config(helpers, tokenizer_dir), _v2_states(50))
+        v1 = MemFreeVllmLogitsProcessor(_config(helpers, tokenizer_dir), torch.device("cpu"), False)
+        v2 = MemFreeVllmLogitsProcessor(_config(helpers, tokenizer_dir), _v2_states(50))
     assert caplog.text.count("installed but not configured") == 2
     assert v1.active is None and v2.active is None
     assert v1.is_argmax_invariant()  # V1 then calls it only where it samples
@@ -88,9 +92,9 @@ def test_without_configuration_it_is_inert_and_says_so(
 
 def test_named_without_configuration_stops_the_engine(helpers: Any, tokenizer_dir: Path) -> None:
     config = _config(helpers, tokenizer_dir)
-    config.model_config.logits_processors = ["memfree.integrations.vllm:MemFreeLogitsProcessor"]
+    config.model_config.logits_processors = ["memfree.integrations.vllm:MemFreeVllmLogitsProcessor"]
     with pytest.raises(ServingConfigError, match=r"has no configuration.*MEMFREE_FILTER"):
-        MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+        MemFreeVllmLogitsProcessor(config, torch.device("cpu"), False)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +109,9 @@ def test_a_present_but_wrong_configuration_stops_the_engine(
     helpers: Any, tokenizer_dir: Path, memfree: Any, message: str
 ) -> None:
     with pytest.raises(ServingConfigError, match=message):
-        MemFreeLogitsProcessor(_config(helpers, tokenizer_dir, memfree), torch.device("cpu"), False)
+        MemFreeVllmLogitsProcessor(
+            _config(helpers, tokenizer_dir, memfree), torch.device("cpu"), False
+        )
 
 
 def test_the_environment_configures_it(
@@ -118,7 +124,7 @@ def test_the_environment_configures_it(
     path = str(token_guarded.filter.path)
     prompt = token_guarded.corpus_ids[0][:12]
     logits = torch.randn(1, token_guarded.width)
-    explicit = MemFreeLogitsProcessor(
+    explicit = MemFreeVllmLogitsProcessor(
         _config(helpers, tokenizer_dir, {"filter": path}), torch.device("cpu"), False
     )
     explicit.update_state(_added(prompt))
@@ -128,7 +134,7 @@ def test_the_environment_configures_it(
     settings.write_text(json.dumps({"filter": path, "allow_opt_out": True}), encoding="utf-8")
     for name, value in (("MEMFREE_FILTER", path), ("MEMFREE_CONFIG", str(settings))):
         monkeypatch.setenv(name, value)
-        processor = MemFreeLogitsProcessor(
+        processor = MemFreeVllmLogitsProcessor(
             _config(helpers, tokenizer_dir), torch.device("cpu"), False
         )
         assert isinstance(processor.active, V1Guard)
@@ -140,14 +146,16 @@ def test_the_environment_configures_it(
     )
     # Under Model Runner V2's constructor the same configuration builds the V2 implementation.
     monkeypatch.setenv("MEMFREE_FILTER", path)
-    v2 = MemFreeLogitsProcessor(_config(helpers, tokenizer_dir), _v2_states(token_guarded.width))
+    v2 = MemFreeVllmLogitsProcessor(
+        _config(helpers, tokenizer_dir), _v2_states(token_guarded.width)
+    )
     assert isinstance(v2.active, V2Guard)
 
 
 def test_bad_environments_are_refused_by_name(
     helpers: Any, tokenizer_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    build = lambda: MemFreeLogitsProcessor(  # noqa: E731
+    build = lambda: MemFreeVllmLogitsProcessor(  # noqa: E731
         _config(helpers, tokenizer_dir), torch.device("cpu"), False
     )
     monkeypatch.setenv("MEMFREE_CONFIG", str(tmp_path / "missing.json"))
@@ -177,13 +185,13 @@ def test_built_twice_for_one_engine_the_second_stands_aside(
     helpers: Any, tokenizer_dir: Path, token_guarded: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = _config(helpers, tokenizer_dir, {"filter": str(token_guarded.filter.path)})
-    first = MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+    first = MemFreeVllmLogitsProcessor(config, torch.device("cpu"), False)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        second = MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+        second = MemFreeVllmLogitsProcessor(config, torch.device("cpu"), False)
     assert first.active is not None and second.active is None
     assert "stands aside" in caplog.text
     other = _config(helpers, tokenizer_dir, {"filter": str(token_guarded.filter.path)})
-    assert MemFreeLogitsProcessor(other, torch.device("cpu"), False).active is not None
+    assert MemFreeVllmLogitsProcessor(other, torch.device("cpu"), False).active is not None
 
 
 def test_v1_async_scheduling_needs_the_class_named(
@@ -193,20 +201,20 @@ def test_v1_async_scheduling_needs_the_class_named(
     scheduler = SimpleNamespace(async_scheduling=True)
     config = _config(helpers, tokenizer_dir, memfree, scheduler_config=scheduler)
     with pytest.raises(ServingConfigError, match=r"async scheduling.*--logits-processors"):
-        MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+        MemFreeVllmLogitsProcessor(config, torch.device("cpu"), False)
     named = _config(helpers, tokenizer_dir, memfree, scheduler_config=scheduler)
-    named.model_config.logits_processors = [MemFreeLogitsProcessor]
-    assert MemFreeLogitsProcessor(named, torch.device("cpu"), False).active is not None
+    named.model_config.logits_processors = [MemFreeVllmLogitsProcessor]
+    assert MemFreeVllmLogitsProcessor(named, torch.device("cpu"), False).active is not None
     # Model Runner V2 reads the committed ids from its own state: no such limit.
     v2 = _config(helpers, tokenizer_dir, memfree, scheduler_config=scheduler)
-    assert MemFreeLogitsProcessor(v2, _v2_states(token_guarded.width)).active is not None
+    assert MemFreeVllmLogitsProcessor(v2, _v2_states(token_guarded.width)).active is not None
 
 
 def test_the_log_line_counts_what_the_guard_did(
     helpers: Any, tokenizer_dir: Path, token_guarded: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     memfree = {"filter": str(token_guarded.filter.path), "log_interval_s": 3600}
-    processor = MemFreeLogitsProcessor(
+    processor = MemFreeVllmLogitsProcessor(
         _config(helpers, tokenizer_dir, memfree), torch.device("cpu"), False
     )
     ids = token_guarded.corpus_ids[0]
@@ -250,13 +258,13 @@ def test_a_present_but_empty_configuration_stops_the_engine(
         monkeypatch.setenv(name, value)
     config = _config(helpers, tokenizer_dir, memfree)
     with pytest.raises(ServingConfigError, match=message):
-        MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+        MemFreeVllmLogitsProcessor(config, torch.device("cpu"), False)
     with pytest.raises(ServingConfigError, match=message):
-        MemFreeLogitsProcessor(config, _v2_states(50))
+        MemFreeVllmLogitsProcessor(config, _v2_states(50))
 
 
 def test_a_null_configuration_stops_the_engine(helpers: Any, tokenizer_dir: Path) -> None:
     config = _config(helpers, tokenizer_dir)
     config.additional_config = {"memfree": None}
     with pytest.raises(ServingConfigError, match=r"additional_config\['memfree'\] is null"):
-        MemFreeLogitsProcessor(config, torch.device("cpu"), False)
+        MemFreeVllmLogitsProcessor(config, torch.device("cpu"), False)
