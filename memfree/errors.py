@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 import re
 from collections.abc import Mapping
 
@@ -22,6 +23,41 @@ class FilterChangedError(DamagedFilterError):
 
 class FilterMismatchError(FilterError):
     """A filter was built for another tokenizer or another n-gram size than it is used with."""
+
+
+class EmptyFilterError(FilterError):
+    """A filter that stores no n-gram (``path``, of ``unit`` ``n``-grams) was given to a guard,
+    which would then guard nothing; ``opt_in`` says how the caller accepts one anyway."""
+
+    def __init__(self, path: str | os.PathLike[str], unit: str, n: int, opt_in: str) -> None:
+        super().__init__(
+            f"{path}: the filter stores no n-gram (0 {unit} {n}-grams), so a guard over it "
+            "would guard nothing; rebuild it with a lower --n or --min-count (`memfree build`, "
+            f"or from more text), or, if an empty filter is what you want, {opt_in}"
+        )
+        self.path = path
+        self.unit = unit
+        self.n = n
+
+
+class UnsupportedTokenizerError(FilterError):
+    """The tokenizer's decoder is not one whose token bytes memfree can read exactly."""
+
+
+class CanonicalUnsupportedError(UnsupportedTokenizerError):
+    """Canonical decoding is not exact for this tokenizer, so it is refused."""
+
+
+class TokenizerNotFoundError(FileNotFoundError):
+    """A tokenizer (or the default model's GGUF file) is not available locally."""
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No loadable causal language model under the given name."""
+
+
+class GuardStepError(RuntimeError):
+    """A guarded step failed inside llama.cpp's sampler; that step allowed only end of sequence."""
 
 
 class MissingDependencyError(ImportError):
@@ -61,6 +97,10 @@ class SettingError(ValueError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class ServingConfigError(SettingError):
+    """The engine's memfree configuration is missing or wrong (a setting, not a filter)."""
 
 
 def in_flag_terms(message: str, flags: Mapping[str, str]) -> str:

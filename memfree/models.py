@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from memfree.errors import ModelNotFoundError
 from memfree.vocab.tokenizer import (
     DEFAULT_MODEL_NAME,
     INSTALL_DEFAULT_HINT,
@@ -27,10 +28,6 @@ from memfree.vocab.tokenizer import (
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-class ModelNotFoundError(FileNotFoundError):
-    """No loadable causal language model under the given name."""
 
 
 def _gguf_cache_path(gguf: Path, name: str) -> Path:

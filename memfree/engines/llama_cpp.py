@@ -36,14 +36,10 @@ from memfree.core.exempt import PromptNgrams
 from memfree.engines.faults import StepFaults
 from memfree.engines.rows import RowGuard
 from memfree.engines.setup import GuardSetup
-from memfree.errors import FilterError, FilterMismatchError
+from memfree.errors import FilterError, FilterMismatchError, GuardStepError
 from memfree.filterfile.protocol import NgramSet
 
 logger = logging.getLogger("memfree")
-
-
-class GuardStepError(RuntimeError):
-    """A guarded step failed inside llama.cpp's sampler; that step allowed only end of sequence."""
 
 
 class MemFreeLlamaCppLogitsProcessor:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from memfree.errors import FilterError
+from memfree.errors import ServingConfigError
 
 CONFIG_KEY = "memfree"  # the key in additional_config and in a request's extra_args
 EXEMPT_KEY = "memfree_exempt_prompt"  # a request's ask for exempt_prompt="on_request"
@@ -54,10 +54,6 @@ _TRUE = ("1", "true")
 _FALSE = ("0", "false")
 _ABSENT = object()  # a key not given at all (not the same as one given as null)
 _SHAPE = '{"filter": "PATH", "allow_opt_out": false}'
-
-
-class ServingConfigError(FilterError):
-    """The engine's memfree configuration is missing or wrong."""
 
 
 @dataclass(frozen=True)

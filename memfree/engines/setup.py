@@ -22,28 +22,13 @@ import torch
 
 from memfree.core import Masker, MaskerOptions, exempt_token_ids
 from memfree.core.exempt import PromptNgrams, exempt_banned_mask
-from memfree.errors import FilterError, FilterMismatchError
+from memfree.errors import EmptyFilterError, FilterMismatchError
 from memfree.filterfile import open_filter
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.protocol import NgramSet
 from memfree.units import Unit, get_unit, unit_of
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.tokenizer import check_tokenizer
-
-
-class EmptyFilterError(FilterError):
-    """A filter that stores no n-gram (``path``, of ``unit`` ``n``-grams) was given to a guard,
-    which would then guard nothing; ``opt_in`` says how the caller accepts one anyway."""
-
-    def __init__(self, path: str | os.PathLike[str], unit: str, n: int, opt_in: str) -> None:
-        super().__init__(
-            f"{path}: the filter stores no n-gram (0 {unit} {n}-grams), so a guard over it "
-            "would guard nothing; rebuild it with a lower --n or --min-count (`memfree build`, "
-            f"or from more text), or, if an empty filter is what you want, {opt_in}"
-        )
-        self.path = path
-        self.unit = unit
-        self.n = n
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from memfree.errors import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.merge_tree import MergeTree
-from memfree.vocab.token_bytes import UnsupportedTokenizerError
 
 # Character classes, as GPT-2's split pattern sees them:
 # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -63,10 +63,6 @@ WORD_GUARD = (
     "Pass canonical=False (--no-canonical) to guard the token ids only, or build a word filter "
     "(`memfree build --unit word`): the word guard's promise is over the text for every tokenizer."
 )
-
-
-class CanonicalUnsupportedError(UnsupportedTokenizerError):
-    """Canonical decoding is not exact for this tokenizer, so it is refused."""
 
 
 @dataclass(frozen=True, eq=False)

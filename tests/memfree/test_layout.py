@@ -76,6 +76,26 @@ def test_every_layout_opens_as_an_ngram_filter_with_a_name_of_its_own(tmp_path: 
         assert names.setdefault(cls.__name__, cls) is cls, f"two public classes named {name}"
 
 
+def test_every_exception_of_the_guard_lives_in_errors_py_with_its_right_parent() -> None:
+    """One home for the exceptions users act on (their old import paths still work), and each
+    under the right parent: a bad server configuration is a setting's error, not a filter's."""
+    from memfree import errors
+    from memfree.engines.policy import ServingConfigError
+
+    defined = [
+        f"{path.relative_to(ROOT)}: {node.name}"
+        for path in (ROOT / "memfree").rglob("*.py")
+        if path.name != "errors.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef) and node.name.endswith("Error")
+    ]  # (an internal signal such as fileio's LockHeld is caught and worded by its caller)
+    assert defined == []
+    assert ServingConfigError is errors.ServingConfigError
+    assert issubclass(ServingConfigError, errors.SettingError)
+    assert not issubclass(ServingConfigError, errors.FilterError)
+    assert issubclass(errors.CanonicalUnsupportedError, errors.UnsupportedTokenizerError)
+
+
 def test_version_comes_from_the_package_metadata() -> None:
     assert memfree.__version__ == importlib.metadata.version("memfree")
 
