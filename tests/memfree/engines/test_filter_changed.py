@@ -212,7 +212,7 @@ def test_copies_hold_their_own_bits(live: Path, replacements: dict[str, bytes]) 
 
 def test_the_word_guard_stops_too(tmp_path: Path) -> None:
     from memfree.testing import word_filter_from_texts
-    from tests.memfree.test_reliability3 import word_level
+    from tests.memfree.vocab.test_token_bytes import word_level
 
     tok = word_level()  # a WordLevel tokenizer: the, quick, brown, fox, jumps
     live = tmp_path / "words.memfree"
