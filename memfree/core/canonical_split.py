@@ -369,7 +369,7 @@ class SplitChunks:
                     fixes.append((number, text[at:]))
             facts.append(fact)
         if self.bpe.nfc:
-            fixes.append((-1, text))
+            fixes.append((-1, nfc_context(text)))
         ends = self.bpe.encode(text) == tokens  # the row's text ending here is its tokens
         return (shape, tokens[-1], tuple(facts), ends), tuple(fixes)
 
@@ -538,6 +538,20 @@ def _may_compose(char: str) -> bool:
     or composes), or a character that composes with one before it (Hangul vowels and finals,
     the second half of a canonical pair)."""
     return bool(unicodedata.combining(char)) or char in _second_halves()
+
+
+def nfc_context(text: str) -> str:
+    """The end of an NFC ``text`` that decides whether appending text keeps it NFC: from its
+    last starter (canonical combining class 0) on. Canonical reordering moves an appended mark
+    only among the marks after that starter, and composition joins an appended character only to
+    that starter (a starter between blocks it); the text before it is NFC and stays as it is.
+    So ``NFC(text + c) == text + c`` iff ``NFC(ctx + c) == ctx + c`` for every ``c``: rows that
+    end alike share their NFC answers (a row's whole text in its state made every row a state
+    of its own). Tested against the whole text (``test_canonical_qwen.py``)."""
+    for index in range(len(text) - 1, -1, -1):
+        if unicodedata.combining(text[index]) == 0:
+            return text[index:]
+    return text
 
 
 @functools.cache

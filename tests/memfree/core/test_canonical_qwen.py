@@ -120,3 +120,39 @@ def test_qwen2_allowed_iff_canonical_for_every_candidate(
     tokenizer, masker = qwen
     ids = _split(tokenizer, text, how, 5)
     _check_rows(tokenizer, masker, [ids[:end] for end in (1, len(ids) // 2, len(ids))])
+
+
+# Characters whose NFC is subtle: Latin letters and combining marks of several classes, Hangul
+# jamo (L, V, T: starters that compose with the one before) and syllables, Kannada and Tibetan
+# vowel signs, a Devanagari nukta, a singleton (Ohm), Greek with dialytika and tonos.
+_NFC_ALPHABET = (
+    "aeAoE u\u0300\u0301\u0308\u0323\u0327\u031b\u0345\u05b0\u0591"
+    "\u1100\u1161\u11a8\uac00\uac01\u0cbf\u0cc6\u0cd5\u0cd6\u0cc2\u0f71\u0f72\u0f80"
+    "\u0915\u093c\u2126\u03b9\u0344\u1fbe"
+)
+
+
+def test_an_appended_text_breaks_nfc_exactly_where_it_breaks_the_rows_nfc_context() -> None:
+    """Canonical decoding checks NFC against the end of a row's text from its last starter on
+    (``nfc_context``), so that rows ending alike share a state: for every NFC text and every
+    appended text, the answer is the same as against the whole text."""
+    import unicodedata
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from memfree.core.canonical_split import nfc_context
+
+    chars = st.sampled_from(_NFC_ALPHABET)
+
+    @settings(max_examples=3000, deadline=None)
+    @given(st.text(chars, min_size=1, max_size=8), st.text(chars, min_size=1, max_size=3))
+    def check(text: str, appended: str) -> None:
+        text = unicodedata.normalize("NFC", text)
+        context = nfc_context(text)
+        assert text.endswith(context)
+        whole = unicodedata.normalize("NFC", text + appended) == text + appended
+        short = unicodedata.normalize("NFC", context + appended) == context + appended
+        assert whole == short, (text, context, appended)
+
+    check()
