@@ -51,6 +51,7 @@ class StateTable:
         self._versions = np.zeros(0, dtype=np.int64)  # the step that last filled each table row
         # Per device: the table's copy there, and the version of each row it holds.
         self._mirrors: dict[str, tuple[torch.Tensor | None, np.ndarray]] = {}
+        self._bits: dict[str, torch.Tensor] = {}  # per device: the bit of each packed column
         self.mirror_always = False  # tests: use the copy on the CPU too
         self.sent = 0  # bytes the latest step sent to the scores' device (0 on the CPU)
         self._slots: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # state -> table row
@@ -125,8 +126,11 @@ class StateTable:
         self._mirrors[key] = (tensor, seen)
         self.sent = int(stale.size * packed + slots.size * 8)
         rows = tensor[torch.from_numpy(slots).to(device)]
-        bits = rows.unsqueeze(-1).bitwise_and(_BITS.to(device)).ne(0)
-        return bits.reshape(len(slots), packed * 8)[:, : self._width]
+        bits = self._bits.get(key)
+        if bits is None:
+            bits = self._bits[key] = _BITS.to(device)
+        unpacked = rows.unsqueeze(-1).bitwise_and(bits).ne(0)
+        return unpacked.reshape(len(slots), packed * 8)[:, : self._width]
 
     def _slot(self, key: tuple[Any, ...]) -> int:
         """The table row of a state's banned candidates, computed on first use. Past the
