@@ -162,33 +162,11 @@ class GuardSetup:
         special.update(token_ids("pad_token_id", pad_token_id))
         exempt = exempt_token_ids(ngram_filter, special)
         unit = get_unit(unit_name) if unit_name else unit_of(ngram_filter)
-        masker = unit.masker(ngram_filter, info, exempt, options)
         eos = tuple(i for i in dict.fromkeys(eos_ids) if i in exempt)
+        on = unit.text_promise(canonical, info)  # the unit decides, and refuses what it cannot
+        masker = unit.masker(ngram_filter, info, exempt, options, canonical=on, end_token_ids=eos)
         watch = getattr(ngram_filter, "file_watch", None)
-        if unit.name == "word":
-            if canonical:
-                raise ValueError(
-                    "canonical=True applies to token filters; the word guard's promise is "
-                    "already over the text"
-                )
-            canonical = False
-        elif canonical is None:
-            canonical = info is not None
-        elif canonical and info is None:
-            raise ValueError(
-                "canonical decoding needs the model's tokenizer (it reads each token's text); "
-                "pass tokenizer=, or canonical=False to guard the ids only"
-            )
-        if canonical:
-            assert info is not None
-            from memfree.core.canonical import canonical_masker
-            from memfree.core.text_promise import TextPromiseMasker
-            from memfree.core.token import TokenMasker
-            from memfree.core.token_index import IndexMasker
-
-            assert isinstance(masker, (TokenMasker, IndexMasker))
-            masker = TextPromiseMasker(masker, canonical_masker(info, eos))
-        return cls(ngram_filter, n, unit, exempt, eos, masker, watch, bool(canonical))
+        return cls(ngram_filter, n, unit, exempt, eos, masker, watch, on)
 
 
 def checked_banned_mask(

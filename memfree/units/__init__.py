@@ -8,8 +8,12 @@ asks the unit instead of branching on its name::
     unit.name                           # "token" | "word"
 
 The guard (any engine):
-    ``unit.masker(ngram_filter, tokenizer_info, special_token_ids, options=None)`` -> a
-    :class:`memfree.core.Masker`, whose ``banned_mask(contexts, vocab_width)`` gives the banned
+    ``unit.text_promise(canonical, tokenizer_info)`` -> whether the guard adds canonical
+    decoding (the token unit: by default where there is a tokenizer; the word unit: never, its
+    promise is over the text; each refuses a choice it cannot honour with a ``ValueError``).
+    ``unit.masker(ngram_filter, tokenizer_info, special_token_ids, options=None, *,
+    canonical=False, end_token_ids=())`` -> a :class:`memfree.core.Masker` (with ``canonical``,
+    the token unit's inside a text-promise masker with the tokenizer's canonical masker), whose ``banned_mask(contexts, vocab_width)`` gives the banned
     candidates of each row and whose ``context_width`` says how much of a row it reads.
     ``tokenizer_info`` is a :class:`~memfree.vocab.info.TokenizerInfo` (or None);
     ``special_token_ids`` are the exempt ids (:func:`memfree.core.exempt_token_ids`); ``options``

@@ -82,15 +82,29 @@ class Unit(Protocol):
     reads_token_ids: bool  # whether its n-grams are token ids (its filter fits one tokenizer)
     output_formats: tuple[str, ...]  # the filter file formats that can hold its n-grams
 
+    def text_promise(self, canonical: bool | None, tokenizer: TokenizerInfo | None) -> bool:
+        """Whether the guard adds canonical decoding (its promise then holds over the text) for
+        ``canonical`` as a caller gave it (None: the unit's default with this tokenizer).
+
+        Raises:
+            ValueError: a choice the unit cannot honour, with what to do instead.
+        """
+        ...
+
     def masker(
         self,
         ngram_filter: NgramSet,
         tokenizer: TokenizerInfo | None,
         special_token_ids: Iterable[int],
         options: MaskerOptions | None = None,
+        *,
+        canonical: bool = False,
+        end_token_ids: Iterable[int] = (),
     ) -> Masker:
         """The guard core for ``ngram_filter`` (a filter of this unit) and the model's tokenizer
-        (``options``: how the core computes; see :class:`~memfree.core.MaskerOptions`)."""
+        (``options``: how the core computes; see :class:`~memfree.core.MaskerOptions`), with
+        canonical decoding when ``canonical`` (as :meth:`text_promise` decided; end of sequence
+        is ``end_token_ids``)."""
         ...
 
     def created_ngram_counts(

@@ -20,6 +20,7 @@ from memfree.units.base import BuildParts, TextNgrams, check_filter_unit
 
 if TYPE_CHECKING:
     from memfree.core import Masker, MaskerOptions
+    from memfree.core.token_index import IndexMasker
     from memfree.filterfile.protocol import NgramSet
     from memfree.vocab.info import TokenizerInfo
 
@@ -109,28 +110,60 @@ class TokenUnit:
         "pybloomfiltermmap3",
     )  # the filter file formats that can hold its n-grams
 
+    def text_promise(self, canonical: bool | None, tokenizer: TokenizerInfo | None) -> bool:
+        """Canonical decoding is on by default where there is a tokenizer (it reads each
+        token's text), and needs one when asked for.
+
+        Raises:
+            ValueError: ``canonical=True`` without a tokenizer.
+        """
+        if canonical is None:
+            return tokenizer is not None
+        if canonical and tokenizer is None:
+            raise ValueError(
+                "canonical decoding needs the model's tokenizer (it reads each token's text); "
+                "pass tokenizer=, or canonical=False to guard the ids only"
+            )
+        return canonical
+
     def masker(
         self,
         ngram_filter: NgramSet,
         tokenizer: TokenizerInfo | None,
         special_token_ids: Iterable[int],
         options: MaskerOptions | None = None,
+        *,
+        canonical: bool = False,
+        end_token_ids: Iterable[int] = (),
     ) -> Masker:
         """A :class:`~memfree.core.token.TokenMasker`, or an
         :class:`~memfree.core.token_index.IndexMasker` for a prefix-keyed index (the tokenizer was checked by the caller:
-        its fingerprint must match the filter's, see :func:`memfree.vocab.tokenizer.check_tokenizer`).
+        its fingerprint must match the filter's, see :func:`memfree.vocab.tokenizer.check_tokenizer`);
+        with ``canonical``, inside a :class:`~memfree.core.text_promise.TextPromiseMasker` with
+        the tokenizer's canonical masker.
 
         Raises:
             FilterMismatchError: ``ngram_filter`` is not a token filter.
+            CanonicalUnsupportedError: ``canonical`` with a tokenizer it is not exact for.
         """
         from memfree.core.token import TokenMasker
 
         check_filter_unit(ngram_filter, self.name, "`memfree build` (--unit token)")
+        masker: TokenMasker | IndexMasker
         if ngram_filter.prefix_index() is not None:
             from memfree.core.token_index import IndexMasker
 
-            return IndexMasker(ngram_filter, special_token_ids, options)
-        return TokenMasker(ngram_filter, special_token_ids, options)
+            masker = IndexMasker(ngram_filter, special_token_ids, options)
+        else:
+            masker = TokenMasker(ngram_filter, special_token_ids, options)
+        if not canonical:
+            return masker
+        if tokenizer is None:
+            raise ValueError("canonical decoding needs the model's tokenizer")
+        from memfree.core.canonical import canonical_masker
+        from memfree.core.text_promise import TextPromiseMasker
+
+        return TextPromiseMasker(masker, canonical_masker(tokenizer, end_token_ids))
 
     def created_ngram_counts(
         self,

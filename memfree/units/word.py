@@ -60,12 +60,28 @@ class WordUnit:
         "memfree",
     )  # the filter file formats that can hold its n-grams
 
+    def text_promise(self, canonical: bool | None, tokenizer: TokenizerInfo | None) -> bool:
+        """Never: the word guard's promise is over the text already.
+
+        Raises:
+            ValueError: ``canonical=True``.
+        """
+        if canonical:
+            raise ValueError(
+                "canonical=True applies to token filters; the word guard's promise is "
+                "already over the text"
+            )
+        return False
+
     def masker(
         self,
         ngram_filter: NgramSet,
         tokenizer: TokenizerInfo | None,
         special_token_ids: Iterable[int],
         options: MaskerOptions | None = None,
+        *,
+        canonical: bool = False,
+        end_token_ids: Iterable[int] = (),
     ) -> Masker:
         """A :class:`~memfree.core.word.WordMasker` (computed on the CPU, over each row's text:
         ``options`` do not apply, see :class:`~memfree.core.MaskerOptions`).
@@ -76,6 +92,7 @@ class WordUnit:
         """
         from memfree.core.word import WordMasker
 
+        self.text_promise(canonical, tokenizer)
         check_filter_unit(ngram_filter, self.name, "`memfree build --unit word`")
         return WordMasker(ngram_filter, tokenizer, special_token_ids)
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from memfree.errors import FilterMismatchError
+from memfree.filterfile.index_file import IndexFilter
 from memfree.filterfile.native import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.units import (
@@ -139,3 +140,31 @@ def test_a_unit_refuses_a_filter_of_the_other_unit(tmp_path: Path, tokenizer: An
         WORD.masker(tokens, tokenizer, [])
     with pytest.raises(ValueError, match="needs the model's tokenizer"):
         WORD.masker(words, None, [])
+
+
+def test_the_unit_decides_canonical_decoding(tmp_path: Path, tokenizer: Any) -> None:
+    """The token unit turns canonical decoding on where there is a tokenizer and builds the
+    text-promise masker itself; the word unit never does (its promise is over the text) and
+    refuses to be asked."""
+    from memfree.core.text_promise import TextPromiseMasker
+    from memfree.core.token_index import IndexMasker
+    from memfree.testing import token_filter_from_ngrams
+    from memfree.vocab.info import TokenizerInfo
+
+    info = TokenizerInfo.of(tokenizer)
+    assert TOKEN.text_promise(None, info) is True and TOKEN.text_promise(None, None) is False
+    assert TOKEN.text_promise(False, info) is False
+    with pytest.raises(ValueError, match="needs the model's tokenizer"):
+        TOKEN.text_promise(True, None)
+    assert WORD.text_promise(None, info) is False and WORD.text_promise(False, info) is False
+    with pytest.raises(ValueError, match="applies to token filters"):
+        WORD.text_promise(True, info)
+    tokens = token_filter_from_ngrams(tmp_path / "t.memfree", [[1, 2, 3]], tokenizer)
+    plain = TOKEN.masker(tokens, info, [])
+    guarded = TOKEN.masker(tokens, info, [], canonical=True, end_token_ids=[0])
+    assert not isinstance(plain, TextPromiseMasker) and isinstance(guarded, TextPromiseMasker)
+    index = IndexFilter.from_ngrams(tmp_path / "i.memfree", [[1, 2, 3]], vocab_size=len(tokenizer))
+    assert isinstance(TOKEN.masker(index, None, []), IndexMasker)
+    words = word_filter_from_texts(tmp_path / "w.memfree", ["a b"], 2)
+    with pytest.raises(ValueError, match="applies to token filters"):
+        WORD.masker(words, info, [], canonical=True)
