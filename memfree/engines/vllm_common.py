@@ -71,23 +71,14 @@ def engine_tokenizer(vllm_config: Any) -> Any:
     return cached_tokenizer_from_config(model_config)
 
 
-def engine_guard(vllm_config: Any) -> tuple[ServingConfig, RowGuard]:
-    """The operator's settings (:meth:`ServingConfig.find`) and the guard over the engine's
-    tokenizer.
-
-    Raises:
-        ServingConfigError: no configuration, or a bad one.
-        FilterError: the filter cannot be opened, or does not fit the engine's tokenizer (its
-            fingerprint), n or unit; the message says how to rebuild it.
-    """
-    config = ServingConfig.find(getattr(vllm_config, "additional_config", None))
-    if config is None:
-        raise ServingConfigError(
-            "the memfree guard has no configuration: pass "
-            '--additional-config \'{"memfree": {"filter": "PATH"}}\' to the engine, or set '
-            f"{FILTER_ENV}=PATH (or {CONFIG_ENV}=a JSON file of the same settings)"
-        )
-    return config, guard_for(config, vllm_config)
+def no_configuration() -> ServingConfigError:
+    """The error for a guard asked for by name (``--logits-processors``) with no configuration:
+    what to set."""
+    return ServingConfigError(
+        "the memfree guard has no configuration: pass "
+        '--additional-config \'{"memfree": {"filter": "PATH"}}\' to the engine, or set '
+        f"{FILTER_ENV}=PATH (or {CONFIG_ENV}=a JSON file of the same settings)"
+    )
 
 
 def guard_for(config: ServingConfig, vllm_config: Any) -> RowGuard:
@@ -219,8 +210,8 @@ class RequestPolicy:
 __all__ = [
     "ChangedFilterGuard",
     "RequestPolicy",
-    "engine_guard",
     "engine_tokenizer",
     "guard_for",
+    "no_configuration",
     "validate_request",
 ]

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from memfree.engines.policy import CONFIG_ENV, FILTER_ENV, ServingConfig, ServingConfigError
-from memfree.engines.vllm_common import engine_guard, validate_request
+from memfree.engines.vllm_common import no_configuration, validate_request
 from memfree.engines.vllm_v1 import V1Guard
 from memfree.engines.vllm_v2 import V2Guard
 
@@ -129,7 +129,7 @@ class MemFreeVllmLogitsProcessor(*_BASES):  # type: ignore[misc]
         config = ServingConfig.find(getattr(vllm_config, "additional_config", None))
         named = _named(vllm_config)
         if config is None and named:  # asked for by name: a missing configuration is an error
-            engine_guard(vllm_config)  # raises ServingConfigError, naming what to set
+            raise no_configuration()
         if config is None:
             logger.info(
                 "memfree is installed but not configured: no request is guarded (set "

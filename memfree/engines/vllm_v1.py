@@ -27,7 +27,6 @@ from memfree.engines.policy import ServingConfig
 from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
-    engine_guard,
     guard_for,
 )
 from memfree.errors import FilterChangedError
@@ -67,8 +66,8 @@ class V1Guard:
         vllm_config: the engine's configuration.
         device: where the logits live.
         is_pin_memory: unused.
-        config: the operator's settings, already found (default: read from ``vllm_config`` and
-            the environment, :meth:`~memfree.engines.policy.ServingConfig.find`).
+        config: the operator's settings, found once by the plugin
+            (:meth:`~memfree.engines.policy.ServingConfig.find`).
 
     Raises:
         ServingConfigError: a missing or bad configuration.
@@ -81,12 +80,9 @@ class V1Guard:
         device: torch.device,
         is_pin_memory: bool,
         *,
-        config: ServingConfig | None = None,
+        config: ServingConfig,
     ) -> None:
-        if config is None:
-            self.config, self.rows = engine_guard(vllm_config)
-        else:
-            self.config, self.rows = config, guard_for(config, vllm_config)
+        self.config, self.rows = config, guard_for(config, vllm_config)
         self.policy = RequestPolicy(self.config)
         self.device = device
         self._requests: dict[int, _Request] = {}

@@ -29,7 +29,6 @@ from memfree.engines.setup import ban_scores, fail_closed
 from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,
-    engine_guard,
     guard_for,
 )
 from memfree.errors import FilterChangedError
@@ -43,21 +42,15 @@ class V2Guard:
     Args:
         vllm_config: the engine's configuration.
         req_states: MRV2's per-slot request state (read only).
-        config: the operator's settings, already found (default: read from ``vllm_config`` and
-            the environment).
+        config: the operator's settings, found once by the plugin.
 
     Raises:
         ServingConfigError: a missing or bad configuration.
         FilterError: the filter cannot be opened or does not fit the engine's tokenizer.
     """
 
-    def __init__(
-        self, vllm_config: Any, req_states: Any, *, config: ServingConfig | None = None
-    ) -> None:
-        if config is None:
-            self.config, self.rows = engine_guard(vllm_config)
-        else:
-            self.config, self.rows = config, guard_for(config, vllm_config)
+    def __init__(self, vllm_config: Any, req_states: Any, *, config: ServingConfig) -> None:
+        self.config, self.rows = config, guard_for(config, vllm_config)
         self.policy = RequestPolicy(self.config)
         self.req_states = req_states
         self.device = torch.device(req_states.device)
