@@ -17,15 +17,13 @@ from typing import Any
 
 import pytest
 
-from bloom_builder.build import build_filter
-from bloom_builder.settings import BuildSettings
 from eval.audit_report import write_audit_report
 from eval.experiments import run_memorization
 from eval.resultdirs import LOCK_NAME, check_results_dir, folder_kinds
 from eval.settings import ExperimentSettings
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
-from tests.conftest import MEMORIZED_DOCUMENTS, tiny_llama_model
+from tests.eval.eval_runs import finished_eval_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,39 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def setup(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, tokenizer_dir: Path) -> Any:
     """A corpus of 3 documents, its filter, a saved tiny model, and a finished eval run."""
     root = tmp_path_factory.mktemp("safety")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for index, text in enumerate(MEMORIZED_DOCUMENTS):
-        (corpus / f"d{index}.txt").write_text(text)
-    build_filter(
-        [str(corpus)],
-        root / "f.memfree",
-        BuildSettings(ngram_size=4, tokenizer=str(tokenizer_dir), workers=1),
-        progress=False,
-    )
-    model = tiny_llama_model(tokenizer, hidden_size=32, key_value_heads=2).eval()
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    arguments = [
-        "eval",
-        "discoverable",
-        "--model",
-        str(root / "model"),
-        "--filter",
-        str(root / "f.memfree"),
-        "--corpus",
-        str(corpus),
-        "--num-examples",
-        "2",
-        "--prompt-tokens",
-        "5",
-        "--truth-tokens",
-        "5",
-        "--defenses",
-        "none",
-        "memfree",
-    ]
-    assert cli_main([*arguments, "--out", str(root / "run")]) == 0
+    arguments, model = finished_eval_run(root, tokenizer, tokenizer_dir)
     return root, arguments, model
 
 

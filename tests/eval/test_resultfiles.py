@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from bloom_builder.build import build_filter
-from bloom_builder.settings import BuildSettings
 from eval.experiments import RecordLog, run_memorization
 from eval.records import MemorizationRecord
 from eval.report import summarize, summarize_buckets
@@ -23,46 +21,15 @@ from eval.resultfiles import OPTIONAL_RECORD_FIELDS, RECORD_FIELDS, RECORDS_FIX,
 from eval.settings import ExperimentSettings
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
-from tests.conftest import MEMORIZED_DOCUMENTS, tiny_llama_model
+from tests.eval.eval_runs import finished_eval_run
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any, tokenizer_dir: Path) -> Any:
     """A corpus, its filter, a saved tiny model, and a finished ``memfree eval`` run."""
     root = tmp_path_factory.mktemp("finished")
+    arguments, model = finished_eval_run(root, tokenizer, tokenizer_dir)
     corpus = root / "corpus"
-    corpus.mkdir()
-    for index, text in enumerate(MEMORIZED_DOCUMENTS):
-        (corpus / f"d{index}.txt").write_text(text)
-    build_filter(
-        [str(corpus)],
-        root / "f.memfree",
-        BuildSettings(ngram_size=4, tokenizer=str(tokenizer_dir), workers=1),
-        progress=False,
-    )
-    model = tiny_llama_model(tokenizer, hidden_size=32, key_value_heads=2).eval()
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    arguments = [
-        "eval",
-        "discoverable",
-        "--model",
-        str(root / "model"),
-        "--filter",
-        str(root / "f.memfree"),
-        "--corpus",
-        str(corpus),
-        "--num-examples",
-        "2",
-        "--prompt-tokens",
-        "5",
-        "--truth-tokens",
-        "5",
-        "--defenses",
-        "none",
-        "memfree",
-    ]
-    assert cli_main([*arguments, "--out", str(root / "run")]) == 0
     settings = ExperimentSettings(
         corpus=(str(corpus),),
         num_examples=2,
