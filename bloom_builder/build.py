@@ -38,6 +38,7 @@ from bloom_builder.sources import ProblemLog
 from bloom_builder.summary import BuildSummary
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
 from bloom_builder.write_index import index_token_bits
+from memfree.errors import url_problem
 from memfree.filterfile.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
 
@@ -85,6 +86,14 @@ def build_filter(
     if not paths:
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
     pybloom = settings.output_format != "memfree"
+    for value, what in [
+        (output, "the output"),
+        (work_dir, "the work directory"),
+        *((path, "the corpus path") for path in paths),
+    ]:
+        problem = url_problem(value, what)
+        if problem is not None:  # before any folder is made: never a local folder named "s3:"
+            raise BuildError(problem)
     try:
         # Absolute from here on: tasks run in processes (Ray workers on other nodes) whose
         # working directory is not the user's.

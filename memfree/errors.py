@@ -89,6 +89,23 @@ def os_problem(error: OSError) -> str:
     return reason[:1].lower() + reason[1:]
 
 
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def url_problem(value: object, what: str) -> str | None:
+    """The message for a path given as a URL (``s3://``, ``gs://``, ``hf://``, ``https://``...),
+    which memfree does not read yet: never taken for a local path (``-o s3://b/f.memfree``
+    would otherwise write a local folder named ``s3:``). None for anything else."""
+    if not isinstance(value, (str, os.PathLike)) or not _URL.match(os.fspath(value)):
+        return None
+    scheme = os.fspath(value).split("://", 1)[0]
+    return (
+        f"{what} {os.fspath(value)!r} is a {scheme}:// URL; memfree reads and writes local paths "
+        "only (object storage is not supported yet): copy the object to a local file first "
+        "(for example `aws s3 cp` or `gsutil cp`), or mount the bucket and give its local path"
+    )
+
+
 class SettingError(ValueError):
     """A setting's value is out of range: the message names the field and the value
     (``ngram_size must be >= 1, got 0``), in the library's terms. Each command line translates

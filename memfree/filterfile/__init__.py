@@ -170,6 +170,7 @@ def open_filter(
     """
     # Imported here: importing one part of this package (the builder imports hashing) loads no
     # reader, and the interchange reader loads only for its own files.
+    from memfree.errors import FilterError, url_problem
     from memfree.filterfile.header import INDEX_FORMAT_VERSION, MAGIC, format_version, read_preamble
     from memfree.filterfile.protocol import NgramSet
 
@@ -177,6 +178,9 @@ def open_filter(
         if kwargs:
             raise TypeError(f"unexpected arguments for an open filter: {sorted(kwargs)}")
         return ngram_filter
+    problem = url_problem(ngram_filter, "the filter")
+    if problem is not None:
+        raise FilterError(problem)
     if not isinstance(ngram_filter, (str, os.PathLike)):
         raise TypeError(
             "ngram_filter must be an NgramFilter or the path of a filter file, got "
