@@ -158,8 +158,8 @@ class TokenUnit:
             masker = TokenMasker(ngram_filter, special_token_ids, options)
         if not canonical:
             return masker
-        if tokenizer is None:
-            raise ValueError("canonical decoding needs the model's tokenizer")
+        self.text_promise(True, tokenizer)  # one wording for a direct call without a tokenizer
+        assert tokenizer is not None
         from memfree.core.canonical import canonical_masker
         from memfree.core.text_promise import TextPromiseMasker
 
