@@ -73,7 +73,7 @@ from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.sentencepiece import is_sentencepiece
 
 _CACHE = 256
-_BIGRAMS = 2048  # merge tests kept (packed), per last token
+_BIGRAMS = 64  # merge tests kept, per last token
 
 
 class CanonicalMasker(TableMasker):
@@ -141,7 +141,7 @@ class CanonicalMasker(TableMasker):
         )  # fmt: skip
         chars = self._chars
         self._pseudo_columns = (
-            pseudo_columns(chars, self._packed_bigram, v.runs)
+            pseudo_columns(chars, self._bigram, v.runs)
             if chars is not None and chars.size and chars.classify is None
             else None
         )
@@ -401,25 +401,24 @@ class CanonicalMasker(TableMasker):
         return allowed
 
     def _bigram(self, a: int) -> np.ndarray:
-        """bool `(vocab_size,)`: the merge-tree test after ``a`` (kept packed, 8 per byte)."""
-        return np.unpackbits(self._packed_bigram(a), count=self.bpe.vocab_size).view(bool)
-
-    def _pair(self, a: int, token: int) -> bool:
-        """Whether no merge joins ``token`` to ``a`` (one entry of :meth:`_bigram`)."""
-        return bool(self._packed_bigram(a)[token >> 3] & (0x80 >> (token & 7)))
-
-    def _packed_bigram(self, a: int) -> np.ndarray:
+        """bool `(vocab_size,)`: the merge-tree test after ``a`` (read from the tables' runs,
+        about 20 µs; the few latest kept, as a state's answer reads it more than once)."""
         with self._lock:
             cached = self._bigrams.get(a)
             if cached is not None:
                 self._bigrams.move_to_end(a)
                 return cached
-        packed = np.packbits(self.bpe.bigram_allowed(a))
+        row = self.bpe.bigram_allowed(a)
+        row.flags.writeable = False  # shared: a caller that wrote into it would be a bug
         with self._lock:
-            self._bigrams[a] = packed
+            self._bigrams[a] = row
             if len(self._bigrams) > _BIGRAMS:
                 self._bigrams.popitem(last=False)
-        return packed
+        return row
+
+    def _pair(self, a: int, token: int) -> bool:
+        """Whether no merge joins ``token`` to ``a`` (one entry of :meth:`_bigram`)."""
+        return self.bpe.pair_allowed(a, token)
 
     def _starting_with(self, prefix: str) -> np.ndarray:
         cached = self._prefixes.get(prefix)

@@ -130,19 +130,18 @@ def cut_mask(key: tuple[Any, ...], mask: np.ndarray, c: Columns) -> np.ndarray:
 
 
 def pseudo_columns(
-    chars: Characters, packed_bigram: Callable[[int], np.ndarray], run_kinds: Iterable[int]
+    chars: Characters, token_bigram: Callable[[int], np.ndarray], run_kinds: Iterable[int]
 ) -> Columns:
     """What the rules read of each pseudo candidate (a head and the class of the character it
     begins): it starts a chunk alone (its chain is its text's tokenization), is never an added
     token or a lone whitespace character, and is a contraction's rest only where its head's
-    whole characters are; its merge-tree test is its head's (``packed_bigram``: a token's
-    test, 8 per byte)."""
+    whole characters are; its merge-tree test is its head's (``token_bigram``: a token's
+    test over the vocabulary)."""
     size = chars.size
     heads = chars.heads
 
     def bigram(a: int) -> np.ndarray:
-        packed = packed_bigram(a)
-        allowed: np.ndarray = (packed[heads >> 3] & (0x80 >> (heads & 7))).astype(bool)
+        allowed: np.ndarray = token_bigram(a)[heads]
         return allowed
 
     return Columns(

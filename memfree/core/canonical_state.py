@@ -123,6 +123,7 @@ class RowStates:
         self._first_chars = sorted({content[0] for content in bpe.added if content})
         self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
+        self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
@@ -267,7 +268,9 @@ class RowStates:
         assert tail.last is not None  # read by GPT-2's rules
         chars, tokens = tail.last
         last = tail.text[chars:]
-        kind = self._kind(text, [token], None)  # the previous chunk matters after "'" only
+        kind = self._lone_kinds.get(token)  # the previous chunk matters after "'" only
+        if kind is None:
+            kind = self._lone_kinds[token] = self._kind(text, [token], None)
         return (*kind, ()), Tail(
             last + text, (*tail.tokens[tokens:], token), (len(last), len(tail.tokens) - tokens)
         )

@@ -192,6 +192,10 @@ class ByteLevelBpe:
         :meth:`~memfree.vocab.merge_tree.MergeTree.bigram_allowed`."""
         return self.tree.bigram_allowed(a)
 
+    def pair_allowed(self, a: int, b: int) -> bool:
+        """``bigram_allowed(a)[b]`` without the row."""
+        return self.tree.pair_allowed(a, b)
+
     @property
     def merges_model(self) -> Any:
         """The tokenizer's BPE model without ``ignore_merges`` (the merges alone), built once."""

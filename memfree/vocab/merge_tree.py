@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from memfree.vocab.pair_ranges import PairRanges, pair_ranges
+
 _INF = np.iinfo(np.int64).max
 
 
@@ -36,6 +38,8 @@ class MergeTree:
         members: for each symbol, the tokens whose left spine holds it, CSR: offsets, token, and
             the rank of the merge that consumes the symbol there.
         late: bool `(size,)` twice: tokens with a late node on their right / left spine.
+        ranges: every token's conflicts written down ahead (:mod:`memfree.vocab.pair_ranges`;
+            None: read per token from the merges).
     """
 
     size: int
@@ -48,6 +52,7 @@ class MergeTree:
     members: tuple[np.ndarray, np.ndarray, np.ndarray]
     late: tuple[np.ndarray, np.ndarray]
     byte_fallback: bool = False  # the model writes a character it lacks as byte tokens
+    ranges: PairRanges | None = None
     _merges_only: list[Any] = field(default_factory=list)  # the model without ignore_merges
     _late_rows: dict[int, np.ndarray] = field(default_factory=dict)  # late tokens' answers
 
@@ -59,9 +64,11 @@ class MergeTree:
         left, right, made_at, partners = _merge_tree(merges, vocab, size)
         members = _left_spines(left, made_at, size)
         late = _late_spines(left, right, made_at)
+        ranges = pair_ranges(left, right, made_at, partners, late[0])
         return cls(
-            size, vocab, merges, left, right, made_at, partners, members, late, byte_fallback
-        )
+            size, vocab, merges, left, right, made_at, partners, members, late, byte_fallback,
+            ranges,
+        )  # fmt: skip
 
     def bigram_allowed(self, a: int) -> np.ndarray:
         """bool `(vocab_size,)`: BPE gives ``[a, b]`` back for the bytes of ``a`` then ``b``
@@ -88,6 +95,33 @@ class MergeTree:
                 kept[near] = self._bigram_by_merges(a, near)
                 self._late_rows[a] = kept
             return kept.copy()
+        if self.ranges is not None:
+            allowed = np.ones(self.size, dtype=bool)
+            allowed[self.ranges.conflicts(a)] = False
+        else:
+            allowed = ~self.conflicts_by_spine(a)
+        offsets, partner, _ = self.partners
+        owners, symbols = self._late_left_spines
+        if owners.size:  # read from the merges, where some merge meets the junction at all
+            partners = np.concatenate(
+                [partner[offsets[x] : offsets[x + 1]] for x, _ in self.right_spine(a)]
+            )
+            late = np.unique(owners[np.isin(symbols, partners)])
+            allowed[late] = self._bigram_by_merges(a, late)
+        return allowed
+
+    def pair_allowed(self, a: int, b: int) -> bool:
+        """``bigram_allowed(a)[b]``, without the row: a binary search over ``a``'s runs where
+        both tokens' spines are early (the rest read as :meth:`bigram_allowed` reads them)."""
+        if self.ranges is None or self.late[0][a] or self.late[1][b]:
+            return bool(self.bigram_allowed(a)[b])
+        return not self.ranges.joins(a, b)
+
+    def conflicts_by_spine(self, a: int) -> np.ndarray:
+        """bool `(size,)`: the tokens a merge would join to ``a``, read from the merges that
+        meet ``a``'s right spine (what :attr:`ranges` writes down ahead for every token; kept
+        as the reference the tests hold it to). Columns of tokens with a late node on their
+        left spine are not final here (:meth:`bigram_allowed` reads them from the merges)."""
         conflict = np.zeros(self.size, dtype=bool)
         offsets, partner, rank = self.partners
         member_offsets, member, rho = self.members
@@ -111,15 +145,7 @@ class MergeTree:
             index = np.arange(total) + shifts
             hit = rho[index] >= np.repeat(np.maximum(ranks, formed[x]), lengths)
             conflict[member[index[hit]]] = True
-        allowed = ~conflict
-        owners, symbols = self._late_left_spines
-        if owners.size:  # read from the merges, where some merge meets the junction at all
-            partners = np.concatenate(
-                [partner[offsets[x] : offsets[x + 1]] for x, _ in self.right_spine(a)]
-            )
-            late = np.unique(owners[np.isin(symbols, partners)])
-            allowed[late] = self._bigram_by_merges(a, late)
-        return allowed
+        return conflict
 
     @functools.cached_property
     def _late_left_spines(self) -> tuple[np.ndarray, np.ndarray]:

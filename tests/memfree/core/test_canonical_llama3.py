@@ -190,6 +190,37 @@ def test_the_merge_tree_test_is_the_merges_own_answer(
     assert not wrong, (a, wrong[:5])
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**32 - 1), late=st.booleans())
+def test_the_runs_written_ahead_are_the_per_token_reading(
+    merges: tuple[ByteLevelBpe, Any, np.ndarray], seed: int, late: bool
+) -> None:
+    """The merge-tree test read from the runs written down ahead
+    (:mod:`memfree.vocab.pair_ranges`) is the per-token reading of the merges, row and single
+    pair, for tokens with a late node on their left spine among the others; a token with a late
+    node on its right spine is read from the merges either way."""
+    import dataclasses
+
+    bpe, _, made = merges
+    tree = bpe.tree
+    assert tree.ranges is not None
+    rng = np.random.default_rng(seed)
+    a = int(rng.choice(np.flatnonzero(tree.late[0]) if late else made))
+    row = tree.bigram_allowed(a)
+    assert np.array_equal(row, dataclasses.replace(tree, ranges=None).bigram_allowed(a))
+    if not tree.late[0][a]:
+        assert np.array_equal(
+            np.sort(tree.ranges.conflicts(a)), np.flatnonzero(tree.conflicts_by_spine(a))
+        )
+    banned = np.flatnonzero(~row)
+    others = [
+        *rng.choice(np.flatnonzero(tree.late[1]), 8).tolist(),
+        *rng.choice(banned, min(8, banned.size)).tolist(),
+        *rng.integers(0, tree.size, 8).tolist(),
+    ]
+    assert [tree.pair_allowed(a, int(b)) for b in others] == [bool(row[b]) for b in others]
+
+
 def test_a_merge_whose_part_is_made_later(merges: tuple[ByteLevelBpe, Any, np.ndarray]) -> None:
     """``"'"`` then ``"ıydı"``: the merges give ``"'ı", "ydı"`` (the merge of "'" and "ı" comes
     before the one that, once "ydı" is made, joins "ı" to it), though that merge's rank is past
