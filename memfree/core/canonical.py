@@ -53,7 +53,7 @@ from memfree.core.canonical_rules import (
 from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
-from memfree.core.state_table import StateTable, TableMasker, row_bounds
+from memfree.core.state_table import StateTable, TableMasker, is_banned, row_bounds
 from memfree.core.table_cache import cached_tables
 from memfree.vocab.bpe import (
     APOSTROPHE,
@@ -212,7 +212,7 @@ class CanonicalMasker(TableMasker):
         for index, end, tail in spaces:
             replaced, readings = self._other_readings(tail)
             for token, tokens in readings:
-                if token < vocab_width and not host[index][token]:
+                if token < vocab_width and not is_banned(host[index], token):
                     pending.append(Pending(index, token, end - replaced, tokens))
         active = torch.ones(count, dtype=torch.bool, device=device)
         return banned, active, pending

@@ -73,7 +73,8 @@ class StateTable:
     ) -> tuple[torch.Tensor, dict[int, np.ndarray]]:
         """bool `(len(keys), width)` on ``device``: each state's banned row (None: a row that
         holds an id past the vocabulary, which may only end), from a table of the states seen
-        lately; and the host's copy of the rows ``wanted``. On the CPU a step copies one table
+        lately; and the host's copy of the rows ``wanted``, packed (:func:`is_banned` reads
+        one candidate). On the CPU a step copies one table
         row per row. On another device the table has a copy there, brought up to date row by
         row (only states new since it was last used go over), and the rows are gathered there:
         what crosses is the rows' table indexes and the new states' rows."""
@@ -90,10 +91,7 @@ class StateTable:
             slots = np.empty(len(keys), dtype=np.int64)
             for index, key in enumerate(keys):
                 slots[index] = self._slot(key if key is not None else ("past",))
-            host = {
-                index: np.unpackbits(self._table[slots[index]], count=width).view(bool)
-                for index in wanted
-            }
+            host = {index: self._table[slots[index]].copy() for index in wanted}
             if device.type == "cpu" and not self.mirror_always:
                 self.sent = 0
                 rows = np.unpackbits(self._table[slots], axis=1, count=width).view(bool)
@@ -218,6 +216,11 @@ class TableMasker:
         raise NotImplementedError
 
 
+def is_banned(packed: np.ndarray, token: int) -> bool:
+    """One candidate of a packed banned row (:meth:`StateTable.gather`'s host copies)."""
+    return bool(packed[token >> 3] & (0x80 >> (token & 7)))
+
+
 def row_bounds(arrays: np.ndarray, vocab_size: int) -> tuple[list[int], list[bool]]:
     """For padded rows of ids (negative ids on the left are padding): each row's first written
     position, and whether it holds an id past the vocabulary (no text gives one)."""
@@ -229,4 +232,4 @@ def row_bounds(arrays: np.ndarray, vocab_size: int) -> tuple[list[int], list[boo
     return firsts, past
 
 
-__all__ = ["StateTable", "TableMasker", "row_bounds"]
+__all__ = ["StateTable", "TableMasker", "is_banned", "row_bounds"]
