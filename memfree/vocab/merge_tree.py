@@ -100,22 +100,47 @@ class MergeTree:
             allowed[self.ranges.conflicts(a)] = False
         else:
             allowed = ~self.conflicts_by_spine(a)
-        offsets, partner, _ = self.partners
-        owners, symbols = self._late_left_spines
-        if owners.size:  # read from the merges, where some merge meets the junction at all
-            partners = np.concatenate(
-                [partner[offsets[x] : offsets[x + 1]] for x, _ in self.right_spine(a)]
-            )
-            late = np.unique(owners[np.isin(symbols, partners)])
+        late = self._late_near(a)
+        if late.size:  # read from the merges, where some merge meets the junction at all
             allowed[late] = self._bigram_by_merges(a, late)
         return allowed
 
     def pair_allowed(self, a: int, b: int) -> bool:
         """``bigram_allowed(a)[b]``, without the row: a binary search over ``a``'s runs where
         both tokens' spines are early (the rest read as :meth:`bigram_allowed` reads them)."""
-        if self.ranges is None or self.late[0][a] or self.late[1][b]:
+        if self.ranges is None or self.late[0][a]:
             return bool(self.bigram_allowed(a)[b])
+        if self.late[1][b] and b in self._late_near(a):
+            return bool(self._bigram_by_merges(a, np.array([b]))[0])
         return not self.ranges.joins(a, b)
+
+    def _late_near(self, a: int) -> np.ndarray:
+        """The tokens with a late node on their left spine that some merge joins to a symbol
+        on ``a``'s right spine (whatever the ranks): the columns :meth:`bigram_allowed` reads
+        from the merges."""
+        by_partner = self._late_by_partner
+        if not by_partner:
+            return np.zeros(0, dtype=np.int64)
+        found = [by_partner[x] for x, _ in self.right_spine(a) if x in by_partner]
+        return np.unique(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+    @functools.cached_property
+    def _late_by_partner(self) -> dict[int, np.ndarray]:
+        """Symbol x -> the tokens with a late node on their left spine that hold a symbol y
+        with a merge (x, y)."""
+        owners, symbols = self._late_left_spines
+        if not owners.size:
+            return {}
+        offsets, partner, _ = self.partners
+        lefts = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        holders: dict[int, list[int]] = {}
+        for owner, symbol in zip(owners.tolist(), symbols.tolist(), strict=True):
+            holders.setdefault(symbol, []).append(owner)
+        near = np.isin(partner, list(holders))
+        found: dict[int, set[int]] = {}
+        for x, y in zip(lefts[near].tolist(), partner[near].tolist(), strict=True):
+            found.setdefault(x, set()).update(holders[y])
+        return {x: np.array(sorted(tokens), dtype=np.int64) for x, tokens in found.items()}
 
     def conflicts_by_spine(self, a: int) -> np.ndarray:
         """bool `(size,)`: the tokens a merge would join to ``a``, read from the merges that

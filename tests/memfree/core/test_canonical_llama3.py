@@ -212,8 +212,15 @@ def test_the_runs_written_ahead_are_the_per_token_reading(
         assert np.array_equal(
             np.sort(tree.ranges.conflicts(a)), np.flatnonzero(tree.conflicts_by_spine(a))
         )
+    # The late-left-spine columns read from the merges: those some merge joins to a's spine.
+    owners, symbols = tree._late_left_spines
+    offsets, partner, _ = tree.partners
+    spine = [partner[offsets[x] : offsets[x + 1]] for x, _ in tree.right_spine(a)]
+    near = np.unique(owners[np.isin(symbols, np.concatenate(spine))])
+    assert np.array_equal(tree._late_near(a), near)
     banned = np.flatnonzero(~row)
     others = [
+        *near[:8].tolist(),
         *rng.choice(np.flatnonzero(tree.late[1]), 8).tolist(),
         *rng.choice(banned, min(8, banned.size)).tolist(),
         *rng.integers(0, tree.size, 8).tolist(),
