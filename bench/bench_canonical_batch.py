@@ -120,6 +120,13 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
     width = info.vocab_size
     ids = module_ids(tokenizer, 40)
     print(f"\n{name}: {width:,} ids; tables built once per process in {built:.1f} s")
+    tree = guard.masker.canonical.bpe.tree
+    if tree.ranges is not None:  # the merge-tree test written ahead (memfree/vocab/pair_ranges.py)
+        runs = len(tree.ranges.starts)
+        print(
+            f"  merge-tree test written ahead: {runs / width:.1f} runs a token, "
+            f"{tree.ranges.nbytes / 2**20:.1f} MiB"
+        )
     print(
         "  rows | ids only ms/step | canonical ms/step | ratio | canonical host us/row | "
         "to a GPU per step"
