@@ -90,7 +90,7 @@ class SplitChunks:
 
         self.bpe = bpe
         self._class_lock = threading.RLock()
-        self._pre = bpe.tokenizer_backend.pre_tokenizer
+        self._pre = splits_only(bpe.tokenizer_backend.pre_tokenizer)
         model = bpe.model
         vocab, merges = (
             model["vocab"],
@@ -538,6 +538,32 @@ def _may_compose(char: str) -> bool:
     or composes), or a character that composes with one before it (Hangul vowels and finals,
     the second half of a canonical pair)."""
     return bool(unicodedata.combining(char)) or char in _second_halves()
+
+
+def splits_only(pre: Any) -> Any:
+    """The pre-tokenizer's chunking without its last step when that is a ``ByteLevel`` that
+    splits nothing (``use_regex`` off, no prefix space): it maps each byte to a character and
+    moves no boundary, so the chunks' spans are the same, read about a third faster (a row shape
+    met for the first time reads hundreds). Any other pre-tokenizer is kept whole."""
+    from tokenizers import pre_tokenizers
+
+    if not isinstance(pre, pre_tokenizers.Sequence):
+        return pre
+    steps = []
+    while True:
+        try:
+            steps.append(pre[len(steps)])
+        except IndexError:
+            break
+    last = steps[-1] if steps else None
+    if (
+        len(steps) < 2
+        or not isinstance(last, pre_tokenizers.ByteLevel)
+        or last.use_regex
+        or last.add_prefix_space
+    ):
+        return pre
+    return steps[0] if len(steps) == 2 else pre_tokenizers.Sequence(steps[:-1])
 
 
 def nfc_context(text: str) -> str:

@@ -117,6 +117,22 @@ def assert_cut_like_its_classes(masker: CanonicalMasker, text: str) -> None:
     ], (text, stand_in)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=st.text(alphabet=_ALPHABET, min_size=1, max_size=12) | _texts(PIECES + SPLIT_PIECES))
+def test_the_chunks_are_read_without_the_byte_mapping_as_with_it(
+    family: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    """The shapes' readings run the pre-tokenizer without its last ``ByteLevel`` step (it moves
+    no boundary): the same spans as the tokenizer's own pre-tokenizer."""
+    split = family[1].split
+    assert split is not None
+    own = family[1].bpe.tokenizer_backend.pre_tokenizer
+    assert split._pre is not own  # the byte mapping was dropped
+    assert [span for _, span in split._pre.pre_tokenize_str(text)] == [
+        span for _, span in own.pre_tokenize_str(text)
+    ]
+
+
 @pytest.mark.parametrize(
     "text",
     [
