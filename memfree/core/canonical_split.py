@@ -549,7 +549,7 @@ def splits_only(pre: Any) -> Any:
 
     if not isinstance(pre, pre_tokenizers.Sequence):
         return pre
-    steps = []
+    steps: list[Any] = []
     while True:
         try:
             steps.append(pre[len(steps)])
