@@ -52,7 +52,7 @@ def build_filters(directory: Path) -> dict[str, Path]:
     paths = {}
     from memfree.errors import DamagedFilterError
     from memfree.filterfile import open_filter
-    from memfree.filterfile.index_layout import INDEX_LAYOUT
+    from memfree.filterfile.index import INDEX_LAYOUT
 
     for unit in ("token", "word"):
         path = directory / f"cp437-{unit}.memfree"

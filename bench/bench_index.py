@@ -33,12 +33,12 @@ import torch
 from memfree.core.token import TokenMasker
 from memfree.core.token_index import IndexMasker
 from memfree.filterfile import NgramFilter
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index import IndexFilter
 
 _COLD = """
 import os, sys, tempfile, time, numpy as np, torch
 from memfree.filterfile import open_filter
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index import IndexFilter
 from memfree.core.token_index import IndexMasker
 rows = torch.tensor(eval(sys.argv[2]))
 if sys.argv[3] == "warm":  # the code paths warmed on another, small index first

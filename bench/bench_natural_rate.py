@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from memfree.filterfile import NgramFilter
-    from memfree.filterfile.index_file import IndexFilter
+    from memfree.filterfile.index import IndexFilter
     from memfree.vocab.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer()

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from memfree.filterfile.bloom import bits_from_fingerprints
 from memfree.filterfile.hashing import (
     extend_fingerprints_torch,
     fingerprints_np,
@@ -26,7 +27,6 @@ from memfree.filterfile.hashing import (
     query_bits_torch,
 )
 from memfree.filterfile.sizing import choose_size
-from memfree.filterfile.writer import bits_from_fingerprints
 
 
 def best_of(function: Callable[[], object], repeats: int) -> float:

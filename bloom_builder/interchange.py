@@ -45,7 +45,7 @@ def write_pybloom_filter(
         options: how the units are read.
         batch_bytes: most characters encoded at once.
     """
-    from memfree.filterfile.pybloom_hash import expected_false_positive_rate
+    from memfree.filterfile.pybloom import expected_false_positive_rate
 
     parts = [np.asarray(read_kept(task)) for task in reduce_tasks]
     kept = np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)  # sorted

@@ -19,7 +19,7 @@ from bloom_builder.segments import SEGMENT_BYTES
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit
 from bloom_builder.windows import Windows, batch_windows
 from memfree.filterfile.hashing import fingerprints_np
-from memfree.filterfile.index_layout import index_keys
+from memfree.filterfile.index import index_keys
 
 
 @dataclass(frozen=True)

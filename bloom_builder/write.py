@@ -14,8 +14,8 @@ from bloom_builder.plan import BUILDER_VERSION, BuildPlan
 from bloom_builder.reduce import Reduced, ReduceTask, read_kept
 from bloom_builder.settings import BuildSettings
 from memfree.errors import SettingError
+from memfree.filterfile.bloom import FilterFileWriter, PrefixSection, set_fingerprint_bits
 from memfree.filterfile.sizing import FilterSize, choose_size
-from memfree.filterfile.writer import FilterFileWriter, PrefixSection, set_fingerprint_bits
 from memfree.units import EncoderPayload
 
 

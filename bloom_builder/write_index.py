@@ -3,7 +3,7 @@ sections of the file, written in place by its own task on the executor; the driv
 and writes only its header and section table. There is no serial pass over the n-grams.
 
 Partitions are equal ranges of the key space's top bits, and so are sections (their number is
-fixed by the number of n-grams, :mod:`memfree.filterfile.index_layout`): a partition covers a
+fixed by the number of n-grams, :mod:`memfree.filterfile.index.layout`): a partition covers a
 run of sections, or a section a run of partitions, and the reduce step's histograms of the kept
 keys' top bits size every section before any is written. Any executor, any number of workers or
 partitions: the same bytes (each section's bytes depend only on its keys).
@@ -24,24 +24,24 @@ from bloom_builder.reduce import HISTOGRAM_BITS, Reduced, ReduceTask
 from bloom_builder.settings import BuildSettings
 from bloom_builder.write import UnreachableRateError
 from memfree.errors import DamagedFilterError
-from memfree.filterfile.index_file import open_index
-from memfree.filterfile.index_layout import (
-    MAX_SECTION_RECORDS,
-    IndexShape,
-    encode_sections,
-    token_bits_for,
-)
-from memfree.filterfile.index_sizing import (
+from memfree.filterfile.index import (
     CONCENTRATION_SAMPLE,
+    MAX_SECTION_RECORDS,
     Concentration,
+    IndexFileWriter,
+    IndexShape,
+    SectionTarget,
+    WrittenSections,
     choose_shape,
+    encode_sections,
     natural_rate,
+    open_index,
     stated_rates,
+    token_bits_for,
     word_rate,
     word_shape,
     word_token_bits,
 )
-from memfree.filterfile.index_writer import IndexFileWriter, SectionTarget, WrittenSections
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def write_section(task: SectionTask) -> SectionResult:
 @dataclass(frozen=True)
 class IndexShapeSummary:
     """What the index was written with, for the build's summary: its widths, and the rates its
-    header states (:func:`~memfree.filterfile.index_layout.stated_rates`: per natural query,
+    header states (:func:`~memfree.filterfile.index.layout.stated_rates`: per natural query,
     the target; per candidate of a whole-vocabulary row; any query's prefix-collision bound)."""
 
     shape: IndexShape

@@ -16,7 +16,7 @@ import numpy as np
 
 from memfree.filterfile import NgramFilter
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED
-from memfree.filterfile.index_file import DEFAULT_INDEX_FALSE_POSITIVE_RATE, IndexFilter
+from memfree.filterfile.index import DEFAULT_INDEX_FALSE_POSITIVE_RATE, IndexFilter
 from memfree.filterfile.protocol import NgramSet
 from memfree.vocab.words import text_word_hashes, word_metadata
 

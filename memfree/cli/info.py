@@ -122,7 +122,7 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         filt: an opened filter (:class:`~memfree.NgramFilter` or a pybloomfiltermmap3 reader).
         metadata: its metadata, with ``size_bytes`` added.
     """
-    from memfree.filterfile.native import describe_rate
+    from memfree.filterfile.bloom import describe_rate
 
     lines = [
         f"{filt.path}",

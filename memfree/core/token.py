@@ -48,7 +48,7 @@ class TokenMasker:
     """Bans every candidate token that completes a stored token n-gram.
 
     Args:
-        ngram_filter: the filter (any format of the :class:`~memfree.filterfile.native.NgramSet` protocol).
+        ngram_filter: the filter (any format of the :class:`~memfree.filterfile.bloom.reader.NgramSet` protocol).
         special_token_ids: exempt ids: never banned, and a row whose last n-1 tokens hold one is
             never checked (the builder stores no window that holds one).
         options: how it computes (:class:`~memfree.core.MaskerOptions`): ``skip_rows`` on CPU

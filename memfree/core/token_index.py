@@ -1,4 +1,4 @@
-"""The token unit's masker over a prefix-keyed index (:mod:`memfree.filterfile.index_layout`):
+"""The token unit's masker over a prefix-keyed index (:mod:`memfree.filterfile.index.layout`):
 per row, one lookup of its (n-1)-token prefix returns the tokens to ban, so a step's cost follows
 the rows and the few tokens stored after each prefix, not the vocabulary.
 
@@ -7,7 +7,7 @@ scattered into the mask. On an accelerator the same computation has fixed shapes
 ``max_bucket`` record slots (the largest bucket, recorded in the header and checked when the file
 is verified), so there is no host synchronisation and the step is captured as a CUDA graph.
 Both give the same masks (the tests compare them), and both ban exactly the tokens
-:meth:`~memfree.filterfile.index_file.IndexFilter.contains` finds.
+:meth:`~memfree.filterfile.index.reader.IndexFilter.contains` finds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from memfree.core import MaskerOptions
 from memfree.core.token import exempt_mask
 from memfree.filterfile.hashing import fingerprints_np, fmix64_torch, horner_states_torch
-from memfree.filterfile.index_read import IndexArrays, lookup
+from memfree.filterfile.index import IndexArrays, lookup
 from memfree.filterfile.protocol import NgramSet
 
 _SIGN_OFF = (1 << 63) - 1
@@ -238,7 +238,7 @@ def _lshr(values: torch.Tensor, shift: int) -> torch.Tensor:
 
 def _read_fields(words: torch.Tensor, bit_offsets: torch.Tensor, width: int) -> torch.Tensor:
     """The ``width``-bit fields at ``bit_offsets`` (int64) of int64 ``words`` (the torch twin of
-    :func:`memfree.filterfile.index_read.read_fields`)."""
+    :func:`memfree.filterfile.index.query.read_fields`)."""
     index = (bit_offsets >> 6).clamp(0, words.shape[0] - 2)
     shifts = bit_offsets & 63
     low_word = words[index]

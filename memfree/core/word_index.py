@@ -1,13 +1,13 @@
 """The word masker's fast path over a word index (the prefix-keyed layout, ``unit`` "word").
 
 A word index keeps, per stored word n-gram, its (n-1)-word prefix's fingerprint and the low t bits
-of its last word's hash (:mod:`memfree.filterfile.index_layout`). The fast path's candidates come
+of its last word's hash (:mod:`memfree.filterfile.index.layout`). The fast path's candidates come
 in groups that share their first n-1 words (every separator-first token after a row's history;
 every word-first token after the words before the row's partial word): such a group costs one
 lookup of its prefix, which returns the few stored next words, and a comparison of the group's
 words against them. Candidates that carry two words or more each have their own prefix and are
 looked up key by key. The answers are those of
-:meth:`~memfree.filterfile.index_file.IndexFilter.contains`, candidate for candidate.
+:meth:`~memfree.filterfile.index.reader.IndexFilter.contains`, candidate for candidate.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from memfree.core.word_fast import Lookup, horner_powers
 from memfree.filterfile.hashing import fmix64_np, horner_state_reference
-from memfree.filterfile.index_read import IndexArrays, contains_keys, lookup
+from memfree.filterfile.index import IndexArrays, contains_keys, lookup
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import json
 import os
 import stat
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -52,7 +53,7 @@ from memfree.filterfile.header_fields import LAYOUT, MAX_BLOCKS, MAX_NGRAM_SIZE,
 
 MAGIC = b"MEMFREE\x00"
 FORMAT_VERSION = 1
-#: The prefix-keyed index layout (:mod:`memfree.filterfile.index_file`).
+#: The prefix-keyed index layout (:mod:`memfree.filterfile.index.reader`).
 INDEX_FORMAT_VERSION = 2
 PAGE_BYTES = 4096
 # magic, format version, metadata length, xxh3-64 of the metadata bytes (little-endian)
@@ -71,6 +72,26 @@ def damaged_error(path: Path, problem: str) -> DamagedFilterError:
         f"{path}: {problem}; the file is damaged or not a memfree filter, rebuild it with "
         "`memfree build`"
     )
+
+
+def json_bytes(metadata: Mapping[str, Any]) -> bytes:
+    """The header's JSON encoding: sorted keys, no spaces, UTF-8 (the same dict, the same bytes)."""
+    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def header_bytes(metadata: Mapping[str, Any], version: int, length: int) -> bytes:
+    """A memfree filter file's first ``length`` bytes (either layout): the preamble (magic, ``version``, the metadata's
+    length and xxh3), the JSON metadata, zero padding.
+
+    Raises:
+        RuntimeError: the metadata outgrew ``length`` (writers size it with fixed-width
+            placeholders, so this is a bug, never a user's mistake).
+    """
+    raw = json_bytes(metadata)
+    header = PREAMBLE.pack(MAGIC, version, len(raw), xxhash.xxh3_64_intdigest(raw)) + raw
+    if len(header) > length:
+        raise RuntimeError("filter header grew while writing")
+    return header + b"\x00" * (length - len(header))
 
 
 def read_preamble(path: Path) -> bytes:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from memfree.filterfile.index_read import IndexArrays
+    from memfree.filterfile.index import IndexArrays
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,9 @@ class NgramSet(Protocol):
     """What every filter format answers when read: the guard and the evaluation need no more.
 
     Every layout's reader implements it, each a subclass of the face
-    :class:`~memfree.filterfile.NgramFilter`: :class:`~memfree.filterfile.native.BloomFilter`
-    (memfree's Bloom layout), :class:`~memfree.filterfile.index_file.IndexFilter` (the
-    prefix-keyed index) and :class:`~memfree.filterfile.pybloom.PybloomNgramFilter`
+    :class:`~memfree.filterfile.NgramFilter`: :class:`~memfree.filterfile.bloom.reader.BloomFilter`
+    (memfree's Bloom layout), :class:`~memfree.filterfile.index.reader.IndexFilter` (the
+    prefix-keyed index) and :class:`~memfree.filterfile.pybloom.reader.PybloomNgramFilter`
     (pybloomfiltermmap3 interchange files).
     """
 

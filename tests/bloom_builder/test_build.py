@@ -21,7 +21,7 @@ from bloom_builder.plan import plan_shards
 from bloom_builder.settings import BuildSettings, parse_size
 from memfree import NgramFilter
 from memfree.cli import main as cli_main
-from memfree.filterfile.native import BloomFilter
+from memfree.filterfile.bloom.reader import BloomFilter
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 
 WORDS = [

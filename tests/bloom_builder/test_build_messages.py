@@ -12,7 +12,7 @@ from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
 from memfree.cli import main as cli_main
 from memfree.filterfile import open_filter
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index.reader import IndexFilter
 from tests.bloom_builder.test_interrupted_builds import write_corpus
 
 

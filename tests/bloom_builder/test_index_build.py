@@ -15,7 +15,7 @@ from bloom_builder.build import build_filter
 from bloom_builder.settings import BuildSettings
 from memfree.errors import SettingError
 from memfree.filterfile import open_filter
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index.reader import IndexFilter
 from tests.bloom_builder.test_build import reference_counts, settings_for, write_corpus
 
 

@@ -192,8 +192,8 @@ def test_only_this_output_s_temporaries_are_its_own(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("hook", "layout"),
     [
-        ("memfree.filterfile.index_writer.IndexFileWriter:commit", "prefix-index"),
-        ("memfree.filterfile.writer.FilterFileWriter:commit", "blocked-512"),
+        ("memfree.filterfile.index.writer.IndexFileWriter:commit", "prefix-index"),
+        ("memfree.filterfile.bloom.writer.FilterFileWriter:commit", "blocked-512"),
     ],
 )
 def test_a_build_killed_mid_write_leaves_no_temporary_after_its_rerun(

@@ -184,7 +184,7 @@ def test_unwritable_outputs_fail_cleanly(
 
 def test_info_refuses_a_zero_ngram_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("pybloomfilter")
-    from memfree.filterfile.pybloom import PybloomWriter
+    from memfree.filterfile.pybloom.reader import PybloomWriter
 
     writer = PybloomWriter(10, 1e-3, 0)
     writer.add_ngrams(np.array([[1, 2, 3]]))

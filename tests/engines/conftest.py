@@ -21,7 +21,7 @@ sys.path.insert(0, str(BENCH.parent))
 def cp437_filters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from bench_engines import build_filters
 
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile.bloom.reader import NgramFilter
     from memfree.units import get_unit
     from memfree.vocab.tokenizer import load_tokenizer
 

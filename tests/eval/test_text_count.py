@@ -15,7 +15,7 @@ from eval.experiments import run_memorization
 from eval.report import summarize, write_report
 from eval.sampling import Example
 from eval.settings import ExperimentSettings
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.units import stored_ngram_counts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint

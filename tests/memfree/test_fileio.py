@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from memfree.fileio import PendingFile, atomic_file, atomic_write, current_umask, new_file_mode
-from memfree.filterfile.native import NgramFilter
-from memfree.filterfile.pybloom import PybloomWriter
-from memfree.filterfile.writer import FilterFileWriter
+from memfree.filterfile.bloom.reader import NgramFilter
+from memfree.filterfile.bloom.writer import FilterFileWriter
+from memfree.filterfile.pybloom.reader import PybloomWriter
 
 
 class Interrupted(Exception):

@@ -19,7 +19,7 @@ from memfree.core.token import TokenMasker
 from memfree.engines.rows import RowGuard
 from memfree.engines.setup import GuardSetup
 from memfree.filterfile import open_filter, pybloom
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.token_bytes import token_bytes
@@ -47,8 +47,8 @@ def test_every_layout_opens_as_an_ngram_filter_with_a_name_of_its_own(tmp_path: 
     """``NgramFilter.open`` of a default build (the prefix index), a Bloom file and a
     pybloomfiltermmap3 file is an ``NgramFilter`` (the README's quick start), each reader a class
     of its own; and no two public classes share a name."""
-    from memfree.filterfile.index_file import IndexFilter
-    from memfree.filterfile.native import BloomFilter
+    from memfree.filterfile.bloom.reader import BloomFilter
+    from memfree.filterfile.index.reader import IndexFilter
 
     ngrams = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.int64)
     paths = {

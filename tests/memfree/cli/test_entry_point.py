@@ -238,7 +238,7 @@ def test_audit_extractable_refuses_bad_lengths_before_loading_anything(
 def test_eval_utility_leaves_the_tokenizer_check_to_the_guard(
     tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile.bloom.reader import NgramFilter
 
     (tmp_path / "texts.txt").write_text("def add(a, b):\n    return a + b\n")
     NgramFilter.from_ngrams(
@@ -258,7 +258,7 @@ def test_eval_utility_leaves_the_tokenizer_check_to_the_guard(
 def test_eval_utility_counts_with_the_filter_s_own_tokenizer(
     tmp_path: Path, tokenizer: Any, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from memfree.filterfile.native import NgramFilter
+    from memfree.filterfile.bloom.reader import NgramFilter
     from memfree.vocab.tokenizer import tokenizer_fingerprint
 
     text = "def add(a, b):\n    return a + b\n"

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from memfree.core.canonical import CanonicalMasker
 from memfree.engines.transformers import MemFreeLogitsProcessor
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.units import stored_ngram_counts
 from memfree.vocab.bpe import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo

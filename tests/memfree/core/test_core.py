@@ -18,7 +18,7 @@ from memfree.core.token import TokenMasker
 from memfree.core.word import WordMasker
 from memfree.engines.transformers import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
 from memfree.errors import FilterMismatchError
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.bpe import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
@@ -82,7 +82,7 @@ def test_exempt_ids_are_those_the_builder_cut_at(tmp_path: Path) -> None:
 def test_generic_path_of_a_pybloom_file_equals_the_native_mask(
     tmp_path: Path, trigrams: NgramFilter
 ) -> None:
-    from memfree.filterfile.pybloom import PybloomWriter
+    from memfree.filterfile.pybloom.reader import PybloomWriter
 
     writer = PybloomWriter(10, 1e-9, 0)
     writer.add_ngrams(np.asarray(STORED))

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree import MemFreeLogitsProcessor, NgramFilter
+from memfree.filterfile.bloom.writer import FilterFileWriter, set_fingerprint_bits
 from memfree.filterfile.hashing import fingerprints_np
-from memfree.filterfile.writer import FilterFileWriter, set_fingerprint_bits
 from tests.memfree.engines.test_processor import MODES, emitted_windows, left_pad
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from memfree import MemFreeLogitsProcessor
 from memfree.core import MaskerOptions
 from memfree.core.token_index import IndexMasker
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index.reader import IndexFilter
 from tests.memfree.engines.test_processor import MODES, emitted_windows, left_pad, scenarios
 
 

@@ -15,8 +15,8 @@ from memfree.core.word_fast import Lookup
 from memfree.core.word_index import WordIndex
 from memfree.filterfile import open_filter
 from memfree.filterfile.hashing import fingerprints_np, fmix64_np, horner_state_reference
-from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.index_sizing import word_rate, word_shape, word_token_bits
+from memfree.filterfile.index.reader import IndexFilter
+from memfree.filterfile.index.sizing import word_rate, word_shape, word_token_bits
 from memfree.vocab.words import word_metadata
 
 

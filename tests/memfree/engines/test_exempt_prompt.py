@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from memfree.core.exempt import PromptNgrams
 from memfree.engines.transformers import MemFreeLogitsProcessor
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index.reader import IndexFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.words import new_word_ngrams, word_ngrams
 from tests.conftest import MEMORIZED_DOCUMENTS, WORD_TEXTS

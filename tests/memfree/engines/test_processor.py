@@ -154,7 +154,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_pybloom_interchange_filter_guards_the_same(tmp_path: Path) -> None:
-    from memfree.filterfile.pybloom import PybloomWriter
+    from memfree.filterfile.pybloom.reader import PybloomWriter
 
     stored = np.array([[0, 1, 2], [0, 1, 3], [3, 3, 0]])
     writer = PybloomWriter(10, 1e-9, 0)

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from memfree.engines.transformers import MemFreeLogitsProcessor, MemFreeWordLogitsProcessor
 from memfree.errors import FilterMismatchError
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.filterfile.protocol import NgramSet
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.token_bytes import UnsupportedTokenizerError, token_bytes

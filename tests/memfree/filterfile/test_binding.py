@@ -17,8 +17,8 @@ from memfree import NgramFilter
 from memfree.errors import DamagedFilterError
 from memfree.filterfile import open_filter
 from memfree.filterfile.header import PREAMBLE
-from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.pybloom import PybloomWriter, open_pybloom, sidecar_path
+from memfree.filterfile.index.reader import IndexFilter
+from memfree.filterfile.pybloom.reader import PybloomWriter, open_pybloom, sidecar_path
 
 GUARDED = {
     "tokenizer": "test-tokenizer",

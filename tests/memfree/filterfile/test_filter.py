@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree import DamagedFilterError, FilterError, NgramFilter
+from memfree.filterfile.bloom.writer import bits_from_fingerprints, write_filter
 from memfree.filterfile.hashing import fingerprints_np, query_bits_np, query_bits_torch
 from memfree.filterfile.header import PAGE_BYTES
 from memfree.filterfile.protocol import NgramSet
 from memfree.filterfile.sizing import choose_size, expected_false_positive_rate
-from memfree.filterfile.writer import bits_from_fingerprints, write_filter
 
 
 def make_filter(path: Path, ngrams: np.ndarray, fpr: float = 1e-3, seed: int = 7) -> NgramFilter:

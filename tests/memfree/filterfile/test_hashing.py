@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from memfree.filterfile.bloom.writer import set_fingerprint_bits
 from memfree.filterfile.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
@@ -32,7 +33,6 @@ from memfree.filterfile.hashing import (
     query_bits_torch,
 )
 from memfree.filterfile.sliding import sliding_fingerprint_pair_np, sliding_fingerprints_np
-from memfree.filterfile.writer import set_fingerprint_bits
 
 # Pinned: if any of these change, every filter ever written answers wrongly. Never update them to
 # make a test pass; bump the hash scheme name instead.

@@ -22,18 +22,18 @@ from memfree.errors import DamagedFilterError
 from memfree.filterfile import open_filter
 from memfree.filterfile.hashing import fingerprints_np
 from memfree.filterfile.header import PREAMBLE
-from memfree.filterfile.index_file import IndexFilter, verify_written
-from memfree.filterfile.index_header import index_digest
-from memfree.filterfile.index_layout import (
+from memfree.filterfile.index.header import index_digest
+from memfree.filterfile.index.layout import (
     IndexShape,
     encode_sections,
     index_keys,
     pack_fields,
     token_bits_for,
 )
-from memfree.filterfile.index_read import read_fields
-from memfree.filterfile.index_sizing import Concentration, choose_shape, natural_rate
-from memfree.filterfile.index_writer import IndexFileWriter
+from memfree.filterfile.index.query import read_fields
+from memfree.filterfile.index.reader import IndexFilter, verify_written
+from memfree.filterfile.index.sizing import Concentration, choose_shape, natural_rate
+from memfree.filterfile.index.writer import IndexFileWriter
 
 
 def collides(index: IndexFilter, prefix: np.ndarray, other: np.ndarray) -> bool:

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.index_sizing import natural_rate
+from memfree.filterfile.index.reader import IndexFilter
+from memfree.filterfile.index.sizing import natural_rate
 
 N = 6
 

@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
-from memfree.filterfile import pybloom, pybloom_hash
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.filterfile.protocol import NgramSet
+from memfree.filterfile.pybloom import arithmetic as pybloom_hash
+from memfree.filterfile.pybloom import reader as pybloom
 
 SEEDS = [0, 1, 0xDEADBEEF, 0xFFFFFFFF, 12345]
 

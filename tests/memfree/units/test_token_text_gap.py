@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree.engines.transformers import MemFreeLogitsProcessor
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.units import TOKEN, WORD, stored_ngram_counts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint

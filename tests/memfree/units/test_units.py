@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from memfree.errors import FilterMismatchError
-from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
+from memfree.filterfile.index.reader import IndexFilter
 from memfree.testing import word_filter_from_texts
 from memfree.units import (
     TOKEN,

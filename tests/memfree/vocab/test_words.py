@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.words import (
     NORMALIZER,

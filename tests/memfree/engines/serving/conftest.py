@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from memfree.engines.transformers import MemFreeLogitsProcessor
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 

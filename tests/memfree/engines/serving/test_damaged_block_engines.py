@@ -23,7 +23,7 @@ from memfree.engines.transformers import MemFreeLogitsProcessor as TransformersG
 from memfree.engines.vllm import MemFreeLogitsProcessor
 from memfree.errors import DamagedFilterError, FilterChangedError
 from memfree.filterfile import open_filter
-from memfree.filterfile.index_file import IndexFilter
+from memfree.filterfile.index.reader import IndexFilter
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 from tests.memfree.engines.serving.test_llama_cpp import FakeLlama
 

@@ -19,8 +19,8 @@ from memfree.engines.setup import EmptyFilterError, GuardSetup
 from memfree.engines.transformers import MemFreeLogitsProcessor as TransformersGuard
 from memfree.engines.vllm import MemFreeLogitsProcessor
 from memfree.errors import FilterError
-from memfree.filterfile.index_file import IndexFilter
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
+from memfree.filterfile.index.reader import IndexFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 from tests.memfree.engines.serving.test_llama_cpp import FakeLlama

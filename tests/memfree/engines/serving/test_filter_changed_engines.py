@@ -17,7 +17,7 @@ import torch
 from memfree.engines.llama_cpp import GuardStepError, MemFreeLlamaCppLogitsProcessor
 from memfree.engines.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
 from memfree.errors import FilterChangedError
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.tokenizer import special_token_ids, tokenizer_fingerprint
 from tests.memfree.engines.test_filter_changed import overwrite, zeroed_bytes

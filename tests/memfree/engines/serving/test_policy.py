@@ -14,7 +14,7 @@ from memfree.engines.policy import ServingConfig, ServingConfigError, requested_
 from memfree.engines.vllm import MemFreeV1LogitsProcessor, MemFreeV2LogitsProcessor
 from memfree.engines.vllm_common import RequestPolicy
 from memfree.errors import FilterError, FilterMismatchError
-from memfree.filterfile.native import NgramFilter
+from memfree.filterfile.bloom.reader import NgramFilter
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Checking a prefix-index file's records: block by block, before their first read.
 
-A section's buckets form blocks of ``2**block_bits`` (:class:`~memfree.filterfile.index_layout.
+A section's buckets form blocks of ``2**block_bits`` (:class:`~memfree.filterfile.index.layout.
 IndexShape`). Each block's checksum (in the block table) covers its directory entries (its
 buckets' first records and the next block's first) and the words its records occupy; a
 section's checksum (in the section table, itself bound to the header) covers its blocks'
@@ -19,8 +19,8 @@ import numpy as np
 import xxhash
 
 from memfree.filterfile.header import damaged_error
-from memfree.filterfile.index_header import shape_of
-from memfree.filterfile.index_layout import IndexShape
+from memfree.filterfile.index.header import shape_of
+from memfree.filterfile.index.layout import IndexShape
 
 
 def block_digest(directory: np.ndarray, words: np.ndarray) -> int:

@@ -1,7 +1,7 @@
 """Interchange with pybloomfiltermmap3 0.6 files: a strict reader, which answers the same read
-Protocol as memfree's own filter. The layout and sidecar are in :mod:`memfree.filterfile.pybloom_format`, the
-deterministic writer in :mod:`memfree.filterfile.pybloom_writer`, the library's hashing, replicated in numpy,
-in :mod:`memfree.filterfile.pybloom_hash`.
+Protocol as memfree's own filter. The layout and sidecar are in :mod:`memfree.filterfile.pybloom.layout`, the
+deterministic writer in :mod:`memfree.filterfile.pybloom.writer`, the library's hashing, replicated in numpy,
+in :mod:`memfree.filterfile.pybloom.arithmetic`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,16 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
-from memfree.filterfile import NgramFilter
+from memfree.filterfile.face import NgramFilter
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
-from memfree.filterfile.pybloom_format import (
+from memfree.filterfile.pybloom.arithmetic import (  # expected_false_positive_rate: re-exported for the builder
+    estimate_num_ngrams,
+    expected_false_positive_rate,
+    ngram_key_bytes,
+    probe_positions,
+)
+from memfree.filterfile.pybloom.layout import (
     BF_VERSION,
     HASH_SCHEME,
     HEADER_BYTES,
@@ -31,20 +37,14 @@ from memfree.filterfile.pybloom_format import (
     sidecar_path,
     xxh3_hex,
 )
-from memfree.filterfile.pybloom_hash import (  # expected_false_positive_rate: re-exported for the builder
-    estimate_num_ngrams,
-    expected_false_positive_rate,
-    ngram_key_bytes,
-    probe_positions,
-)
-from memfree.filterfile.pybloom_writer import PybloomWriter
+from memfree.filterfile.pybloom.writer import PybloomWriter
 
 
 class PybloomNgramFilter(NgramFilter):
     """A read-only n-gram set in a pybloomfiltermmap3 file; open it with :func:`open_pybloom`.
 
-    Implements :class:`memfree.filterfile.native.NgramSet` (the read API every filter format shares) without
-    subclassing :class:`~memfree.filterfile.native.NgramFilter`: its n-grams are not in memfree's blocked
+    Implements :class:`memfree.filterfile.bloom.reader.NgramSet` (the read API every filter format shares) without
+    subclassing :class:`~memfree.filterfile.bloom.reader.NgramFilter`: its n-grams are not in memfree's blocked
     layout, so :meth:`blocked_bits` is None and the guard asks :meth:`contains`. ``bits`` is the
     memory-mapped bit array (uint8; bit b is ``bits[b >> 3] >> (b & 7) & 1``), ``seeds`` the
     library's hash seeds.

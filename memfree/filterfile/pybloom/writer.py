@@ -1,6 +1,6 @@
 """Writing a pybloomfiltermmap3 0.6 file of token n-grams and its ``.json`` sidecar, sized as the
 library sizes ``BloomFilter(capacity, error_rate)``, with seeds derived so that the same inputs
-give the same bytes (the reader is :mod:`memfree.filterfile.pybloom`)."""
+give the same bytes (the reader is :mod:`memfree.filterfile.pybloom.reader`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,15 @@ from typing import Any
 import numpy as np
 
 from memfree.fileio import atomic_write
-from memfree.filterfile.pybloom_format import (
+from memfree.filterfile.pybloom.arithmetic import (
+    MAX_HASHES,
+    derive_seeds,
+    expected_false_positive_rate,
+    library_size,
+    ngram_key_bytes,
+    probe_positions,
+)
+from memfree.filterfile.pybloom.layout import (
     BF_VERSION,
     BLOOM_STRUCT,
     FILE_PREFIX,
@@ -24,14 +32,6 @@ from memfree.filterfile.pybloom_format import (
     parse_header,
     sidecar_path,
     xxh3_hex,
-)
-from memfree.filterfile.pybloom_hash import (
-    MAX_HASHES,
-    derive_seeds,
-    expected_false_positive_rate,
-    library_size,
-    ngram_key_bytes,
-    probe_positions,
 )
 
 

@@ -1,10 +1,10 @@
 """Reading a prefix-keyed index: one lookup per row (the records' layout is in
-:mod:`memfree.filterfile.index_layout`).
+:mod:`memfree.filterfile.index.layout`).
 
 A row's prefix fingerprint picks its bucket through the directory; the bucket's records whose
 remainder equals the prefix's are the next tokens (or next-word fields) stored after it. These
 functions work on the arrays of an open file (:class:`IndexArrays`), for the reader
-(:mod:`memfree.filterfile.index_file`) and the guard core alike.
+(:mod:`memfree.filterfile.index.reader`) and the guard core alike.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memfree.filterfile.index_layout import IndexShape, top_bits
+from memfree.filterfile.index.layout import IndexShape, top_bits
 
 _U1 = np.uint64(1)
 _U6 = np.uint64(6)

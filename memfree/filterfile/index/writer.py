@@ -15,17 +15,22 @@ import numpy as np
 import xxhash
 
 from memfree.fileio import PendingFile
-from memfree.filterfile.header import INDEX_FORMAT_VERSION, PREAMBLE, page_round
-from memfree.filterfile.index_checks import section_block_digests, section_digest
-from memfree.filterfile.index_header import (
+from memfree.filterfile.header import (
+    INDEX_FORMAT_VERSION,
+    PREAMBLE,
+    header_bytes,
+    json_bytes,
+    page_round,
+)
+from memfree.filterfile.index.checks import section_block_digests, section_digest
+from memfree.filterfile.index.header import (
     INDEX_HASH_SCHEME,
     index_digest,
     index_offsets,
     section_table,
 )
-from memfree.filterfile.index_layout import INDEX_LAYOUT, EncodedSections, IndexShape, section_words
-from memfree.filterfile.index_sizing import Concentration, stated_rates
-from memfree.filterfile.writer import header_bytes, json_bytes
+from memfree.filterfile.index.layout import INDEX_LAYOUT, EncodedSections, IndexShape, section_words
+from memfree.filterfile.index.sizing import Concentration, stated_rates
 
 
 @dataclass(frozen=True)
@@ -128,7 +133,7 @@ class IndexFileWriter:
     Args:
         path: final output path (never left half-written).
         metadata: header fields; must hold ``n``, ``hash_seed`` and ``vocab_size``.
-        shape: the widths (:func:`~memfree.filterfile.index_layout.choose_shape`).
+        shape: the widths (:func:`~memfree.filterfile.index.layout.choose_shape`).
         section_records: records of each section, in order.
         concentration: the stored next tokens' (:class:`Concentration`, from the first keys).
     """
@@ -208,7 +213,7 @@ class IndexFileWriter:
         Args:
             written: every target's result (together, every section once).
             check: called with the complete temporary file before the rename (to open it as
-                readers will: :func:`memfree.filterfile.index_file.verify_written`); an exception
+                readers will: :func:`memfree.filterfile.index.reader.verify_written`); an exception
                 from it discards the file.
         """
         try:

@@ -1,10 +1,9 @@
-"""Writing memfree's filter file (layout in :mod:`memfree.filterfile.native`): the blocked bit arrays, the
+"""Writing memfree's filter file (layout in :mod:`memfree.filterfile.bloom.reader`): the blocked bit arrays, the
 header that records what produced them, and one atomic, deterministic write of both.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,10 +26,11 @@ from memfree.filterfile.hashing import (
 from memfree.filterfile.header import (
     FORMAT_VERSION,
     LAYOUT,
-    MAGIC,
     PREAMBLE,
     check_metadata,
     hashing_digest,
+    header_bytes,
+    json_bytes,
     page_round,
 )
 from memfree.filterfile.sizing import choose_size, expected_false_positive_rate
@@ -43,7 +43,7 @@ DEFAULT_PREFIX_FALSE_POSITIVE_RATE = 0.01
 
 @dataclass(frozen=True)
 class PrefixSection:
-    """Shape of a filter file's prefix section (see :mod:`memfree.filterfile.native`)."""
+    """Shape of a filter file's prefix section (see :mod:`memfree.filterfile.bloom.reader`)."""
 
     num_blocks: int
     num_probes: int
@@ -173,26 +173,6 @@ class FilterFileWriter:
             self.abort()
 
 
-def json_bytes(metadata: Mapping[str, Any]) -> bytes:
-    """The header's JSON encoding: sorted keys, no spaces, UTF-8 (the same dict, the same bytes)."""
-    return json.dumps(metadata, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def header_bytes(metadata: Mapping[str, Any], version: int, length: int) -> bytes:
-    """A native file's first ``length`` bytes: the preamble (magic, ``version``, the metadata's
-    length and xxh3), the JSON metadata, zero padding.
-
-    Raises:
-        RuntimeError: the metadata outgrew ``length`` (writers size it with fixed-width
-            placeholders, so this is a bug, never a user's mistake).
-    """
-    raw = json_bytes(metadata)
-    header = PREAMBLE.pack(MAGIC, version, len(raw), xxhash.xxh3_64_intdigest(raw)) + raw
-    if len(header) > length:
-        raise RuntimeError("filter header grew while writing")
-    return header + b"\x00" * (length - len(header))
-
-
 def write_filter(
     path: str | os.PathLike[str],
     bit_words: np.ndarray,
@@ -233,7 +213,7 @@ def write_ngrams(
 ) -> Path:
     """Write a filter file holding exactly the given n-grams (deduplicated), atomically.
 
-    The body of :meth:`memfree.filterfile.native.NgramFilter.from_ngrams`, which documents the arguments.
+    The body of :meth:`memfree.filterfile.bloom.reader.NgramFilter.from_ngrams`, which documents the arguments.
 
     Args:
         path: output path.

@@ -1,7 +1,7 @@
 """Reading memfree's own filter file: a validated, memory-mapped, cache-line-blocked Bloom filter.
 The read Protocol every format implements is in :mod:`memfree.filterfile.protocol`; the byte layout
-in :mod:`memfree.filterfile.header`; opening a file in :mod:`memfree.filterfile.native_open`;
-writing in :mod:`memfree.filterfile.writer`; dispatching on a file's magic bytes in
+in :mod:`memfree.filterfile.header`; opening a file in :mod:`memfree.filterfile.bloom.opening`;
+writing in :mod:`memfree.filterfile.bloom.writer`; dispatching on a file's magic bytes in
 :func:`memfree.filterfile.open_filter`.
 
 With a prefix section, an n-gram is a member when its prefix *and* the n-gram are both found.
@@ -20,16 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from memfree.filterfile import NgramFilter
-from memfree.filterfile.filewatch import FileWatch
-from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
-from memfree.filterfile.native_open import open_native
-from memfree.filterfile.protocol import BlockedBits, NgramSet
-from memfree.filterfile.writer import (
+from memfree.filterfile.bloom.opening import open_native
+from memfree.filterfile.bloom.writer import (
     DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
     write_filter,
     write_ngrams,
 )
+from memfree.filterfile.face import NgramFilter
+from memfree.filterfile.filewatch import FileWatch
+from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
+from memfree.filterfile.protocol import BlockedBits, NgramSet
 
 
 class BloomFilter(NgramFilter):

@@ -16,7 +16,7 @@ import xxhash
 
 from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
-from memfree.filterfile.pybloom_hash import MAX_HASHES
+from memfree.filterfile.pybloom.arithmetic import MAX_HASHES
 
 MAGIC = b"MBITARRAY"
 LAYOUT = "pybloomfiltermmap3"

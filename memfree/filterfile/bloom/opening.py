@@ -24,7 +24,7 @@ from memfree.filterfile.header import (
 
 @dataclass(frozen=True)
 class OpenedFilter:
-    """A native filter file, opened and validated: what :class:`~memfree.filterfile.native.NgramFilter` holds
+    """A native filter file, opened and validated: what :class:`~memfree.filterfile.bloom.reader.NgramFilter` holds
     (the arrays are mapped copy-on-write from the file ``file_watch`` keeps open)."""
 
     metadata: dict[str, Any]  # the validated header metadata

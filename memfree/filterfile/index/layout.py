@@ -27,14 +27,14 @@ common ones (a newline, a space, a parenthesis), and so is the token a model is 
 R is sized for a *natural* query, one whose token follows the corpus's own distribution: it is
 banned falsely with probability about ``records_per_bucket * 2**-R * concentration``, the
 concentration measured by the builder (8.8e-3 for the stdlib's 10-grams under SmolLM2, against
-``1 / 49,152`` for a token drawn uniformly; :mod:`memfree.filterfile.index_sizing` sizes the
+``1 / 49,152`` for a token drawn uniformly; :mod:`memfree.filterfile.index.sizing` sizes the
 widths). Sizing for uniform tokens stated 5e-6 while natural text met 2e-3.
 
 The directory holds, for each section, ``2**(b - p) + 1`` uint32 record offsets (each bucket's
 first record, local to its section, then the section's record count); a section's records start
 at a word boundary, so every run of sections is a contiguous slice of the directory and one of
 the records, which one task encodes and writes. A section's buckets form blocks of
-``2**block_bits``, each with its own checksum (:mod:`memfree.filterfile.index_checks`), so a
+``2**block_bits``, each with its own checksum (:mod:`memfree.filterfile.index.checks`), so a
 reader checks what it reads, a block at a time, and never a whole section of a large file.
 """
 

@@ -1,6 +1,6 @@
 """The prefix-index file's header: its byte layout, its metadata checked field by field, and the
 checks of its sections against it (the layout's records are in
-:mod:`memfree.filterfile.index_layout`).
+:mod:`memfree.filterfile.index.layout`).
 
 Layout (all integers little-endian)::
 
@@ -18,7 +18,7 @@ The metadata records the section table's xxh3-64, and ``hashing_xxh3`` binds it 
 seed and n that placed the records, as in the Bloom layout: an edited header with its checksum
 recomputed is refused, never read as a filter that finds less. The section table is read and checked at
 every open (16 bytes a section, at most 64 KiB); a section's block checksums, and each block,
-before their first read when verified (:mod:`memfree.filterfile.index_checks`).
+before their first read when verified (:mod:`memfree.filterfile.index.checks`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import xxhash
 from memfree.filterfile.header import page_round
 from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
-from memfree.filterfile.index_layout import INDEX_LAYOUT, IndexShape, section_words, token_bits_for
-from memfree.filterfile.index_sizing import Concentration, stated_rates
+from memfree.filterfile.index.layout import INDEX_LAYOUT, IndexShape, section_words, token_bits_for
+from memfree.filterfile.index.sizing import Concentration, stated_rates
 
 INDEX_HASH_SCHEME = "horner-fmix64-prefix-index-v1"
 _HEX16 = re.compile(r"[0-9a-f]{16}\Z")

@@ -1,4 +1,4 @@
-"""Sizing the prefix-keyed index (:mod:`memfree.filterfile.index_layout`) and the rates its header
+"""Sizing the prefix-keyed index (:mod:`memfree.filterfile.index.layout`) and the rates its header
 states: the widths that meet a target rate of false bans per natural query in the fewest bytes.
 
 A false ban needs a prefix collision (another stored prefix with the row's bucket and remainder),
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memfree.filterfile.index_layout import (
+from memfree.filterfile.index.layout import (
     BLOCK_BITS,
     BUCKET_TARGET,
     MAX_RECORD_BITS,

@@ -1,9 +1,9 @@
 """Reading prefix-index filter files (``prefix-index-v1``; the records in
-:mod:`memfree.filterfile.index_layout`, the header in :mod:`memfree.filterfile.index_header`).
+:mod:`memfree.filterfile.index.layout`, the header in :mod:`memfree.filterfile.index.header`).
 
 :class:`IndexFilter` answers the :class:`~memfree.filterfile.protocol.NgramSet` protocol and hands
 the guard core its arrays (:meth:`IndexFilter.prefix_index`); :func:`open_index` opens and
-validates a file. Writing is in :mod:`memfree.filterfile.index_writer`.
+validates a file. Writing is in :mod:`memfree.filterfile.index.writer`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from memfree.errors import DamagedFilterError
-from memfree.filterfile import NgramFilter
+from memfree.filterfile.face import NgramFilter
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np
 from memfree.filterfile.header import (
@@ -26,23 +26,23 @@ from memfree.filterfile.header import (
     damaged_error,
     read_metadata,
 )
-from memfree.filterfile.index_checks import BlockChecks
-from memfree.filterfile.index_header import (
+from memfree.filterfile.index.checks import BlockChecks
+from memfree.filterfile.index.header import (
     TABLE_ENTRY,
     check_index_metadata,
     index_offsets,
     shape_of,
     table_problem,
 )
-from memfree.filterfile.index_layout import (
+from memfree.filterfile.index.layout import (
     INDEX_LAYOUT,
     IndexShape,
     encode_sections,
     index_keys,
     token_bits_for,
 )
-from memfree.filterfile.index_read import IndexArrays, contains_keys, lookup
-from memfree.filterfile.index_sizing import Concentration, choose_shape, word_shape, word_token_bits
+from memfree.filterfile.index.query import IndexArrays, contains_keys, lookup
+from memfree.filterfile.index.sizing import Concentration, choose_shape, word_shape, word_token_bits
 
 #: The index's default target: false bans per natural query (the Bloom layout's default is 1e-3).
 DEFAULT_INDEX_FALSE_POSITIVE_RATE = 1e-5
@@ -314,7 +314,7 @@ def _write_small(
 ) -> IndexFilter:
     """Write an index of the n-gram ``rows`` (token ids or word hashes) in one task, sized by
     ``shape_for(number of keys, concentration)``, and open it."""
-    from memfree.filterfile.index_writer import IndexFileWriter
+    from memfree.filterfile.index.writer import IndexFileWriter
 
     prefixes = fingerprints_np(rows[:, :-1], hash_seed)
     keys = np.unique(index_keys(prefixes, rows[:, -1], token_bits))
