@@ -37,7 +37,7 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.summary import BuildSummary
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
-from bloom_builder.write_index import index_token_bits
+from bloom_builder.write_index import index_token_bits, next_is_hash
 from memfree.errors import url_problem
 from memfree.filterfile.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
@@ -259,7 +259,7 @@ def _map_step(
             index_token_bits=index_token_bits(settings, int(vocab_size))
             if settings.uses_index
             else 0,
-            index_next_words=settings.unit == "word",
+            index_next_words=next_is_hash(settings),
         )
         for index, shard in enumerate(plan.shards)
     ]

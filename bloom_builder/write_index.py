@@ -42,6 +42,7 @@ from memfree.filterfile.index import (
     word_shape,
     word_token_bits,
 )
+from memfree.units import get_unit
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def write_index(
     shape, reached = index_shape(
         total, settings, int(metadata.get("vocab_size", 0)), concentration.value
     )
-    vocab_size = 1 << shape.token_bits if settings.unit == "word" else int(metadata["vocab_size"])
+    vocab_size = 1 << shape.token_bits if next_is_hash(settings) else int(metadata["vocab_size"])
     metadata = {**metadata, "vocab_size": vocab_size}  # a word index's: its next-word field's
     if total and reached > settings.target_rate:
         raise UnreachableRateError(
@@ -243,16 +244,23 @@ def index_shape(
 ) -> tuple[IndexShape, float]:
     """The widths of the index of ``total`` kept keys, and the false bans per natural query they
     give (to compare with the target rate)."""
-    if settings.unit == "word":
+    if next_is_hash(settings):
         shape = word_shape(total, settings.target_rate, concentration)
         return shape, word_rate(total, shape, concentration)
     shape = choose_shape(total, token_bits_for(vocab_size), settings.target_rate, concentration)
     return shape, natural_rate(total, shape, concentration)
 
 
+def next_is_hash(settings: BuildSettings) -> bool:
+    """Whether an index key's last field holds the next unit's hash bits (truncated to the
+    field) rather than an id that must fit it: the unit says (a unit whose n-grams are not token
+    ids stores hashes)."""
+    return not get_unit(settings.unit).reads_token_ids
+
+
 def index_token_bits(settings: BuildSettings, vocab_size: int) -> int:
     """The width of the index keys' last field: a token id, or a next word's hash bits."""
-    if settings.unit == "word":
+    if next_is_hash(settings):
         return word_token_bits(settings.target_rate)
     return token_bits_for(vocab_size)
 
