@@ -28,12 +28,11 @@ def audit_settings(model: Any, guard: Any, **values: Any) -> tuple[dict[str, Any
     }
     ngram_filter = getattr(guard, "filter", None)
     if ngram_filter is not None:
-        metadata = ngram_filter.metadata
         settings["filter"] = {
             "path": str(ngram_filter.path),
             "unit": ngram_filter.unit,
             "n": ngram_filter.n,
-            "bits_xxh3": metadata.get("bits_xxh3"),
+            "bits_xxh3": getattr(ngram_filter.header, "bits_xxh3", None),  # the Bloom layout's
         }
     signed = {k: v for k, v in settings.items() if k != "filter"}
     if "filter" in settings:

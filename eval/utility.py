@@ -45,13 +45,13 @@ def run_utility(
         if len(examples) < max_examples:
             first = found.ngrams[int(np.flatnonzero(found.stored)[0])]
             examples.append(StoredNgramExample(text[:200], first, hits))
-    metadata = ngram_filter.metadata
+    header = ngram_filter.header
     settings = {
         "filter": str(ngram_filter.path),
-        "filter_bits_xxh3": metadata.get("bits_xxh3"),
+        "filter_bits_xxh3": getattr(header, "bits_xxh3", None),  # the Bloom layout's
         "unit": ngram_filter.unit,
         "n": ngram_filter.n,
-        "tokenizer_fingerprint": metadata.get("tokenizer_fingerprint"),
+        "tokenizer_fingerprint": header.tokenizer_fingerprint,
         "max_examples": max_examples,
     }
     return UtilityResult(

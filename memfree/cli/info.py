@@ -103,9 +103,9 @@ def _is_pybloom(path: str) -> bool:
         return False
 
 
-def _promise(metadata: dict[str, Any]) -> str:
+def _promise(unit: str) -> str:
     """What a guard over this filter promises, by unit."""
-    if metadata.get("unit") == "word":
+    if unit == "word":
         return "no stored word n-gram in the text (any tokenizer)"
     return (
         "no stored token n-gram in the ids, nor in their text tokenized again (canonical "
@@ -126,10 +126,11 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
 
     lines = [
         f"{filt.path}",
-        f"  layout {metadata.get('layout')}   n {filt.n}   n-grams {filt.num_ngrams:,}",
+        f"  layout {filt.header.layout}   n {filt.n}   n-grams {filt.num_ngrams:,}",
     ]
     index = filt.prefix_index()
     if index is not None:
+        header = filt.header
         shape = index.shape
         per_ngram = filt.size_bytes / max(filt.num_ngrams, 1)
         word = filt.unit == "word"
@@ -146,21 +147,21 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
             f"  expected false bans per natural query {describe_rate(filt.expected_false_positive_rate)}"
             f" (a prefix and the {unit} that follows it in text like the corpus; next "
             f"{unit}s' concentration "
-            f"{metadata['concentration_squares'] / max(metadata['concentration_sample'], 1) ** 2:.3g})",
+            f"{header.concentration.squares / max(header.concentration.sample, 1) ** 2:.3g})",
             f"  per candidate of a whole-vocabulary row "
-            f"{describe_rate(metadata['uniform_false_positive_rate'])}   any query at most "
-            f"{describe_rate(metadata['prefix_collision_rate'])} (a prefix collision)",
+            f"{describe_rate(header.uniform_false_positive_rate)}   any query at most "
+            f"{describe_rate(header.prefix_collision_rate)} (a prefix collision)",
         ]
     else:
         lines += [
             f"  bits {filt.num_bits:,}   probes {filt.num_probes}   size {filt.size_bytes:,} bytes",
             f"  expected false-positive rate {describe_rate(filt.expected_false_positive_rate)}",
         ]
-    if "tokenizer" in metadata:
+    if filt.header.tokenizer is not None:
         lines.append(
-            f"  tokenizer {metadata['tokenizer']} (fingerprint {metadata.get('tokenizer_fingerprint')})"
+            f"  tokenizer {filt.header.tokenizer} (fingerprint {filt.header.tokenizer_fingerprint})"
         )
-    lines.append(f"  guard promise: {_promise(metadata)}")
+    lines.append(f"  guard promise: {_promise(filt.header.unit)}")
     for key in sorted(metadata):
         if key in _SHOWN_FIRST:
             continue

@@ -76,17 +76,17 @@ class WordMasker:
         self.n = ngram_filter.n
         self.context_width: int | None = None
         self.special_token_ids = tuple(sorted({int(token) for token in special_token_ids}))
-        metadata = ngram_filter.metadata
-        if metadata.get("normalizer") != NORMALIZER:
+        header = ngram_filter.header
+        if header.normalizer != NORMALIZER:
             raise FilterMismatchError(
                 f"{ngram_filter.path}: words were normalized with "
-                f"{metadata.get('normalizer')!r}, this memfree uses {NORMALIZER!r}; rebuild the "
+                f"{header.normalizer!r}, this memfree uses {NORMALIZER!r}; rebuild the "
                 "filter with this version"
             )
-        if metadata.get("unicode_version") not in (None, UNICODE_VERSION):
+        if header.unicode_version not in (None, UNICODE_VERSION):
             warnings.warn(
                 f"memfree: {ngram_filter.path} was built with Unicode "
-                f"{metadata.get('unicode_version')}, this Python has {UNICODE_VERSION}; words "
+                f"{header.unicode_version}, this Python has {UNICODE_VERSION}; words "
                 "that use characters added in between may split differently",
                 RuntimeWarning,
                 stacklevel=4,

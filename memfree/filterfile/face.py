@@ -18,6 +18,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from memfree.filterfile.filewatch import FileWatch
+    from memfree.filterfile.header import FilterHeader
 
 #: The package's :func:`~memfree.filterfile.open_filter`, installed when the package loads
 #: (before any of its modules can be imported).
@@ -46,6 +47,7 @@ class NgramFilter:
     path: Path
     n: int
     num_ngrams: int
+    header: FilterHeader  # the header, parsed once at open and read by attribute
     file_watch: FileWatch | None  # the open file's identity, which guards check around reads
 
     # What every layout answers (NgramSet); each reader defines them.

@@ -34,7 +34,9 @@ import os
 import stat
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -59,6 +61,106 @@ PAGE_BYTES = 4096
 # magic, format version, metadata length, xxh3-64 of the metadata bytes (little-endian)
 PREAMBLE = struct.Struct("<8sIIQ")
 MAX_METADATA_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class FilterHeader:
+    """What a filter file's header says, parsed once when the file is opened (after every field
+    was checked: :func:`check_metadata`, the index's and pybloomfiltermmap3's own checks) and read
+    by attribute. Each layout's reader has its own (:class:`BloomHeader`,
+    :class:`~memfree.filterfile.index.IndexHeader`,
+    :class:`~memfree.filterfile.pybloom.PybloomHeader`); :attr:`raw` is the JSON as read (what
+    ``memfree info`` shows).
+
+    Attributes:
+        layout: the file's layout, as the header names it.
+        n: units per stored n-gram.
+        unit: ``"token"`` or ``"word"``: what the n-grams are made of.
+        num_ngrams: the n-grams stored.
+        expected_false_positive_rate: the rate the header states (recomputed from its sizes
+            when it was checked).
+        special_token_ids: the ids the builder cut at (no stored n-gram holds one), when
+            recorded.
+        tokenizer, tokenizer_fingerprint, vocab_size: the vocabulary a token filter was built
+            with, when recorded.
+        normalizer, unicode_version: a word filter's normalizer and the Unicode it ran with.
+        raw: the header's JSON, read-only.
+    """
+
+    layout: str
+    n: int
+    unit: str
+    num_ngrams: int
+    expected_false_positive_rate: float
+    special_token_ids: tuple[int, ...] | None = None
+    tokenizer: str | None = None
+    tokenizer_fingerprint: str | None = None
+    vocab_size: int | None = None
+    normalizer: str | None = None
+    unicode_version: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, metadata: Mapping[str, Any], **fields: Any) -> Any:
+        """The header of checked ``metadata``; ``fields``: the layout's own (its subclass's)."""
+        ids = metadata.get("special_token_ids")
+        vocab_size = metadata.get("vocab_size")
+        return cls(
+            layout=str(metadata["layout"]),
+            n=int(metadata["n"]),
+            unit=str(metadata.get("unit", "token")),
+            num_ngrams=int(metadata["num_ngrams"]),
+            expected_false_positive_rate=float(metadata["expected_false_positive_rate"]),
+            special_token_ids=None if ids is None else tuple(int(i) for i in ids),
+            tokenizer=_optional_str(metadata.get("tokenizer")),
+            tokenizer_fingerprint=_optional_str(metadata.get("tokenizer_fingerprint")),
+            vocab_size=None if vocab_size is None else int(vocab_size),
+            normalizer=_optional_str(metadata.get("normalizer")),
+            unicode_version=_optional_str(metadata.get("unicode_version")),
+            raw=MappingProxyType(json.loads(json.dumps(dict(metadata)))),
+            **fields,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BloomHeader(FilterHeader):
+    """The blocked Bloom layout's header (:class:`FilterHeader`, and its bit arrays' sizes,
+    probes and checksums).
+
+    Attributes:
+        hash_seed: the seed of the n-gram hash.
+        num_bits, num_probes, bits_xxh3: the n-gram bit array's size, probes and checksum.
+        prefix_num_bits, prefix_num_probes, prefix_bits_xxh3: the prefix section's (0, 0 and
+            None when the file has none).
+    """
+
+    hash_seed: int
+    num_bits: int
+    num_probes: int
+    bits_xxh3: str | None
+    prefix_num_bits: int = 0
+    prefix_num_probes: int = 0
+    prefix_bits_xxh3: str | None = None
+
+    @classmethod
+    def read(cls, metadata: Mapping[str, Any]) -> BloomHeader:
+        """The header of metadata :func:`check_metadata` passed."""
+        prefix = metadata.get("prefix") or {}
+        header: BloomHeader = cls.of(
+            metadata,
+            hash_seed=int(metadata["hash_seed"]),
+            num_bits=int(metadata["num_bits"]),
+            num_probes=int(metadata["num_probes"]),
+            bits_xxh3=_optional_str(metadata.get("bits_xxh3")),
+            prefix_num_bits=int(prefix.get("num_bits", 0)),
+            prefix_num_probes=int(prefix.get("num_probes", 0)),
+            prefix_bits_xxh3=_optional_str(prefix.get("bits_xxh3")),
+        )
+        return header
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def page_round(size_bytes: int) -> int:
@@ -247,6 +349,8 @@ __all__ = [
     "MAX_NGRAM_SIZE",
     "PAGE_BYTES",
     "PREAMBLE",
+    "BloomHeader",
+    "FilterHeader",
     "bits_checksum",
     "check_hashing_binding",
     "check_metadata",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
+    from memfree.filterfile.header import FilterHeader
     from memfree.filterfile.index import IndexArrays
 
 
@@ -42,6 +43,7 @@ class NgramSet(Protocol):
     """
 
     path: Path
+    header: FilterHeader  # the header, parsed once at open and read by attribute
 
     @property
     def n(self) -> int: ...

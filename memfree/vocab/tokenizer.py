@@ -136,13 +136,13 @@ def check_tokenizer(ngram_filter: NgramSet, tokenizer: TokenizerInfo | Any) -> N
         FilterMismatchError: the fingerprints differ (token ids would not match, and nothing
             would be guarded).
     """
-    expected = ngram_filter.metadata.get("tokenizer_fingerprint")
+    expected = ngram_filter.header.tokenizer_fingerprint
     if expected is None:
         return
     info = TokenizerInfo.of(tokenizer)
     actual = info.fingerprint
     if actual != expected:
-        built_with = ngram_filter.metadata.get("tokenizer", "another tokenizer")
+        built_with = ngram_filter.header.tokenizer or "another tokenizer"
         given = info.name
         raise FilterMismatchError(
             f"{ngram_filter.path}: built with tokenizer {built_with!r} (fingerprint "

@@ -22,9 +22,11 @@ from memfree.filterfile.bloom.writer import (
     write_filter,
     write_ngrams,
 )
+from memfree.filterfile.header import BloomHeader
 
 __all__ = [
     "BloomFilter",
+    "BloomHeader",
     "FilterFileWriter",
     "PrefixSection",
     "bits_from_fingerprints",

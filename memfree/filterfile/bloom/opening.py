@@ -15,6 +15,7 @@ import numpy as np
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
 from memfree.filterfile.header import (
     PREAMBLE,
+    BloomHeader,
     bits_checksum,
     check_hashing_binding,
     read_header,
@@ -54,19 +55,19 @@ def open_native(path: Path, verify: bool) -> OpenedFilter:
         head = os.pread(handle.fileno(), PREAMBLE.size, 0)
         metadata, data_offset = read_header(path, head, identity.size_bytes, handle)
         header = os.pread(handle.fileno(), data_offset, 0)
-        num_words = int(metadata["num_bits"]) // 64
+        fields = BloomHeader.read(metadata)
+        num_words = fields.num_bits // 64
         # mode "c": copy-on-write, so torch.from_numpy gets a writable view without a copy
         # while the file itself can never be changed through this mapping.
         bit_words = np.memmap(handle, dtype="<u8", mode="c", offset=data_offset, shape=(num_words,))
-        prefix = metadata.get("prefix")
         prefix_bit_words = None
-        if prefix:
+        if fields.prefix_num_bits:
             prefix_bit_words = np.memmap(
                 handle,
                 dtype="<u8",
                 mode="c",
                 offset=data_offset + num_words * 8,
-                shape=(int(prefix["num_bits"]) // 64,),
+                shape=(fields.prefix_num_bits // 64,),
             )
         if verify:
             verify_bits(path, metadata, bit_words, prefix_bit_words)
@@ -75,7 +76,7 @@ def open_native(path: Path, verify: bool) -> OpenedFilter:
     except BaseException:
         handle.close()
         raise
-    intact = intact_check(handle, header, metadata, bit_words, prefix_bit_words)
+    intact = intact_check(handle, header, fields, bit_words, prefix_bit_words)
     return OpenedFilter(
         metadata, bit_words, prefix_bit_words, FileWatch(path, handle, identity, intact)
     )
@@ -84,15 +85,15 @@ def open_native(path: Path, verify: bool) -> OpenedFilter:
 def intact_check(
     handle: BinaryIO,
     header: bytes,
-    metadata: dict[str, Any],
+    fields: BloomHeader,
     bit_words: np.ndarray,
     prefix_bit_words: np.ndarray | None,
 ) -> Callable[[], str | None]:
     """What tells a guard, once the file's identity changed, whether its bytes did: the header's
     bytes as opened, and the bit arrays against the checksums it records. (It holds the arrays,
     not the filter, so that a filter is freed as soon as it is no longer used.)"""
-    checksum = metadata["bits_xxh3"]
-    prefix_checksum = (metadata.get("prefix") or {}).get("bits_xxh3")
+    checksum = fields.bits_xxh3
+    prefix_checksum = fields.prefix_bits_xxh3
 
     def problem() -> str | None:
         if os.pread(handle.fileno(), len(header), 0) != header:

@@ -29,6 +29,7 @@ from memfree.filterfile.bloom.writer import (
 from memfree.filterfile.face import NgramFilter
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
+from memfree.filterfile.header import BloomHeader
 from memfree.filterfile.protocol import BlockedBits, NgramSet
 
 
@@ -52,13 +53,13 @@ class BloomFilter(NgramFilter):
         self._bit_words = bit_words
         self._prefix_bit_words = prefix_bit_words
         self._metadata = metadata
-        prefix = metadata.get("prefix") or {}
-        self.prefix_num_probes: int = int(prefix.get("num_probes", 0))
-        self.n: int = int(metadata["n"])
-        self.num_bits: int = int(metadata["num_bits"])
-        self.num_probes: int = int(metadata["num_probes"])
-        self.hash_seed: int = int(metadata["hash_seed"])
-        self.num_ngrams: int = int(metadata["num_ngrams"])
+        self.header = header = BloomHeader.read(metadata)
+        self.prefix_num_probes: int = header.prefix_num_probes
+        self.n: int = header.n
+        self.num_bits: int = header.num_bits
+        self.num_probes: int = header.num_probes
+        self.hash_seed: int = header.hash_seed
+        self.num_ngrams: int = header.num_ngrams
         # The open file's identity, which guards check around their reads (None: not mapped).
         self.file_watch: FileWatch | None = None
 
@@ -213,13 +214,12 @@ class BloomFilter(NgramFilter):
     @property
     def special_token_ids(self) -> tuple[int, ...] | None:
         """Ids the builder cut token sequences at (no stored n-gram holds one), if recorded."""
-        ids = self._metadata.get("special_token_ids")
-        return None if ids is None else tuple(int(i) for i in ids)
+        return self.header.special_token_ids
 
     @property
     def unit(self) -> str:
         """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
-        return str(self._metadata.get("unit", "token"))
+        return self.header.unit
 
     def blocked_bits(self) -> BlockedBits:
         """The bit arrays and probe counts, for the guard core (see :class:`BlockedBits`)."""
@@ -241,7 +241,7 @@ class BloomFilter(NgramFilter):
 
     @property
     def layout(self) -> str:
-        return str(self._metadata["layout"])
+        return self.header.layout
 
     @property
     def size_bytes(self) -> int:
@@ -249,7 +249,7 @@ class BloomFilter(NgramFilter):
 
     @property
     def expected_false_positive_rate(self) -> float:
-        return float(self._metadata["expected_false_positive_rate"])
+        return self.header.expected_false_positive_rate
 
     def __len__(self) -> int:
         return self.num_ngrams

@@ -15,6 +15,7 @@ Everything outside this folder imports from here (``make lint`` holds it):
 
 from __future__ import annotations
 
+from memfree.filterfile.index.header import IndexHeader
 from memfree.filterfile.index.layout import (
     INDEX_LAYOUT,
     MAX_SECTION_RECORDS,
@@ -51,6 +52,7 @@ __all__ = [
     "IndexArrays",
     "IndexFileWriter",
     "IndexFilter",
+    "IndexHeader",
     "IndexShape",
     "SectionTarget",
     "WrittenSections",

@@ -13,13 +13,12 @@ touched (:class:`~memfree.errors.DamagedFilterError`), never read as a filter th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import xxhash
 
 from memfree.filterfile.header import damaged_error
-from memfree.filterfile.index.header import shape_of
+from memfree.filterfile.index.header import IndexHeader
 from memfree.filterfile.index.layout import IndexShape
 
 
@@ -75,7 +74,7 @@ class BlockChecks:
     def __init__(
         self,
         path: Path,
-        metadata: dict[str, Any],
+        header: IndexHeader,
         table: np.ndarray,
         blocks: np.ndarray,
         directory: np.ndarray,
@@ -83,8 +82,8 @@ class BlockChecks:
         starts: np.ndarray,
     ) -> None:
         self.path = path
-        self.shape = shape_of(metadata)
-        self.max_bucket = int(metadata["max_bucket"])
+        self.shape = header.shape
+        self.max_bucket = header.max_bucket
         self.records = table["records"].astype(np.int64)
         self.section_digests = table["digest"]
         self.blocks = blocks

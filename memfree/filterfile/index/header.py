@@ -31,7 +31,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import xxhash
 
-from memfree.filterfile.header import page_round
+from memfree.filterfile.header import FilterHeader, page_round
 from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
 from memfree.filterfile.index.layout import INDEX_LAYOUT, IndexShape, section_words, token_bits_for
@@ -60,6 +60,42 @@ _BOUND = (*_INTS, "layout", "hash_scheme", "unit", "section_table_xxh3", *GUARD_
 
 def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IndexHeader(FilterHeader):
+    """The prefix-keyed index's header (:class:`~memfree.filterfile.header.FilterHeader`, and
+    what its lookups need).
+
+    Attributes:
+        hash_seed: the seed of the prefix fingerprints.
+        shape: the widths.
+        max_bucket: most records in one bucket.
+        concentration: the stored next tokens' concentration, as measured when it was built.
+        uniform_false_positive_rate: false bans per candidate of a whole-vocabulary row.
+        prefix_collision_rate: the most any query can meet (a prefix collision).
+    """
+
+    hash_seed: int
+    shape: IndexShape
+    max_bucket: int
+    concentration: Concentration
+    uniform_false_positive_rate: float
+    prefix_collision_rate: float
+
+    @classmethod
+    def read(cls, metadata: dict[str, Any]) -> IndexHeader:
+        """The header of metadata :func:`check_index_metadata` passed."""
+        header: IndexHeader = cls.of(
+            metadata,
+            hash_seed=int(metadata["hash_seed"]),
+            shape=shape_of(metadata),
+            max_bucket=int(metadata["max_bucket"]),
+            concentration=concentration_of(metadata),
+            uniform_false_positive_rate=float(metadata["uniform_false_positive_rate"]),
+            prefix_collision_rate=float(metadata["prefix_collision_rate"]),
+        )
+        return header
 
 
 def shape_of(metadata: dict[str, Any]) -> IndexShape:

@@ -29,9 +29,9 @@ from memfree.filterfile.header import (
 from memfree.filterfile.index.checks import BlockChecks
 from memfree.filterfile.index.header import (
     TABLE_ENTRY,
+    IndexHeader,
     check_index_metadata,
     index_offsets,
-    shape_of,
     table_problem,
 )
 from memfree.filterfile.index.layout import (
@@ -67,9 +67,10 @@ class IndexFilter(NgramFilter):
         self._checks = checks
         self._metadata = metadata
         self._arrays = arrays
-        self.n: int = int(metadata["n"])
-        self.hash_seed: int = int(metadata["hash_seed"])
-        self.num_ngrams: int = int(metadata["num_ngrams"])
+        self.header = header = IndexHeader.read(metadata)
+        self.n: int = header.n
+        self.hash_seed: int = header.hash_seed
+        self.num_ngrams: int = header.num_ngrams
         self.file_watch: FileWatch | None = None
 
     @classmethod
@@ -184,12 +185,11 @@ class IndexFilter(NgramFilter):
 
     @property
     def special_token_ids(self) -> tuple[int, ...] | None:
-        ids = self._metadata.get("special_token_ids")
-        return None if ids is None else tuple(int(i) for i in ids)
+        return self.header.special_token_ids
 
     @property
     def unit(self) -> str:
-        return str(self._metadata.get("unit", "token"))
+        return self.header.unit
 
     @property
     def layout(self) -> str:
@@ -201,7 +201,7 @@ class IndexFilter(NgramFilter):
 
     @property
     def expected_false_positive_rate(self) -> float:
-        return float(self._metadata["expected_false_positive_rate"])
+        return self.header.expected_false_positive_rate
 
     def __len__(self) -> int:
         return self.num_ngrams
@@ -252,7 +252,8 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         problem = check_index_metadata(metadata)
         if problem:
             raise damaged_error(path, problem)
-        shape = shape_of(metadata)
+        fields = IndexHeader.read(metadata)
+        shape = fields.shape
         table_bytes = shape.num_sections * TABLE_ENTRY.itemsize
         raw_table = os.pread(handle.fileno(), table_bytes, data_offset)
         if len(raw_table) < table_bytes:
@@ -272,7 +273,7 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         words = _mapped(handle, "<u8", offsets.words, (offsets.size - offsets.words) // 8)
         if words[-1] != 0:
             raise damaged_error(path, "the records do not end with a zero word")
-        checks = BlockChecks(path, metadata, table, blocks, directory, words, offsets.word_starts)
+        checks = BlockChecks(path, fields, table, blocks, directory, words, offsets.word_starts)
     except BaseException:
         handle.close()
         raise
@@ -281,8 +282,8 @@ def open_index(path: Path, verify: bool) -> IndexFilter:
         directory,
         words,
         offsets.word_starts,
-        int(metadata["hash_seed"]),
-        int(metadata["max_bucket"]),
+        fields.hash_seed,
+        fields.max_bucket,
         checks if verify else None,
         checks.all if verify else None,
     )

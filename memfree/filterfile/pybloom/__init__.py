@@ -12,12 +12,13 @@ Everything outside this folder imports from here (``make lint`` holds it):
 from __future__ import annotations
 
 from memfree.filterfile.pybloom.arithmetic import expected_false_positive_rate
-from memfree.filterfile.pybloom.layout import MAGIC
+from memfree.filterfile.pybloom.layout import MAGIC, PybloomHeader
 from memfree.filterfile.pybloom.reader import PybloomNgramFilter, open_pybloom, sidecar_path
 from memfree.filterfile.pybloom.writer import PybloomWriter
 
 __all__ = [
     "MAGIC",
+    "PybloomHeader",
     "PybloomNgramFilter",
     "PybloomWriter",
     "expected_false_positive_rate",

@@ -7,13 +7,15 @@ import json
 import math
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from memfree.filterfile.header import FilterHeader
 from memfree.filterfile.header_bits import GUARD_FIELDS
 from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
 from memfree.filterfile.pybloom.arithmetic import MAX_HASHES
@@ -29,6 +31,31 @@ FILE_PREFIX = struct.Struct("<9sQi")
 # struct _BloomFilter: max_num_elem, error_rate, num_hashes, hash_seeds[256], pad, array pointer,
 # bf_version, count_correct, pad, elem_count, reserved[32]
 BLOOM_STRUCT = struct.Struct("<QdI256I4s8sBB6sQ128s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PybloomHeader(FilterHeader):
+    """A pybloomfiltermmap3 file's header as memfree reads it: the library's file header and
+    memfree's sidecar, checked (:class:`~memfree.filterfile.header.FilterHeader`, and the bit
+    array's size and the library's hash seeds).
+
+    Attributes:
+        num_bits: the bit array's size.
+        seeds: the library's hash seeds (one per probe).
+    """
+
+    num_bits: int
+    seeds: tuple[int, ...]
+
+    @classmethod
+    def read(cls, metadata: Mapping[str, Any]) -> PybloomHeader:
+        """The header of checked fields (the sidecar's and the file header's)."""
+        header: PybloomHeader = cls.of(
+            metadata,
+            num_bits=int(metadata["num_bits"]),
+            seeds=tuple(int(seed) for seed in metadata["seeds"]),
+        )
+        return header
 
 
 def sidecar_path(path: str | os.PathLike[str]) -> Path:

@@ -32,6 +32,7 @@ from memfree.filterfile.pybloom.layout import (
     LAYOUT,
     MAGIC,
     PREAMBLE_BYTES,
+    PybloomHeader,
     parse_header,
     read_sidecar,
     sidecar_path,
@@ -59,11 +60,12 @@ class PybloomNgramFilter(NgramFilter):
         self.path = path
         self.bits = bits
         self._metadata = metadata
-        self.seeds: list[int] = list(metadata["seeds"])
-        self.n: int = int(metadata["n"])
-        self.num_bits: int = int(metadata["num_bits"])
+        self.header = header = PybloomHeader.read(metadata)
+        self.seeds: list[int] = list(header.seeds)
+        self.n: int = header.n
+        self.num_bits: int = header.num_bits
         self.num_probes: int = len(self.seeds)
-        self.num_ngrams: int = int(metadata["num_ngrams"])
+        self.num_ngrams: int = header.num_ngrams
         # The open file's identity, which guards check around their reads (None: not mapped).
         self.file_watch: FileWatch | None = None
 
@@ -106,17 +108,16 @@ class PybloomNgramFilter(NgramFilter):
     @property
     def unit(self) -> str:
         """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
-        return str(self._metadata.get("unit", "token"))
+        return self.header.unit
 
     @property
     def layout(self) -> str:
-        return str(self._metadata["layout"])
+        return self.header.layout
 
     @property
     def special_token_ids(self) -> tuple[int, ...] | None:
         """Ids the builder cut token sequences at (no stored n-gram holds one), if recorded."""
-        ids = self._metadata.get("special_token_ids")
-        return None if ids is None else tuple(int(i) for i in ids)
+        return self.header.special_token_ids
 
     @property
     def size_bytes(self) -> int:
@@ -124,7 +125,7 @@ class PybloomNgramFilter(NgramFilter):
 
     @property
     def expected_false_positive_rate(self) -> float:
-        return float(self._metadata["expected_false_positive_rate"])
+        return self.header.expected_false_positive_rate
 
     def __len__(self) -> int:
         return self.num_ngrams

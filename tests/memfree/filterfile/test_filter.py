@@ -309,3 +309,41 @@ def test_a_url_is_never_opened_as_a_local_file(
     NgramFilter.from_ngrams(local, [[1, 2, 3]])
     with pytest.raises(FilterError, match="URL; memfree reads and writes local paths only"):
         NgramFilter.open(url)
+
+
+def test_every_layout_reads_its_header_once_as_a_typed_value(tmp_path: Path) -> None:
+    """Each layout's reader has a frozen :class:`FilterHeader` of its own kind, parsed at open,
+    whose fields are the header's (the raw JSON stays as the read-only ``raw`` view)."""
+    import dataclasses
+    import types
+
+    from memfree.filterfile import NgramFilter
+    from memfree.filterfile.bloom import BloomHeader
+    from memfree.filterfile.header import FilterHeader
+    from memfree.filterfile.index import IndexFilter, IndexHeader
+    from memfree.filterfile.pybloom import PybloomHeader
+
+    rows = [[1, 2, 3], [4, 5, 6], [1, 2, 7]]
+    bloom = NgramFilter.from_ngrams(
+        tmp_path / "b.memfree", rows, metadata={"special_token_ids": [0]}
+    )
+    index = IndexFilter.from_ngrams(tmp_path / "i.memfree", rows, vocab_size=100)
+    from tests.memfree.filterfile.test_pybloom import _written
+
+    path, _ = _written(tmp_path)
+    interchange = NgramFilter.open(path)
+    for filt, kind in ((bloom, BloomHeader), (index, IndexHeader), (interchange, PybloomHeader)):
+        header = filt.header
+        assert type(header) is kind and isinstance(header, FilterHeader)
+        metadata = filt.metadata
+        assert (header.layout, header.n, header.num_ngrams, header.unit) == (
+            metadata["layout"], metadata["n"], metadata["num_ngrams"], metadata.get("unit", "token")
+        )  # fmt: skip
+        assert header.expected_false_positive_rate == metadata["expected_false_positive_rate"]
+        assert header.raw == metadata and isinstance(header.raw, types.MappingProxyType)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            header.n = 5  # type: ignore[misc]
+    assert bloom.header.special_token_ids == (0,) and index.header.special_token_ids is None
+    assert (bloom.header.num_bits, bloom.header.num_probes) == (bloom.num_bits, bloom.num_probes)
+    assert index.header.shape == index.prefix_index().shape
+    assert interchange.header.seeds == tuple(interchange.seeds)
