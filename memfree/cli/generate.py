@@ -357,7 +357,10 @@ def _print_text(
             continue
         plain_title = f"unguarded: {plain[index].stored_ngrams} stored {ngram_size}-grams"
         print(side_by_side(plain_title, plain[index].text, guarded_title, text))
-    print(_summary(guarded, plain, ngram_size, retokenized=ngram_filter.unit == "token"))
+    from memfree.units import get_unit
+
+    retokenized = get_unit(ngram_filter.unit).reads_token_ids
+    print(_summary(guarded, plain, ngram_size, retokenized=retokenized))
     print(f"promise: {promise}")
 
 

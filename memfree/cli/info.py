@@ -105,14 +105,9 @@ def _is_pybloom(path: str) -> bool:
 
 def _promise(unit: str) -> str:
     """What a guard over this filter promises, by unit."""
-    if unit == "word":
-        return "no stored word n-gram in the text (any tokenizer)"
-    return (
-        "no stored token n-gram in the ids, nor in their text tokenized again (canonical "
-        "decoding, the default with a BPE tokenizer it reads: byte-level or SentencePiece-style); "
-        "over the ids only with "
-        "canonical=False (--no-canonical)"
-    )
+    from memfree.units import get_unit
+
+    return get_unit(unit).promise(None)
 
 
 def describe(filt: Any, metadata: dict[str, Any]) -> str:

@@ -60,11 +60,7 @@ class GuardSetup:
     @property
     def promise(self) -> str:
         """What the guard promises, in words (for reprs and summaries)."""
-        if self.unit.name == "word":
-            return "no stored word n-gram in the text"
-        if self.canonical:
-            return "no stored token n-gram in the ids, nor in their text tokenized again"
-        return "no stored token n-gram in the ids (not their text: canonical decoding is off)"
+        return self.unit.promise(self.canonical)
 
     def banned_mask(
         self,
@@ -88,17 +84,8 @@ class GuardSetup:
     def prompt_ngrams(self, prompt: Sequence[int]) -> PromptNgrams:
         """A request's prompt n-grams for ``exempt_prompt``: its ids' windows (token unit), or
         its text's word n-grams (word unit, the text read as the guard reads it)."""
-        if self.unit.name == "word":
-            info = getattr(self.masker, "tokenizer", None)
-            text = b"".join(
-                info.token_bytes[i] or b""
-                for i in prompt
-                if info is not None
-                and 0 <= i < len(info.token_bytes)
-                and i not in self.special_token_ids
-            )
-            return PromptNgrams.of_text(text.decode("utf-8", "replace"), self.n)
-        return PromptNgrams.of_ids(prompt, self.n)
+        tokenizer = getattr(self.masker, "tokenizer", None)
+        return self.unit.prompt_ngrams(prompt, self.n, tokenizer, self.special_token_ids)
 
     @classmethod
     def create(

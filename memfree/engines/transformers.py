@@ -303,10 +303,10 @@ class MemFreeLogitsProcessor(_Base):
         )
 
     def __repr__(self) -> str:
-        word = self.unit.name == "word" and type(self) is MemFreeLogitsProcessor
+        word = not self.unit.reads_token_ids and type(self) is MemFreeLogitsProcessor
         name = MemFreeWordLogitsProcessor.__name__ if word else type(self).__name__
         settings = "".join(f", {key}={value!r}" for key, value in self.masker.describe().items())
-        canonical = f", canonical={self.canonical}" if self.unit.name == "token" else ""
+        canonical = f", canonical={self.canonical}" if self.unit.reads_token_ids else ""
         return (
             f"{name}(filter={str(self.filter.path)!r}, n={self.n}, "
             f"special_token_ids={list(self.special_token_ids)}{canonical}{settings})"

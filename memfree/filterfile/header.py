@@ -100,6 +100,17 @@ class FilterHeader:
     unicode_version: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles and copies (a guard's copy holds its filter's header): the raw view as a
+        dict, made read-only again by :meth:`__setstate__`."""
+        state = dict(self.__dict__)
+        state["raw"] = dict(self.raw)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, MappingProxyType(value) if name == "raw" else value)
+
     @classmethod
     def of(cls, metadata: Mapping[str, Any], **fields: Any) -> Any:
         """The header of checked ``metadata``; ``fields``: the layout's own (its subclass's)."""

@@ -16,6 +16,7 @@ from memfree.errors import FilterMismatchError
 
 if TYPE_CHECKING:
     from memfree.core import Masker, MaskerOptions
+    from memfree.core.exempt import PromptNgrams
     from memfree.filterfile.protocol import NgramSet
     from memfree.vocab.info import TokenizerInfo
 
@@ -89,6 +90,23 @@ class Unit(Protocol):
         Raises:
             ValueError: a choice the unit cannot honour, with what to do instead.
         """
+        ...
+
+    def promise(self, canonical: bool | None) -> str:
+        """What a guard of this unit promises, in words: with canonical decoding on or off as
+        :meth:`text_promise` decided, or (None) over a filter of this unit with the defaults
+        and the alternative (what ``memfree info`` says)."""
+        ...
+
+    def prompt_ngrams(
+        self,
+        prompt: Sequence[int],
+        n: int,
+        tokenizer: TokenizerInfo | None,
+        special_token_ids: Sequence[int],
+    ) -> PromptNgrams:
+        """A request's prompt n-grams for ``exempt_prompt``
+        (:mod:`memfree.core.exempt`), read as this unit's guard reads text."""
         ...
 
     def masker(

@@ -20,6 +20,7 @@ from memfree.units.base import BuildParts, TextNgrams, check_filter_unit
 
 if TYPE_CHECKING:
     from memfree.core import Masker, MaskerOptions
+    from memfree.core.exempt import PromptNgrams
     from memfree.core.token_index import IndexMasker
     from memfree.filterfile.protocol import NgramSet
     from memfree.vocab.info import TokenizerInfo
@@ -125,6 +126,30 @@ class TokenUnit:
                 "pass tokenizer=, or canonical=False to guard the ids only"
             )
         return canonical
+
+    def promise(self, canonical: bool | None) -> str:
+        """Over the ids, and with canonical decoding over their text tokenized again."""
+        if canonical is None:
+            return (
+                "no stored token n-gram in the ids, nor in their text tokenized again (canonical "
+                "decoding, the default with a BPE tokenizer it reads: byte-level or "
+                "SentencePiece-style); over the ids only with canonical=False (--no-canonical)"
+            )
+        if canonical:
+            return "no stored token n-gram in the ids, nor in their text tokenized again"
+        return "no stored token n-gram in the ids (not their text: canonical decoding is off)"
+
+    def prompt_ngrams(
+        self,
+        prompt: Sequence[int],
+        n: int,
+        tokenizer: TokenizerInfo | None,
+        special_token_ids: Sequence[int],
+    ) -> PromptNgrams:
+        """The prompt's id windows."""
+        from memfree.core.exempt import PromptNgrams
+
+        return PromptNgrams.of_ids(prompt, n)
 
     def masker(
         self,

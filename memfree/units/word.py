@@ -22,6 +22,7 @@ from memfree.vocab.words import word_metadata as _word_metadata
 
 if TYPE_CHECKING:
     from memfree.core import Masker, MaskerOptions
+    from memfree.core.exempt import PromptNgrams
     from memfree.filterfile.protocol import NgramSet
     from memfree.vocab.info import TokenizerInfo
 
@@ -72,6 +73,31 @@ class WordUnit:
                 "already over the text"
             )
         return False
+
+    def promise(self, canonical: bool | None) -> str:
+        """Over the text, whatever the tokenizer."""
+        if canonical is None:
+            return "no stored word n-gram in the text (any tokenizer)"
+        return "no stored word n-gram in the text"
+
+    def prompt_ngrams(
+        self,
+        prompt: Sequence[int],
+        n: int,
+        tokenizer: TokenizerInfo | None,
+        special_token_ids: Sequence[int],
+    ) -> PromptNgrams:
+        """The word n-grams of the prompt's text, read as the word guard reads it (special
+        tokens add no text)."""
+        from memfree.core.exempt import PromptNgrams
+
+        special = set(special_token_ids)
+        text = b"".join(
+            tokenizer.token_bytes[i] or b""
+            for i in prompt
+            if tokenizer is not None and 0 <= i < len(tokenizer.token_bytes) and i not in special
+        )
+        return PromptNgrams.of_text(text.decode("utf-8", "replace"), n)
 
     def masker(
         self,

@@ -315,6 +315,7 @@ def test_every_layout_reads_its_header_once_as_a_typed_value(tmp_path: Path) -> 
     """Each layout's reader has a frozen :class:`FilterHeader` of its own kind, parsed at open,
     whose fields are the header's (the raw JSON stays as the read-only ``raw`` view)."""
     import dataclasses
+    import pickle
     import types
 
     from memfree.filterfile import NgramFilter
@@ -343,6 +344,9 @@ def test_every_layout_reads_its_header_once_as_a_typed_value(tmp_path: Path) -> 
         assert header.raw == metadata and isinstance(header.raw, types.MappingProxyType)
         with pytest.raises(dataclasses.FrozenInstanceError):
             header.n = 5  # type: ignore[misc]
+        copied = pickle.loads(pickle.dumps(header))  # guards' copies and workers hold it
+        assert copied == header and copied.raw == header.raw
+        assert isinstance(copied.raw, types.MappingProxyType)
     assert bloom.header.special_token_ids == (0,) and index.header.special_token_ids is None
     assert (bloom.header.num_bits, bloom.header.num_probes) == (bloom.num_bits, bloom.num_probes)
     assert index.header.shape == index.prefix_index().shape
