@@ -75,7 +75,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
 
 demo: $(STAMP)
 	$(PY) -m memfree.cli.demo
