@@ -62,7 +62,7 @@ class TextPromiseMasker:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The union of the bans; the rows checked against the filter."""
         banned, active, noncanonical, readings = self.parts(contexts, vocab_width, device)
-        banned = torch.logical_or(noncanonical, banned, out=noncanonical)  # the step's own copy
+        banned = union(noncanonical, banned)  # into the step's own copy
         return ban_readings(banned, [(row, token) for row, token, _ in readings]), active
 
     def parts(
@@ -115,6 +115,16 @@ class TextPromiseMasker:
 StoredReading = tuple[int, int, list[tuple[int, ...]]]  # row, candidate, stored n-grams
 
 
+def union(into: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``into |= other`` (two bool masks of one shape), returned. On the CPU through numpy: one
+    thread, where torch splits a single row of a large vocabulary across its threads and, on a
+    machine busy with the model, waits for them longer than the union takes."""
+    if into.device.type == "cpu" and other.device.type == "cpu":
+        np.logical_or(into.numpy(), other.numpy(), out=into.numpy())
+        return into
+    return torch.logical_or(into, other, out=into)
+
+
 def ban_readings(banned: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> torch.Tensor:
     """``banned`` with each ``(row, candidate)`` of ``pairs`` banned too."""
     if not pairs:
@@ -125,4 +135,4 @@ def ban_readings(banned: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> torc
     return banned
 
 
-__all__ = ["StoredReading", "TextPromiseMasker", "ban_readings"]
+__all__ = ["StoredReading", "TextPromiseMasker", "ban_readings", "union"]
