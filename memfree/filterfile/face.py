@@ -9,6 +9,7 @@ the package above it.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -50,37 +51,43 @@ class NgramFilter:
     header: FilterHeader  # the header, parsed once at open and read by attribute
     file_watch: FileWatch | None  # the open file's identity, which guards check around reads
 
-    # What every layout answers (NgramSet); each reader defines them.
+    # What follows from the header (parsed once at open) is answered here for every layout.
 
     @property
     def unit(self) -> str:
-        """``"token"`` or ``"word"``: what the stored n-grams are made of."""
-        raise NotImplementedError
+        """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
+        return self.header.unit
 
     @property
     def layout(self) -> str:
         """The file's layout, as its header names it."""
-        raise NotImplementedError
+        return self.header.layout
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """The file's header as a dict (what ``memfree info`` shows)."""
-        raise NotImplementedError
+        """A copy of the file's header as JSON (what ``memfree info`` shows)."""
+        copied: dict[str, Any] = json.loads(json.dumps(dict(self.header.raw)))
+        return copied
 
     @property
     def special_token_ids(self) -> tuple[int, ...] | None:
         """The ids the builder cut at (never in a stored n-gram), when the file records them."""
-        raise NotImplementedError
+        return self.header.special_token_ids
 
     @property
     def size_bytes(self) -> int:
         """The file's size."""
-        raise NotImplementedError
+        return self.path.stat().st_size
 
     @property
     def expected_false_positive_rate(self) -> float:
         """The rate at which an n-gram that is not stored is said to be."""
-        raise NotImplementedError
+        return self.header.expected_false_positive_rate
+
+    def __len__(self) -> int:
+        return self.num_ngrams
+
+    # What each layout's reader answers itself.
 
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
         """Whether each n-gram (rows of ``(N, n)`` ids) is stored; never a false negative."""
@@ -95,9 +102,6 @@ class NgramFilter:
         """The prefix-keyed index's arrays, an :class:`~memfree.filterfile.index.IndexArrays`
         (None in another layout; typed there and in :class:`~memfree.filterfile.protocol.NgramSet`:
         this module imports neither a layout nor the protocol, which names them)."""
-        raise NotImplementedError
-
-    def __len__(self) -> int:
         raise NotImplementedError
 
     def close(self) -> None:

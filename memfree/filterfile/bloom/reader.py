@@ -11,7 +11,6 @@ lets the guard skip, exactly, every decoding step whose last n-1 tokens begin no
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -52,7 +51,6 @@ class BloomFilter(NgramFilter):
         self.path = path
         self._bit_words = bit_words
         self._prefix_bit_words = prefix_bit_words
-        self._metadata = metadata
         self.header = header = BloomHeader.read(metadata)
         self.prefix_num_probes: int = header.prefix_num_probes
         self.n: int = header.n
@@ -197,11 +195,6 @@ class BloomFilter(NgramFilter):
     # -- properties -----------------------------------------------------------------------------
 
     @property
-    def metadata(self) -> dict[str, Any]:
-        """A copy of the header's JSON metadata."""
-        return json.loads(json.dumps(self._metadata))
-
-    @property
     def bit_words(self) -> np.ndarray:
         """The bit array as little-endian uint64 words (memory-mapped, do not write)."""
         return self._bit_words
@@ -210,16 +203,6 @@ class BloomFilter(NgramFilter):
     def prefix_bit_words(self) -> np.ndarray | None:
         """The prefix section's uint64 words, or None when the file has none."""
         return self._prefix_bit_words
-
-    @property
-    def special_token_ids(self) -> tuple[int, ...] | None:
-        """Ids the builder cut token sequences at (no stored n-gram holds one), if recorded."""
-        return self.header.special_token_ids
-
-    @property
-    def unit(self) -> str:
-        """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
-        return self.header.unit
 
     def blocked_bits(self) -> BlockedBits:
         """The bit arrays and probe counts, for the guard core (see :class:`BlockedBits`)."""
@@ -238,21 +221,6 @@ class BloomFilter(NgramFilter):
     @property
     def has_prefix_section(self) -> bool:
         return self._prefix_bit_words is not None
-
-    @property
-    def layout(self) -> str:
-        return self.header.layout
-
-    @property
-    def size_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    @property
-    def expected_false_positive_rate(self) -> float:
-        return self.header.expected_false_positive_rate
-
-    def __len__(self) -> int:
-        return self.num_ngrams
 
     def __repr__(self) -> str:
         return (

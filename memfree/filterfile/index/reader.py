@@ -8,7 +8,6 @@ validates a file. Writing is in :mod:`memfree.filterfile.index.writer`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -35,7 +34,6 @@ from memfree.filterfile.index.header import (
     table_problem,
 )
 from memfree.filterfile.index.layout import (
-    INDEX_LAYOUT,
     IndexShape,
     encode_sections,
     index_keys,
@@ -65,7 +63,6 @@ class IndexFilter(NgramFilter):
     ) -> None:
         self.path = path
         self._checks = checks
-        self._metadata = metadata
         self._arrays = arrays
         self.header = header = IndexHeader.read(metadata)
         self.n: int = header.n
@@ -178,33 +175,6 @@ class IndexFilter(NgramFilter):
         return None
 
     # -- properties -------------------------------------------------------------------------------
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self._metadata))
-
-    @property
-    def special_token_ids(self) -> tuple[int, ...] | None:
-        return self.header.special_token_ids
-
-    @property
-    def unit(self) -> str:
-        return self.header.unit
-
-    @property
-    def layout(self) -> str:
-        return INDEX_LAYOUT
-
-    @property
-    def size_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    @property
-    def expected_false_positive_rate(self) -> float:
-        return self.header.expected_false_positive_rate
-
-    def __len__(self) -> int:
-        return self.num_ngrams
 
     def __repr__(self) -> str:
         shape = self._arrays.shape

@@ -6,7 +6,6 @@ in :mod:`memfree.filterfile.pybloom.arithmetic`.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +58,6 @@ class PybloomNgramFilter(NgramFilter):
     def __init__(self, path: Path, bits: np.ndarray, metadata: dict[str, Any]) -> None:
         self.path = path
         self.bits = bits
-        self._metadata = metadata
         self.header = header = PybloomHeader.read(metadata)
         self.seeds: list[int] = list(header.seeds)
         self.n: int = header.n
@@ -99,36 +97,6 @@ class PybloomNgramFilter(NgramFilter):
     def blocked_bits(self) -> None:
         """None: the library's k-seed probes are not memfree's blocked layout."""
         return None
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """A copy of the sidecar's and the file header's fields."""
-        return json.loads(json.dumps(self._metadata))
-
-    @property
-    def unit(self) -> str:
-        """``"token"`` (n-grams of token ids) or ``"word"`` (n-grams of normalized words)."""
-        return self.header.unit
-
-    @property
-    def layout(self) -> str:
-        return self.header.layout
-
-    @property
-    def special_token_ids(self) -> tuple[int, ...] | None:
-        """Ids the builder cut token sequences at (no stored n-gram holds one), if recorded."""
-        return self.header.special_token_ids
-
-    @property
-    def size_bytes(self) -> int:
-        return self.path.stat().st_size
-
-    @property
-    def expected_false_positive_rate(self) -> float:
-        return self.header.expected_false_positive_rate
-
-    def __len__(self) -> int:
-        return self.num_ngrams
 
     def __repr__(self) -> str:
         return (
