@@ -192,14 +192,15 @@ class CanonicalMasker(TableMasker):
                 keys.append(None)
                 continue
             array = arrays[index, first:]
+            row = array.tobytes()
             read = None
             if before and first < width:
-                last = before.get(array[:-1].tobytes())
+                last = before.get(row[:-8])  # the row one id shorter (int64 ids)
                 if last is not None:
                     read = self.states.advance(last[0], last[1], int(array[-1]))
             if read is None:
                 read = self.states.read(array.tolist(), array)
-            seen[array.tobytes()] = read
+            seen[row] = read
             key, tail = read
             keys.append(key)
             if tail is not None and (

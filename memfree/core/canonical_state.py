@@ -124,6 +124,7 @@ class RowStates:
         self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
+        self._lone_begins: dict[int, bool] = {}  # a token's text begins an added token's content
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
@@ -256,7 +257,7 @@ class RowStates:
         (read the tail instead)."""
         run = RUN_OF_CLASS.get(cls)
         text = self.bpe.texts[token]
-        if run is None or text is None or not self.bpe.self_ok[token] or self._pending_added(text):
+        if run is None or text is None or not self.bpe.self_ok[token] or self._begins_added(token):
             return None
         if int(self.bpe.run[token]) == run:  # the same chunk goes on
             if not self._pair(a, token):
@@ -474,6 +475,16 @@ class RowStates:
             ]
             return ("open", a, completion, merged)
         return ("run", kind, a)
+
+    def _begins_added(self, token: int) -> bool:
+        """Whether a token's text alone ends in the beginning of an added token's content
+        (:meth:`_pending_added` of its text), kept per token."""
+        known = self._lone_begins.get(token)
+        if known is None:
+            known = self._lone_begins[token] = bool(
+                self._pending_added(self.bpe.texts[token] or "")
+            )
+        return known
 
     def _pending_added(self, text: str) -> tuple[str, ...]:
         """The rests of added tokens' contents that the text's end has begun."""
