@@ -5,9 +5,9 @@ What every layout shares, beside the layouts' folders:
 - :mod:`~memfree.filterfile.hashing`, :mod:`~memfree.filterfile.sliding`: the one n-gram hash
   (numpy and torch, bit for bit) and every window of a sequence.
 - :mod:`~memfree.filterfile.sizing`: blocked Bloom sizing and false-positive rates.
-- :mod:`~memfree.filterfile.header` (with ``header_fields``, ``header_bits``): the preamble
-  both memfree layouts write, and the header's validation; :mod:`~memfree.filterfile.filewatch`:
-  an open file's identity.
+- :mod:`~memfree.filterfile.header`: the preamble both memfree layouts write and read, and
+  :class:`FilterHeader`, every header parsed once; :mod:`~memfree.filterfile.filewatch`: an open
+  file's identity.
 - :mod:`~memfree.filterfile.protocol`: :class:`NgramSet`, what every format answers;
   :mod:`~memfree.filterfile.face`: :class:`NgramFilter`, the face every reader subclasses.
 

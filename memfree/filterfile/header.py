@@ -39,19 +39,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
-import numpy as np
 import xxhash
 
 from memfree.errors import DamagedFilterError, FilterError
-from memfree.filterfile.header_bits import (
-    binding_problem,
-    bits_checksum,
-    bits_problem,
-    count_set_bits,
-    fill_problem,
-    hashing_digest,
-)
-from memfree.filterfile.header_fields import LAYOUT, MAX_BLOCKS, MAX_NGRAM_SIZE, check_metadata
 
 MAGIC = b"MEMFREE\x00"
 FORMAT_VERSION = 1
@@ -61,6 +51,17 @@ PAGE_BYTES = 4096
 # magic, format version, metadata length, xxh3-64 of the metadata bytes (little-endian)
 PREAMBLE = struct.Struct("<8sIIQ")
 MAX_METADATA_BYTES = 16 << 20
+MAX_NGRAM_SIZE = 64
+#: What the guard relies on besides where the bits are, bound in every layout's digest: a
+#: deleted or edited tokenizer fingerprint would accept any tokenizer (and guard nothing), an
+#: edited special-token list would exempt ids, an edited normalizer would read other words.
+GUARD_FIELDS = (
+    "tokenizer_fingerprint",
+    "special_token_ids",
+    "vocab_size",
+    "normalizer",
+    "unicode_version",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,43 +134,6 @@ class FilterHeader:
         )
 
 
-@dataclass(frozen=True, kw_only=True)
-class BloomHeader(FilterHeader):
-    """The blocked Bloom layout's header (:class:`FilterHeader`, and its bit arrays' sizes,
-    probes and checksums).
-
-    Attributes:
-        hash_seed: the seed of the n-gram hash.
-        num_bits, num_probes, bits_xxh3: the n-gram bit array's size, probes and checksum.
-        prefix_num_bits, prefix_num_probes, prefix_bits_xxh3: the prefix section's (0, 0 and
-            None when the file has none).
-    """
-
-    hash_seed: int
-    num_bits: int
-    num_probes: int
-    bits_xxh3: str | None
-    prefix_num_bits: int = 0
-    prefix_num_probes: int = 0
-    prefix_bits_xxh3: str | None = None
-
-    @classmethod
-    def read(cls, metadata: Mapping[str, Any]) -> BloomHeader:
-        """The header of metadata :func:`check_metadata` passed."""
-        prefix = metadata.get("prefix") or {}
-        header: BloomHeader = cls.of(
-            metadata,
-            hash_seed=int(metadata["hash_seed"]),
-            num_bits=int(metadata["num_bits"]),
-            num_probes=int(metadata["num_probes"]),
-            bits_xxh3=_optional_str(metadata.get("bits_xxh3")),
-            prefix_num_bits=int(prefix.get("num_bits", 0)),
-            prefix_num_probes=int(prefix.get("num_probes", 0)),
-            prefix_bits_xxh3=_optional_str(prefix.get("bits_xxh3")),
-        )
-        return header
-
-
 def _optional_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -231,38 +195,6 @@ def read_preamble(path: Path) -> bytes:
         ) from None
 
 
-def read_header(
-    path: Path, head: bytes, file_size: int, handle: BinaryIO | None = None
-) -> tuple[dict[str, Any], int]:
-    """Parse and validate a native filter file's header.
-
-    Args:
-        path: the file (read again for the metadata unless ``handle`` is given; named in errors).
-        head: its first ``PREAMBLE.size`` bytes (fewer when the file is shorter).
-        file_size: its size in bytes; must be exactly what the header implies.
-        handle: the open file to read the metadata from (so that header and bits come from one
-            file even if the path is renamed over meanwhile).
-
-    Returns:
-        (the validated JSON metadata, the byte offset of the first bit word).
-
-    Raises:
-        DamagedFilterError: any problem, named.
-    """
-    metadata, data_offset = read_metadata(path, head, file_size, handle, FORMAT_VERSION)
-    problem = check_metadata(metadata)
-    if problem:
-        raise damaged_error(path, problem)
-    prefix = metadata.get("prefix")
-    num_words = int(metadata["num_bits"]) // 64 + (int(prefix["num_bits"]) // 64 if prefix else 0)
-    expected_size = data_offset + num_words * 8
-    if file_size != expected_size:
-        raise damaged_error(
-            path, f"size {file_size} bytes, expected {expected_size} from its header"
-        )
-    return metadata, data_offset
-
-
 def format_version(head: bytes) -> int | None:
     """The format version a native file's preamble states (None: too short to say)."""
     if len(head) < PREAMBLE.size:
@@ -315,64 +247,21 @@ def read_metadata(
     return metadata, page_round(PREAMBLE.size + metadata_bytes)
 
 
-def verify_bits(
-    path: Path, metadata: dict[str, Any], bit_words: np.ndarray, prefix_bit_words: np.ndarray | None
-) -> None:
-    """Check the bit arrays against the header: their checksums, then their share of set bits,
-    then the hashing binding (see :func:`memfree.filterfile.header_bits.bits_problem`).
-
-    Args:
-        path: the file (named in errors).
-        metadata: its validated header metadata.
-        bit_words: uint64 `(num_bits / 64,)`, the n-gram bit array.
-        prefix_bit_words: uint64 `(prefix num_bits / 64,)`, or None without a prefix section.
-
-    Raises:
-        DamagedFilterError: the first mismatch, named.
-    """
-    problem = bits_problem(metadata, bit_words, prefix_bit_words)
-    if problem:
-        raise damaged_error(path, problem)
-
-
-def check_hashing_binding(path: Path, metadata: dict[str, Any]) -> None:
-    """Refuse a header whose hashing parameters are not those its bits were written with (part of
-    :func:`verify_bits`; run alone with ``verify=False``: it reads only the header, binding the
-    bits' *recorded* checksums, so an edited seed, n or probe count never opens unverified).
-
-    Raises:
-        DamagedFilterError: ``hashing_xxh3`` is missing or does not match the header.
-    """
-    problem = binding_problem(metadata)
-    if problem:
-        raise damaged_error(path, problem)
-
-
-# The layout and the readers here; the names re-exported from memfree.filterfile.header_fields and
-# memfree.filterfile.header_bits keep their old import path.
 __all__ = [
     "FORMAT_VERSION",
+    "GUARD_FIELDS",
     "INDEX_FORMAT_VERSION",
-    "LAYOUT",
     "MAGIC",
-    "MAX_BLOCKS",
     "MAX_METADATA_BYTES",
     "MAX_NGRAM_SIZE",
     "PAGE_BYTES",
     "PREAMBLE",
-    "BloomHeader",
     "FilterHeader",
-    "bits_checksum",
-    "check_hashing_binding",
-    "check_metadata",
-    "count_set_bits",
     "damaged_error",
-    "fill_problem",
     "format_version",
-    "hashing_digest",
+    "header_bytes",
+    "json_bytes",
     "page_round",
-    "read_header",
     "read_metadata",
     "read_preamble",
-    "verify_bits",
 ]

@@ -13,6 +13,7 @@ The header both layouts share (the preamble, the metadata's checks) is
 
 from __future__ import annotations
 
+from memfree.filterfile.bloom.header import BloomHeader
 from memfree.filterfile.bloom.reader import BloomFilter, describe_rate
 from memfree.filterfile.bloom.writer import (
     FilterFileWriter,
@@ -22,7 +23,6 @@ from memfree.filterfile.bloom.writer import (
     write_filter,
     write_ngrams,
 )
-from memfree.filterfile.header import BloomHeader
 
 __all__ = [
     "BloomFilter",

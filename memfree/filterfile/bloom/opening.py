@@ -12,15 +12,15 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from memfree.filterfile.filewatch import FileIdentity, FileWatch
-from memfree.filterfile.header import (
-    PREAMBLE,
+from memfree.filterfile.bloom.bits import bits_checksum
+from memfree.filterfile.bloom.header import (
     BloomHeader,
-    bits_checksum,
     check_hashing_binding,
     read_header,
     verify_bits,
 )
+from memfree.filterfile.filewatch import FileIdentity, FileWatch
+from memfree.filterfile.header import PREAMBLE
 
 
 @dataclass(frozen=True)

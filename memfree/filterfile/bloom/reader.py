@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from memfree.filterfile.bloom.header import BloomHeader
 from memfree.filterfile.bloom.opening import open_native
 from memfree.filterfile.bloom.writer import (
     DEFAULT_PREFIX_FALSE_POSITIVE_RATE,
@@ -28,7 +29,6 @@ from memfree.filterfile.bloom.writer import (
 from memfree.filterfile.face import NgramFilter
 from memfree.filterfile.filewatch import FileWatch
 from memfree.filterfile.hashing import DEFAULT_HASH_SEED, fingerprints_np, query_bits_np
-from memfree.filterfile.header import BloomHeader
 from memfree.filterfile.protocol import BlockedBits, NgramSet
 
 

@@ -14,6 +14,8 @@ import numpy as np
 import xxhash
 
 from memfree.fileio import PendingFile
+from memfree.filterfile.bloom.bits import hashing_digest
+from memfree.filterfile.bloom.fields import LAYOUT, check_metadata
 from memfree.filterfile.hashing import (
     BLOCK_BITS,
     DEFAULT_HASH_SEED,
@@ -25,10 +27,7 @@ from memfree.filterfile.hashing import (
 )
 from memfree.filterfile.header import (
     FORMAT_VERSION,
-    LAYOUT,
     PREAMBLE,
-    check_metadata,
-    hashing_digest,
     header_bytes,
     json_bytes,
     page_round,

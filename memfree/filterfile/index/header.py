@@ -31,9 +31,7 @@ from typing import Any, TypeGuard
 import numpy as np
 import xxhash
 
-from memfree.filterfile.header import FilterHeader, page_round
-from memfree.filterfile.header_bits import GUARD_FIELDS
-from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
+from memfree.filterfile.header import GUARD_FIELDS, MAX_NGRAM_SIZE, FilterHeader, page_round
 from memfree.filterfile.index.layout import INDEX_LAYOUT, IndexShape, section_words, token_bits_for
 from memfree.filterfile.index.sizing import Concentration, stated_rates
 

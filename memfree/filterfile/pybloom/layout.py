@@ -15,9 +15,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from memfree.filterfile.header import FilterHeader
-from memfree.filterfile.header_bits import GUARD_FIELDS
-from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
+from memfree.filterfile.header import GUARD_FIELDS, MAX_NGRAM_SIZE, FilterHeader
 from memfree.filterfile.pybloom.arithmetic import MAX_HASHES
 
 MAGIC = b"MBITARRAY"

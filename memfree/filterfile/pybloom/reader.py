@@ -16,7 +16,7 @@ import numpy as np
 from memfree.errors import DamagedFilterError, FilterError, FilterMismatchError
 from memfree.filterfile.face import NgramFilter
 from memfree.filterfile.filewatch import FileIdentity, FileWatch
-from memfree.filterfile.header_fields import MAX_NGRAM_SIZE
+from memfree.filterfile.header import MAX_NGRAM_SIZE
 from memfree.filterfile.pybloom.arithmetic import (  # expected_false_positive_rate: re-exported for the builder
     estimate_num_ngrams,
     expected_false_positive_rate,

@@ -22,7 +22,7 @@ import torch
 from memfree import NgramFilter
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.errors import DamagedFilterError, FilterChangedError
-from memfree.filterfile.header import hashing_digest
+from memfree.filterfile.bloom.bits import hashing_digest
 from tests.memfree.filterfile.test_header import read_header, rewrite
 
 VOCAB = 12

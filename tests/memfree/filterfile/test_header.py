@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from memfree import NgramFilter
 from memfree.errors import DamagedFilterError, FilterError
-from memfree.filterfile.header import PAGE_BYTES, hashing_digest
+from memfree.filterfile.bloom.bits import hashing_digest
+from memfree.filterfile.header import PAGE_BYTES
 from memfree.filterfile.sizing import expected_false_positive_rate
 
 PREAMBLE = struct.Struct("<8sIIQ")

@@ -12,6 +12,7 @@ import numpy as np
 import xxhash
 
 from memfree.filterfile.hashing import BLOCK_BITS
+from memfree.filterfile.header import GUARD_FIELDS
 
 # Set bits may stray from their expectation by block-load variance; 10% and 8 standard
 # deviations never trip on a real filter (tests check filters from 1 to millions of n-grams) and
@@ -22,16 +23,6 @@ _FILL_SIGMAS = 8.0
 # What decides where an n-gram's bits are: a header edit of any of these (with the header's
 # checksum recomputed) would make the filter answer "absent" for stored n-grams.
 _HASHING_FIELDS = ("hash_scheme", "hash_seed", "layout", "n", "num_probes", "num_bits", "unit")
-#: What the guard relies on besides where the bits are, bound in every native layout's digest: a
-#: deleted or edited tokenizer fingerprint would accept any tokenizer (and guard nothing), an
-#: edited special-token list would exempt ids, an edited normalizer would read other words.
-GUARD_FIELDS = (
-    "tokenizer_fingerprint",
-    "special_token_ids",
-    "vocab_size",
-    "normalizer",
-    "unicode_version",
-)
 
 
 def hashing_digest(metadata: dict[str, Any]) -> str:
@@ -155,7 +146,6 @@ def fill_problem(name: str, set_bits: int, num_keys: int, num_bits: int, num_pro
 
 
 __all__ = [
-    "GUARD_FIELDS",
     "binding_problem",
     "bits_checksum",
     "bits_problem",

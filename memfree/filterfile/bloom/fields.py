@@ -8,10 +8,10 @@ import math
 from typing import Any, TypeGuard
 
 from memfree.filterfile.hashing import BLOCK_BITS, HASH_SCHEME, MAX_PROBES
+from memfree.filterfile.header import MAX_NGRAM_SIZE
 from memfree.filterfile.sizing import expected_false_positive_rate
 
 LAYOUT = "blocked-512"
-MAX_NGRAM_SIZE = 64
 MAX_BLOCKS = 1 << 32
 _REQUIRED_INTS = ("n", "num_bits", "num_probes", "hash_seed", "num_ngrams")
 
