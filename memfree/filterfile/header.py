@@ -1,30 +1,26 @@
-"""The filter file's header: its fixed layout, how it is read, and its validation as a whole
-(types, ranges, agreement between fields and with the bit array itself).
+"""The header memfree's layouts share: the preamble, written and read, and :class:`FilterHeader`,
+every header parsed once into a typed value.
 
-Layout (all integers little-endian)::
+The preamble (all integers little-endian)::
 
     offset 0   8 bytes   magic b"MEMFREE\\0"
-    offset 8   uint32    format version
+    offset 8   uint32    format version (1: the blocked Bloom layout; 2: the prefix index)
     offset 12  uint32    length L of the JSON metadata
     offset 16  uint64    xxh3-64 of the JSON metadata bytes
     offset 24  L bytes   UTF-8 JSON metadata (sorted keys), zero padding up to a multiple of 4096
-    then       uint64    bit words, ``num_blocks * 8`` of them (page-aligned, so numpy.memmap and
-                         torch.from_numpy map them without copying)
-    then       uint64    optional prefix section: ``prefix.num_blocks * 8`` bit words of a second
-                         blocked Bloom filter holding the (n-1)-token prefixes of stored n-grams
+    then                 the layout's own sections, page-aligned (so numpy.memmap and
+                         torch.from_numpy map them without copying): the Bloom layout's bit
+                         words (:mod:`memfree.filterfile.bloom`), the index's tables and records
+                         (:mod:`memfree.filterfile.index`)
 
-The metadata records everything that produced the file and an xxh3-64 checksum of each bit array.
-The same inputs give the same bytes: there is no wall-clock field.
-
-The metadata checksum only proves that the header is the one that was written last, not that it
-is sane: an edited header with its checksum recomputed must still never crash a reader, never
-make the guard miss a stored n-gram and never yield a filter that silently blocks nothing. So every
-field the readers rely on is checked (:mod:`memfree.filterfile.header_fields`), the false-positive rate the
-header states is recomputed from its sizes, and (when the bits are verified) the share of set bits
-is compared with what the header's n-gram count and probe count must produce
-(:mod:`memfree.filterfile.header_bits`). An edited seed or n shows in no bit, so the header must also carry
-``hashing_xxh3``, binding the bits' checksums to the parameters that placed them: a header without
-it is refused (rebuild the file), as is one it does not match.
+The metadata records everything that produced the file and checksums of what follows; the same
+inputs give the same bytes (there is no wall-clock field). The metadata checksum only proves that
+the header is the one that was written last, not that it is sane: an edited header with its
+checksum recomputed must still never crash a reader, never make the guard miss a stored n-gram and
+never yield a filter that silently blocks nothing. So each layout checks every field its readers
+rely on before its header is parsed (:mod:`memfree.filterfile.bloom.header`,
+:mod:`memfree.filterfile.index.header`), and binds the fields the guard relies on
+(:data:`GUARD_FIELDS`) and its hashing parameters to its checksums.
 """
 
 from __future__ import annotations
