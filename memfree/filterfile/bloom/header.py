@@ -1,7 +1,18 @@
-"""The blocked Bloom layout's header: read and validated as a whole (every field, the file's
-size, the bit arrays against it, the hashing binding), and parsed into a :class:`BloomHeader`.
-The preamble both memfree layouts share is :mod:`memfree.filterfile.header`; the fields are
-checked in :mod:`.fields`, the bits in :mod:`.bits`.
+"""The blocked Bloom layout's header: read and validated as a whole, and parsed into a
+:class:`BloomHeader`.
+
+After the shared preamble (:mod:`memfree.filterfile.header`, format version 1)::
+
+    uint64    bit words, ``num_blocks * 8`` of them (page-aligned)
+    uint64    optional prefix section: ``prefix.num_blocks * 8`` bit words of a second blocked
+              Bloom filter holding the (n-1)-token prefixes of stored n-grams
+
+Every field the readers rely on is checked (:mod:`.fields`), the false-positive rate the header
+states is recomputed from its sizes, the file's size must be exactly what the header implies, and
+(when the bits are verified) the share of set bits is compared with what the header's n-gram count
+and probe count must produce (:mod:`.bits`). An edited seed or n shows in no bit, so the header
+must also carry ``hashing_xxh3``, binding the bits' checksums to the parameters that placed them:
+a header without it is refused (rebuild the file), as is one it does not match.
 """
 
 from __future__ import annotations
