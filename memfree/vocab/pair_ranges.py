@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_CHUNK = 1 << 22  # (token, merge) pairs expanded at once while building
+_CHUNK = 1 << 20  # (token, merge) pairs expanded at once while building (about 64 MiB of arrays)
 
 
 @dataclass(frozen=True, eq=False)
