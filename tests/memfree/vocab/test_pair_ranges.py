@@ -103,3 +103,19 @@ def test_tokens_skipped_have_no_runs_and_the_others_keep_theirs(smol_tree: Merge
     assert not np.diff(ranges.offsets)[skip].any()
     for a in range(1, tree.size, 98):  # odd: not skipped
         assert np.array_equal(np.sort(ranges.conflicts(a)), np.sort(tree.ranges.conflicts(a)))
+
+
+def test_built_in_small_chunks_the_runs_are_the_same(
+    smol_tree: MergeTree, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The build expands (token, merge) pairs a chunk at a time: chunks of a few thousand give
+    the same runs as the default (the chunk boundaries cut no token's runs short)."""
+    from memfree.vocab import pair_ranges as module
+
+    tree = smol_tree
+    assert tree.ranges is not None
+    monkeypatch.setattr(module, "_CHUNK", 5_000)
+    small = pair_ranges(tree.left, tree.right, tree.made_at, tree.partners, tree.late[0])
+    assert np.array_equal(small.offsets, tree.ranges.offsets)
+    assert np.array_equal(small.starts, tree.ranges.starts)
+    assert np.array_equal(small.ends, tree.ranges.ends)
