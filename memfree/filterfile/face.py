@@ -87,6 +87,23 @@ class NgramFilter:
     def __len__(self) -> int:
         return self.num_ngrams
 
+    def query_rows(self, ngrams: np.ndarray | list[list[int]]) -> tuple[np.ndarray, bool]:
+        """The n-grams a query gives as rows `(N, n)`, and whether it gave one n-gram `(n,)`.
+
+        Raises:
+            ValueError: rows of another length than this filter's n.
+        """
+        array = np.asarray(ngrams)
+        single = array.ndim == 1
+        if single:
+            array = array[None, :]
+        if array.ndim != 2 or array.shape[1] != self.n:
+            raise ValueError(
+                f"ngrams must have shape (N, {self.n}) for this {self.n}-gram filter, "
+                f"got {np.asarray(ngrams).shape}"
+            )
+        return array, single
+
     # What each layout's reader answers itself.
 
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:

@@ -137,15 +137,7 @@ class BloomFilter(NgramFilter):
         Returns:
             bool array `(N,)` (or a 0-d bool array for one n-gram).
         """
-        array = np.asarray(ngrams)
-        single = array.ndim == 1
-        if single:
-            array = array[None, :]
-        if array.ndim != 2 or array.shape[1] != self.n:
-            raise ValueError(
-                f"ngrams must have shape (N, {self.n}) for this {self.n}-gram filter, "
-                f"got {np.asarray(ngrams).shape}"
-            )
+        array, single = self.query_rows(ngrams)
         if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
             raise ValueError("ngrams must hold non-negative integer token ids")
         result = self.contains_fingerprints(fingerprints_np(array, self.hash_seed))

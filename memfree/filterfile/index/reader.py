@@ -139,15 +139,7 @@ class IndexFilter(NgramFilter):
     def contains(self, ngrams: np.ndarray | list[list[int]]) -> np.ndarray:
         """Whether each n-gram is (probably) stored; never a false negative. Token ids, or for a
         word index uint64 word hashes (:func:`memfree.vocab.words.ngram_hash_rows`)."""
-        array = np.asarray(ngrams)
-        single = array.ndim == 1
-        if single:
-            array = array[None, :]
-        if array.ndim != 2 or array.shape[1] != self.n:
-            raise ValueError(
-                f"ngrams must have shape (N, {self.n}) for this {self.n}-gram filter, "
-                f"got {np.asarray(ngrams).shape}"
-            )
+        array, single = self.query_rows(ngrams)
         if array.size and (not np.issubdtype(array.dtype, np.integer) or array.min() < 0):
             raise ValueError("ngrams must hold non-negative integer token ids")
         array = array.astype(np.uint64 if self.unit == "word" else np.int64)

@@ -76,15 +76,7 @@ class PybloomNgramFilter(NgramFilter):
         Returns:
             bool array `(N,)` (or a 0-d bool array for one n-gram).
         """
-        array = np.asarray(ngrams)
-        single = array.ndim == 1
-        if single:
-            array = array[None, :]
-        if array.ndim != 2 or array.shape[1] != self.n:
-            raise ValueError(
-                f"ngrams must have shape (N, {self.n}) for this {self.n}-gram filter, "
-                f"got {np.asarray(ngrams).shape}"
-            )
+        array, single = self.query_rows(ngrams)
         positions = probe_positions(ngram_key_bytes(array), self.seeds, self.num_bits)
         found = np.asarray(self.bits[positions >> 3]) >> (positions & 7).astype(np.uint8)
         result = np.asarray((found & 1).astype(bool).all(axis=1))
