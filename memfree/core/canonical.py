@@ -53,6 +53,7 @@ from memfree.core.canonical_rules import (
 from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
+from memfree.core.row_automaton import RowAutomaton
 from memfree.core.state_table import StateTable, TableMasker, is_banned, row_bounds
 from memfree.core.table_cache import cached_tables
 from memfree.vocab.bpe import (
@@ -90,9 +91,9 @@ class CanonicalMasker(TableMasker):
     """
 
     UNPICKLED = (
-        *("_lock", "_masks", "_bigrams", "_readings", "_seen", "_pseudos"),
-        *("_columns", "_pseudo_columns", "_pseudo_runs"),
-        "table",
+        *("_lock", "_masks", "_bigrams", "_readings", "_pseudos"),
+        *("_columns", "_pseudo_columns", "_pseudo_runs", "_runs"),
+        *("table", "automaton"),
     )
 
     def __init__(
@@ -126,14 +127,16 @@ class CanonicalMasker(TableMasker):
             self.bpe, self._bytes, self._cuts, self.split, self._pair, self._chars
         )
         self._lock = threading.Lock()
-        self._seen = threading.local()  # per thread: its last step's rows (bytes) -> their read
+        self.fast_runs = True  # tests: False answers every state by the rules' general path
         self._make_columns()
         self.table = StateTable(self._fill)
+        self.automaton = self._automaton()
 
     def _make_columns(self) -> None:
         """What the rules read of the tokens and of the pseudo candidates (bound to this
         masker's caches: made anew for a copy)."""
         v = self._vocabulary
+        self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # see _run_parts
         self._columns = Columns(
             True, v.new, v.added, v.first_letter, v.first_number, v.first_punct, v.first_space,
             self.bpe.self_ok, self.bpe.run, v.runs, v.word_run, v.split_enter, v.after_apostrophe,
@@ -162,9 +165,21 @@ class CanonicalMasker(TableMasker):
         self._readings = OrderedDict()
         self._pseudos = OrderedDict()
         self._lock = threading.Lock()
-        self._seen = threading.local()
         self._make_columns()
         self.table = StateTable(self._fill)
+        self.automaton = self._automaton()
+
+    def _automaton(self) -> RowAutomaton:
+        """Rows to state ids: a state id is a row's read (its state and last chunks)."""
+        states = self.states
+        return RowAutomaton(
+            read=states.read,
+            advance=lambda read, token: states.advance(read[0], read[1], token),
+            key_of=lambda read: read[0],
+            past=(("past",), None),
+            vocab_size=self.bpe.vocab_size,
+            flag=_in_space_run,
+        )
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -180,41 +195,24 @@ class CanonicalMasker(TableMasker):
         # Left padding (negative ids add no text) and ids no text gives, for all rows at once:
         # a row that advances is never turned into a Python list.
         firsts, past = row_bounds(arrays, self.bpe.vocab_size)
+        for _ in range(sum(past)):  # an id no text gives: not canonical
+            self.states.note(" (it holds an id past the tokenizer's vocabulary)")
         pending: list[Pending] = []
-        keys: list[tuple[Any, ...] | None] = []
-        spaces: list[tuple[int, int, Tail]] = []  # rows in a whitespace run: end, last chunks
-        before = getattr(self._seen, "rows", {})  # the calling thread's rows at its last step
-        seen: dict[bytes, Read] = {}
-        for index in range(count):
-            first = firsts[index]
-            if past[index]:  # an id no text gives: not canonical
-                self.states.note(" (it holds an id past the tokenizer's vocabulary)")
-                keys.append(None)
-                continue
-            array = arrays[index, first:]
-            row = array.tobytes()
-            read = None
-            if before and first < width:
-                last = before.get(row[:-8])  # the row one id shorter (int64 ids)
-                if last is not None:
-                    read = self.states.advance(last[0], last[1], int(array[-1]))
-            if read is None:
-                read = self.states.read(array.tolist(), array)
-            seen[row] = read
-            key, tail = read
-            keys.append(key)
-            if tail is not None and (
-                key[0] == "space" or (key[0] == "split" and tail.text[-1:].isspace())
-            ):
-                spaces.append((index, width, tail))
-        self._seen.rows = seen
-        wanted = [index for index, _, _ in spaces]
-        banned, host = self.table.gather(keys, vocab_width, device, wanted)
-        for index, end, tail in spaces:
+        automaton = self.automaton
+        with automaton.lock:
+            ids = automaton.step(arrays, firsts, past)
+            # Rows in a whitespace run: their other reading, from their last chunks.
+            wanted = np.flatnonzero(automaton.flags(ids)).tolist()
+            spaces = [(index, automaton.reads[ids[index]][1]) for index in wanted]
+            banned, host = self.table.gather(
+                automaton.key_ids(ids), automaton.keys, automaton.generation, vocab_width,
+                device, wanted,
+            )  # fmt: skip
+        for index, tail in spaces:
             replaced, readings = self._other_readings(tail)
             for token, tokens in readings:
                 if token < vocab_width and not is_banned(host[index], token):
-                    pending.append(Pending(index, token, end - replaced, tokens))
+                    pending.append(Pending(index, token, width - replaced, tokens))
         active = torch.ones(count, dtype=torch.bool, device=device)
         return banned, active, pending
 
@@ -223,13 +221,57 @@ class CanonicalMasker(TableMasker):
         sequence where the state may not end)."""
         row[:] = True
         ends = [token for token in self.end_token_ids if token < width]
+        size = min(width, self.bpe.vocab_size)
+        if key[0] == "run" and not key[-1] and self.fast_runs:
+            parts = self._run_parts(key[1])
+            if parts is not None:  # the run's row before the merge-tree test, then the test
+                banned, tested = parts
+                row[:size] = banned[:size]
+                joined = self.bpe.joined(key[2])
+                joined = joined[tested[joined]]
+                row[joined[joined < size]] = True
+                row[ends] = False  # a run may end: its text, ended here, is its ids
+                return
         if key[0] != "past":
             allowed = self._allowed(key, keep=False)
-            size = min(width, self.bpe.vocab_size)
             np.logical_not(allowed[:size], out=row[:size])
             if not _may_end(key, allowed):
                 return
         row[ends] = False
+
+    def _run_parts(self, cls: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """GPT-2's rules after a run of class ``cls`` (letters, digits or punctuation; no
+        added-token content begun), split at the merge-tree test after its last token ``a``.
+        The rules' answer is, candidate by candidate, an "or" of routes that do not read the
+        test (a token that starts a chunk, an added token, a head that starts one) and routes
+        that need it to pass *for that candidate* (a token, or a head, that goes on with the
+        run). So with ``J`` the tokens the test fails, the banned row is ``banned | (J &
+        tested)``: ``banned`` what no route allows (the test passing everywhere), ``tested``
+        what only the test's routes allow. Kept per class; None where the rules do not read
+        the state (a split pattern)."""
+        chars = self._chars
+        heads = chars is not None and chars.size
+        if (
+            cls not in RUN_OF_CLASS
+            or self.split is not None
+            or (heads and cls not in self._pseudo_runs)
+        ):
+            return None
+        parts = self._runs.get(cls)
+        if parts is None:
+            size = self.bpe.vocab_size
+            key = ("run", cls, 0, ())
+            passing = self._columns._replace(bigram=lambda a: np.ones(size, dtype=bool))
+            failing = self._columns._replace(bigram=lambda a: np.zeros(size, dtype=bool))
+            everywhere = rule_mask(key, passing, self.bpe.ids_of)
+            untested = rule_mask(key, failing, self.bpe.ids_of)
+            if heads:
+                assert chars is not None
+                starts, goes_on = self._pseudo_runs[cls]
+                everywhere[chars.heads[starts | goes_on]] = True
+                untested[chars.heads[starts]] = True
+            parts = self._runs[cls] = (~everywhere, everywhere & ~untested)
+        return parts
 
     def allowed(self, ids: list[int], array: np.ndarray | None = None) -> np.ndarray:
         """bool `(vocab_size,)`: the candidates that keep ``ids`` canonical (ends excluded);
@@ -506,6 +548,15 @@ def _lone_spaces(bpe: ByteLevelBpe, new: np.ndarray) -> np.ndarray:
 def _written(bpe: ByteLevelBpe, cut: np.ndarray) -> np.ndarray:
     """The tokens that write text of their own: whole characters, not special or added."""
     return np.array([text is not None for text in bpe.texts]) & ~cut
+
+
+def _in_space_run(read: Read) -> bool:
+    """Whether a row read as ``read`` ends in a whitespace run whose split waits on the next
+    character (a candidate may enter its other reading)."""
+    key, tail = read
+    return tail is not None and (
+        key[0] == "space" or (key[0] == "split" and tail.text[-1:].isspace())
+    )
 
 
 def _may_end(key: tuple[Any, ...], allowed: np.ndarray) -> bool:

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from memfree.core.canonical_chars import code_points, utf8_length
+from memfree.core.row_automaton import RowAutomaton
 from memfree.core.state_table import StateTable, TableMasker, row_bounds
 from memfree.vocab.bpe import tables_key
 from memfree.vocab.info import TokenizerInfo
@@ -65,7 +66,7 @@ class SentencePieceMasker(TableMasker):
         CanonicalUnsupportedError: another tokenizer family.
     """
 
-    UNPICKLED = ("_lock", "_answers", "_progress_bans", "_progress_bytes", "table", "_seen")
+    UNPICKLED = ("_lock", "_answers", "_progress_bans", "_progress_bytes", "table", "automaton")
 
     def __init__(self, info: TokenizerInfo, end_token_ids: Iterable[int] = ()) -> None:
         self.info = info
@@ -96,8 +97,15 @@ class SentencePieceMasker(TableMasker):
         self._answers: OrderedDict[State, np.ndarray] = OrderedDict()
         self._progress_bans: dict[str, np.ndarray] = {}
         self._progress_bytes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self._seen = threading.local()  # per thread: its last step's rows (bytes) -> state
         self.table = StateTable(self._fill)
+        # Rows to state ids (a state is its own key: SentencePiece-style rows need no more).
+        self.automaton = RowAutomaton(
+            read=lambda ids, array: self.state(ids),
+            advance=self.advance,
+            key_of=lambda state: state,
+            past=_PAST,
+            vocab_size=self.bpe.vocab_size,
+        )
 
     # -- the step -------------------------------------------------------------------------------
 
@@ -110,25 +118,13 @@ class SentencePieceMasker(TableMasker):
         arrays = contexts.detach().cpu().numpy().astype(np.int64, copy=False)
         count = arrays.shape[0]
         firsts, past = row_bounds(arrays, self.bpe.vocab_size)
-        before = getattr(self._seen, "rows", {})
-        seen: dict[bytes, State] = {}
-        keys: list[State | None] = []
-        for index in range(count):
-            if past[index]:
-                keys.append(_PAST)
-                continue
-            array = arrays[index, firsts[index] :]
-            state = None
-            if before and array.size:
-                last = before.get(array[:-1].tobytes())
-                if last is not None:
-                    state = self.advance(last, int(array[-1]))
-            if state is None:
-                state = self.state(array.tolist())
-            seen[array.tobytes()] = state
-            keys.append(state)
-        self._seen.rows = seen
-        banned, _ = self.table.gather(keys, vocab_width, device, [])
+        automaton = self.automaton
+        with automaton.lock:
+            ids = automaton.step(arrays, firsts, past)
+            banned, _ = self.table.gather(
+                automaton.key_ids(ids), automaton.keys, automaton.generation, vocab_width,
+                device, [],
+            )  # fmt: skip
         return banned, torch.ones(count, dtype=torch.bool, device=device), []
 
     def _fill(self, row: np.ndarray, key: State, width: int) -> None:

@@ -14,8 +14,7 @@ indexes and the new states' packed rows (:attr:`StateTable.sent` counts the byte
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +38,7 @@ class StateTable:
     """
 
     def __init__(
-        self, fill: Callable[[np.ndarray, tuple[Any, ...], int], None], capacity: int = _SLOTS
+        self, fill: Callable[[np.ndarray, Any, int], None], capacity: int = _SLOTS
     ) -> None:
         self._fill = fill
         # The banned candidates of the states seen lately, packed (np.packbits), and the width
@@ -47,14 +46,17 @@ class StateTable:
         self._table = np.zeros((0, 0), dtype=np.uint8)
         self._width = -1
         self._scratch = np.ones(0, dtype=bool)
+        self._filled = 0  # table rows in use
         self._used = np.zeros(0, dtype=np.int64)  # the step that last used each table row
         self._versions = np.zeros(0, dtype=np.int64)  # the step that last filled each table row
+        self._key_of_slot = np.zeros(0, dtype=np.int64)  # each table row's key id (-1: none)
+        self._slot_of = np.zeros(0, dtype=np.int64)  # each key id's table row (-1: none)
+        self._generation = -1  # of the key ids (RowAutomaton.generation)
         # Per device: the table's copy there, and the version of each row it holds.
         self._mirrors: dict[str, tuple[torch.Tensor | None, np.ndarray]] = {}
         self._bits: dict[str, torch.Tensor] = {}  # per device: the bit of each packed column
         self.mirror_always = False  # tests: use the copy on the CPU too
         self.sent = 0  # bytes the latest step sent to the scores' device (0 on the CPU)
-        self._slots: OrderedDict[tuple[Any, ...], int] = OrderedDict()  # state -> table row
         self._steps = 0
         self.capacity = capacity  # rows past which the least recently used state is dropped
         self._lock = threading.Lock()
@@ -66,37 +68,84 @@ class StateTable:
 
     def gather(
         self,
-        keys: list[tuple[Any, ...] | None],
+        key_ids: np.ndarray,
+        keys: Sequence[Hashable],
+        generation: int,
         width: int,
         device: torch.device,
         wanted: list[int],
     ) -> tuple[torch.Tensor, dict[int, np.ndarray]]:
-        """bool `(len(keys), width)` on ``device``: each state's banned row (None: a row that
-        holds an id past the vocabulary, which may only end), from a table of the states seen
+        """bool `(len(key_ids), width)` on ``device``: the banned row of each state, given as
+        its key id (``keys[id]``: the key ``fill`` reads; ids of one ``generation`` of a
+        :class:`~memfree.core.row_automaton.RowAutomaton`), from a table of the states seen
         lately; and the host's copy of the rows ``wanted``, packed (:func:`is_banned` reads
-        one candidate). On the CPU a step copies one table
-        row per row. On another device the table has a copy there, brought up to date row by
-        row (only states new since it was last used go over), and the rows are gathered there:
-        what crosses is the rows' table indexes and the new states' rows."""
+        one candidate). On the CPU a step copies one table row per row. On another device the
+        table has a copy there, brought up to date row by row (only states new since it was
+        last used go over), and the rows are gathered there: what crosses is the rows' table
+        indexes and the new states' rows."""
         with self._lock:
             if self._width != width:  # another width: a table of its own
                 self._width = width
                 self._table = np.zeros((0, (width + 7) // 8), dtype=np.uint8)
                 self._scratch = np.ones(width, dtype=bool)
+                self._filled = 0
                 self._used = np.zeros(0, dtype=np.int64)
                 self._versions = np.zeros(0, dtype=np.int64)
-                self._slots.clear()
+                self._key_of_slot = np.zeros(0, dtype=np.int64)
+                self._slot_of[:] = -1
                 self._mirrors.clear()
+            if self._generation != generation:  # the rows stay, found by no key id
+                self._generation = generation
+                self._slot_of[:] = -1
+                self._key_of_slot[:] = -1
+            if len(self._slot_of) < len(keys):
+                grown = np.full(max(2 * len(self._slot_of), len(keys), 64), -1, dtype=np.int64)
+                grown[: len(self._slot_of)] = self._slot_of
+                self._slot_of = grown
             self._steps += 1
-            slots = np.empty(len(keys), dtype=np.int64)
-            for index, key in enumerate(keys):
-                slots[index] = self._slot(key if key is not None else ("past",))
+            slots = self._slot_of[key_ids]
+            missing = slots < 0
+            self._used[slots[~missing]] = self._steps  # rows this step uses stay
+            if missing.any():
+                for key_id in np.unique(key_ids[missing]).tolist():
+                    self._add(key_id, keys[key_id])
+                slots = self._slot_of[key_ids]
             host = {index: self._table[slots[index]].copy() for index in wanted}
             if device.type == "cpu" and not self.mirror_always:
                 self.sent = 0
                 rows = np.unpackbits(self._table[slots], axis=1, count=width).view(bool)
                 return torch.from_numpy(rows), host
             return self._mirrored(slots, device), host
+
+    def _add(self, key_id: int, key: Hashable) -> None:
+        """Fill a table row with a state's banned candidates. Past the table's capacity the
+        least recently used state gives its row up, unless this step uses it too (then the
+        table grows). Called under the table's lock."""
+        if self._filled < len(self._table):
+            slot = self._filled
+            self._filled += 1
+        else:
+            oldest = int(np.argmin(self._used)) if len(self._used) else -1
+            if len(self._table) < self.capacity or oldest < 0 or self._used[oldest] == self._steps:
+                slot = self._filled
+                size = 2 * slot or min(64, self.capacity)
+                grown = np.zeros((size, self._table.shape[1]), dtype=np.uint8)
+                grown[:slot] = self._table
+                self._table = grown
+                self._used = _grown(self._used, size, 0)
+                self._versions = _grown(self._versions, size, 0)
+                self._key_of_slot = _grown(self._key_of_slot, size, -1)
+                self._filled += 1
+            else:
+                slot = oldest
+                if self._key_of_slot[slot] >= 0:
+                    self._slot_of[self._key_of_slot[slot]] = -1
+        self._fill(self._scratch, key, self._width)
+        self._table[slot] = np.packbits(self._scratch)
+        self._versions[slot] = self._steps  # copies on other devices: this row is new
+        self._used[slot] = self._steps
+        self._slot_of[key_id] = slot
+        self._key_of_slot[slot] = key_id
 
     def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
         """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock). The
@@ -129,43 +178,6 @@ class StateTable:
             bits = self._bits[key] = _BITS.to(device)
         unpacked = rows.unsqueeze(-1).bitwise_and(bits).ne(0)
         return unpacked.reshape(len(slots), packed * 8)[:, : self._width]
-
-    def _slot(self, key: tuple[Any, ...]) -> int:
-        """The table row of a state's banned candidates, computed on first use. Past the
-        table's capacity the least recently used state gives its row up, unless this step
-        uses it too (then the table grows). Called under the table's lock."""
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) < len(self._table):
-                slot = len(self._slots)
-            else:
-                oldest = next(iter(self._slots.values()), None)
-                if (
-                    len(self._table) < self.capacity
-                    or oldest is None
-                    or self._used[oldest] == self._steps
-                ):
-                    slot = len(self._table)
-                    grown = np.zeros(
-                        (2 * slot or min(64, self.capacity), self._table.shape[1]), dtype=np.uint8
-                    )
-                    grown[:slot] = self._table
-                    used = np.zeros(len(grown), dtype=np.int64)
-                    used[:slot] = self._used
-                    versions = np.zeros(len(grown), dtype=np.int64)
-                    versions[:slot] = self._versions
-                    self._table, self._used, self._versions = grown, used, versions
-                else:
-                    self._slots.popitem(last=False)
-                    slot = oldest
-            self._fill(self._scratch, key, self._width)
-            self._table[slot] = np.packbits(self._scratch)
-            self._versions[slot] = self._steps  # copies on other devices: this row is new
-            self._slots[key] = slot
-        else:
-            self._slots.move_to_end(key)
-        self._used[slot] = self._steps
-        return slot
 
 
 class TableMasker:
@@ -214,6 +226,12 @@ class TableMasker:
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
         raise NotImplementedError
+
+
+def _grown(array: np.ndarray, size: int, fill: int) -> np.ndarray:
+    grown = np.full(size, fill, dtype=array.dtype)
+    grown[: len(array)] = array
+    return grown
 
 
 def is_banned(packed: np.ndarray, token: int) -> bool:

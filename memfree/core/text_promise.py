@@ -60,9 +60,17 @@ class TextPromiseMasker:
     def banned_mask(
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The union of the bans; the rows checked against the filter."""
-        banned, active, noncanonical, readings = self.parts(contexts, vocab_width, device)
-        banned = union(noncanonical, banned)  # into the step's own copy
+        """The union of the bans; the rows checked against the filter. On the CPU the prefix
+        index sets its bans in canonical decoding's mask (the step's own array), which then
+        needs no union."""
+        device = torch.device(device or contexts.device)
+        if device.type == "cpu" and isinstance(self.token, IndexMasker):
+            banned, _, pending = self.canonical.step(contexts, vocab_width, device)
+            active = torch.from_numpy(self.token.banned_into(contexts, vocab_width, banned.numpy()))
+            readings = self._readings(contexts, pending)
+        else:
+            banned, active, noncanonical, readings = self.parts(contexts, vocab_width, device)
+            banned = union(noncanonical, banned)  # into the step's own copy
         return ban_readings(banned, [(row, token) for row, token, _ in readings]), active
 
     def parts(
@@ -74,12 +82,16 @@ class TextPromiseMasker:
         device = torch.device(device or contexts.device)
         banned, active = self.token.banned_mask(contexts, vocab_width, device)
         noncanonical, _, pending = self.canonical.step(contexts, vocab_width, device)
+        return banned, active, noncanonical, self._readings(contexts, pending)
+
+    def _readings(self, contexts: torch.Tensor, pending: Sequence[Pending]) -> list[StoredReading]:
+        """Each pending candidate whose other reading holds stored n-grams, with them."""
         readings: list[StoredReading] = []
         if pending:
             for item, stored in zip(pending, self._stored_readings(contexts, pending), strict=True):
                 if stored:
                     readings.append((item.row, item.token, stored))
-        return banned, active, noncanonical, readings
+        return readings
 
     def _stored_readings(
         self, contexts: torch.Tensor, pending: Sequence[Pending]

@@ -128,12 +128,27 @@ class IndexMasker:
 
     # -- CPU ------------------------------------------------------------------------------------
 
+    def banned_into(self, contexts: torch.Tensor, vocab_width: int, into: np.ndarray) -> np.ndarray:
+        """:meth:`banned_mask` on the CPU, its bans set in ``into`` (a bool `(rows,
+        vocab_width)` array whose other entries stay: another masker's bans, so the two need no
+        union); returns the rows whose prefix is stored. What a CPU step of the token guard with
+        canonical decoding asks."""
+        batch, length = contexts.shape
+        context = self.n - 1
+        if length < context:
+            return np.zeros(batch, dtype=bool)
+        if not self.options.skip_rows:  # the fixed-shape path: its own mask, then the union
+            mask, active = self.banned_mask(contexts, vocab_width, torch.device("cpu"))
+            np.logical_or(into, mask.numpy(), out=into)
+            return active.numpy()
+        return self._numpy_step(contexts[:, length - context :], vocab_width, into)[1].numpy()
+
     def _numpy_step(
-        self, window: torch.Tensor, vocab_width: int
+        self, window: torch.Tensor, vocab_width: int, into: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         rows_np = window.cpu().numpy().astype(np.int64, copy=False)
         batch = rows_np.shape[0]
-        mask = np.zeros((batch, vocab_width), dtype=bool)
+        mask = np.zeros((batch, vocab_width), dtype=bool) if into is None else into
         active = np.zeros(batch, dtype=bool)
         clean = np.arange(batch)
         if self._special_np.size and rows_np.size:
@@ -143,9 +158,11 @@ class IndexMasker:
             fingerprints = fingerprints_np(rows_np[clean], self._index.hash_seed)
             rows, tokens = lookup(self._index, fingerprints)
             keep = tokens < vocab_width
+            if into is not None and self._special_np.size:  # never banned by the filter
+                keep &= ~np.isin(tokens, self._special_np)
             mask[clean[rows[keep]], tokens[keep]] = True
             active[clean[rows]] = True
-            if self._special_np.size:
+            if into is None and self._special_np.size:
                 mask[:, self._special_np[self._special_np < vocab_width]] = False
         return torch.from_numpy(mask), torch.from_numpy(active)
 

@@ -192,6 +192,10 @@ class ByteLevelBpe:
         :meth:`~memfree.vocab.merge_tree.MergeTree.bigram_allowed`."""
         return self.tree.bigram_allowed(a)
 
+    def joined(self, a: int) -> np.ndarray:
+        """The tokens where :meth:`bigram_allowed` is False, without the row."""
+        return self.tree.joined(a)
+
     def pair_allowed(self, a: int, b: int) -> bool:
         """``bigram_allowed(a)[b]`` without the row."""
         return self.tree.pair_allowed(a, b)

@@ -105,6 +105,19 @@ class MergeTree:
             allowed[late] = self._bigram_by_merges(a, late)
         return allowed
 
+    def joined(self, a: int) -> np.ndarray:
+        """int64: the tokens where :meth:`bigram_allowed` is False (a merge would join them to
+        ``a``), in no order and without repeats, without the row: from ``a``'s runs where
+        both spines are early."""
+        if self.ranges is None or self.late[0][a]:
+            return np.flatnonzero(~self.bigram_allowed(a))
+        found = self.ranges.conflicts(a)
+        late = self._late_near(a)
+        if late.size:
+            kept = self._bigram_by_merges(a, late)
+            found = np.union1d(np.setdiff1d(found, late[kept]), late[~kept])
+        return found.astype(np.int64, copy=False)
+
     def pair_allowed(self, a: int, b: int) -> bool:
         """``bigram_allowed(a)[b]``, without the row: a binary search over ``a``'s runs where
         both tokens' spines are early (the rest read as :meth:`bigram_allowed` reads them)."""
