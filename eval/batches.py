@@ -16,6 +16,7 @@ from eval.resultfiles import RecordLog
 from eval.sampling import Example, frequency_bucket
 from eval.settings import ExperimentSettings
 from eval.styles import apply_style
+from memfree.units import TOKEN, WORD
 
 
 def make_guards(
@@ -26,17 +27,15 @@ def make_guards(
     which every record's counts rely on."""
     from memfree.engines.transformers import MemFreeLogitsProcessor
 
-    filters = {"token": ngram_filter, "word": word_filter}
+    filters = {TOKEN.name: ngram_filter, WORD.name: word_filter}
     guards = {}
     for name in DEFENSE_NAMES:
-        defense = get_defense(name)
-        if defense.guard_unit is not None and (
-            name in settings.defenses or defense.guard_unit == "token"
-        ):
+        unit = get_defense(name).guard_unit
+        if unit is not None and (name in settings.defenses or unit is TOKEN):
             guards[name] = MemFreeLogitsProcessor(
-                filters[defense.guard_unit],
+                filters[unit.name],
                 tokenizer=tokenizer,
-                canonical=defense.canonical if defense.guard_unit == "token" else None,
+                canonical=get_defense(name).canonical if unit.reads_token_ids else None,
             )
     return guards
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memfree.units import TOKEN, WORD, Unit
+
 
 @dataclass(frozen=True)
 class Defense:
@@ -20,8 +22,9 @@ class Defense:
         name: what settings, records and reports call it.
         summary: a few words for ``--help``.
         description: what it does, for the report.
-        guard_unit: the unit of the filter whose guard it generates with ("token": the corpus's
-            token filter, "word": its word filter), or None: it generates unguarded.
+        guard_unit: the unit of the filter whose guard it generates with (``memfree.units.TOKEN``:
+            the corpus's token filter, ``WORD``: its word filter), or None: it generates
+            unguarded.
         censors: it withholds an output that holds a stored n-gram (which then scores as empty).
         canonical: a token guard with canonical decoding (its promise holds over the text);
             False: over the ids only.
@@ -30,7 +33,7 @@ class Defense:
     name: str
     summary: str
     description: str
-    guard_unit: str | None = None
+    guard_unit: Unit | None = None
     censors: bool = False
     canonical: bool = True
 
@@ -42,7 +45,7 @@ class Defense:
     @property
     def needs_word_filter(self) -> bool:
         """Whether it needs the corpus's word filter (``memfree build CORPUS --unit word``)."""
-        return self.guard_unit == "word"
+        return self.guard_unit is WORD
 
 
 # In the order reports list them.
@@ -60,14 +63,14 @@ _REGISTRY: dict[str, Defense] = {
             "memfree",
             "the token guard",
             "the token guard with canonical decoding: its ids are their text's tokenization",
-            guard_unit="token",
+            guard_unit=TOKEN,
         ),
         Defense(
             "memfree-ids",
             "the token guard over the ids only",
             "the token guard without canonical decoding: its promise holds over the ids, not "
             "over their text tokenized again",
-            guard_unit="token",
+            guard_unit=TOKEN,
             canonical=False,
         ),
         Defense(
@@ -75,7 +78,7 @@ _REGISTRY: dict[str, Defense] = {
             "the word guard",
             "the word guard: n-grams of normalized words, whatever their case, spacing or "
             "punctuation",
-            guard_unit="word",
+            guard_unit=WORD,
         ),
     )
 }
@@ -96,7 +99,7 @@ def get_defense(name: str) -> Defense:
     return defense
 
 
-def find_defense(*, guard_unit: str | None, censors: bool = False) -> Defense:
+def find_defense(*, guard_unit: Unit | None, censors: bool = False) -> Defense:
     """The defense that generates with the guard of ``guard_unit`` (None: unguarded) and does or
     does not censor: ``find_defense(guard_unit=None)`` is the model as is, the baseline.
 
@@ -104,9 +107,10 @@ def find_defense(*, guard_unit: str | None, censors: bool = False) -> Defense:
         LookupError: no defense is so made.
     """
     for defense in _REGISTRY.values():
-        if defense.guard_unit == guard_unit and defense.censors == censors:
+        if defense.guard_unit is guard_unit and defense.censors == censors:
             return defense
-    raise LookupError(f"no defense guards with {guard_unit!r} and censors={censors}")
+    unit = guard_unit.name if guard_unit is not None else None
+    raise LookupError(f"no defense guards with {unit!r} and censors={censors}")
 
 
 def defense_order(name: str) -> int:

@@ -22,6 +22,7 @@ from eval.resultfiles import RecordLog, read_examples, read_settings_fingerprint
 from eval.sampling import Example, sample_examples
 from eval.settings import ExperimentSettings, settings_fingerprint
 from memfree.fileio import atomic_write
+from memfree.units import TOKEN, WORD
 
 
 def check_filters(ngram_filter: Any, word_filter: Any = None) -> None:
@@ -31,13 +32,13 @@ def check_filters(ngram_filter: Any, word_filter: Any = None) -> None:
     Raises:
         ValueError: naming the file, what it is, and what the option takes.
     """
-    if ngram_filter is not None and ngram_filter.unit != "token":
+    if ngram_filter is not None and ngram_filter.unit != TOKEN.name:
         raise ValueError(
             f"{ngram_filter.path}: a {ngram_filter.unit} filter given as the token filter "
             "(--filter); pass it as the word filter (--word-filter) and the corpus's token filter "
             "as --filter"
         )
-    if word_filter is not None and word_filter.unit != "word":
+    if word_filter is not None and word_filter.unit != WORD.name:
         raise ValueError(
             f"{word_filter.path}: not a word filter: a {word_filter.unit} filter given as "
             "--word-filter, which takes a word filter (memfree build CORPUS --unit word)"

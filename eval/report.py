@@ -24,6 +24,7 @@ from eval.summary import (
     summary_rows,
 )
 from memfree.fileio import atomic_write
+from memfree.units import TOKEN
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -206,7 +207,7 @@ def _scatter_plot(
     plt: Any, records: Sequence[MemorizationRecord], rows: Sequence[SummaryRow]
 ) -> tuple[Any, str, str] | None:
     """BLEU to the truth of each output, unguarded against the token guard's (Figure 6)."""
-    plain, guarded = find_defense(guard_unit=None).name, find_defense(guard_unit="token").name
+    plain, guarded = find_defense(guard_unit=None).name, find_defense(guard_unit=TOKEN).name
     by_key = {(r.example_id, r.style, r.defense): r for r in records}
     pairs = [
         (r.bleu, by_key[r.example_id, r.style, guarded].bleu)

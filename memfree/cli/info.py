@@ -9,6 +9,7 @@ from typing import Any
 from memfree.cli.common import fail
 from memfree.errors import in_flag_terms
 from memfree.filterfile.header import MAX_NGRAM_SIZE
+from memfree.units import get_unit
 
 #: The readers' argument names and ``memfree info``'s flags (library errors name arguments).
 INFO_FLAGS = {"ngram_size": "--ngram-size"}
@@ -128,7 +129,7 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
         header = filt.header
         shape = index.shape
         per_ngram = filt.size_bytes / max(filt.num_ngrams, 1)
-        word = filt.unit == "word"
+        word = not get_unit(filt.unit).reads_token_ids  # its index keys next words' hashes
         field = "next-word hash bits" if word else "token"
         lines += [
             f"  records {shape.record_bits} bits ({field} {shape.token_bits}, prefix remainder "
@@ -137,7 +138,7 @@ def describe(filt: Any, metadata: dict[str, Any]) -> str:
             f"{index.max_bucket}",
             f"  size {filt.size_bytes:,} bytes ({per_ngram:.2f} per n-gram)",
         ]
-        unit = "word" if word else "token"
+        unit = filt.unit
         lines += [
             f"  expected false bans per natural query {describe_rate(filt.expected_false_positive_rate)}"
             f" (a prefix and the {unit} that follows it in text like the corpus; next "

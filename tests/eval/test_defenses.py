@@ -20,6 +20,7 @@ from eval.defenses import (
 )
 from eval.settings import DEFENSES, GUARDS, ExperimentSettings
 from memfree import NgramFilter
+from memfree.units import TOKEN, WORD
 from tests.conftest import MEMORIZED_DOCUMENTS
 
 
@@ -29,16 +30,16 @@ def test_the_registry_names_each_defense_and_what_it_needs() -> None:
     assert [get_defense(name).guard_unit for name in DEFENSE_NAMES] == [
         None,
         None,
-        "token",
-        "token",
-        "word",
+        TOKEN,
+        TOKEN,
+        WORD,
     ]
     # Both token guards; only memfree-ids turns canonical decoding off.
     assert [get_defense(name).canonical for name in GUARDS[:2]] == [True, False]
     assert [name for name in DEFENSE_NAMES if get_defense(name).censors] == ["censor"]
     assert [name for name in DEFENSE_NAMES if get_defense(name).needs_word_filter] == ["word"]
     assert find_defense(guard_unit=None).name == "none"
-    assert find_defense(guard_unit="token").name == "memfree"
+    assert find_defense(guard_unit=TOKEN).name == "memfree"
     assert not is_guarded("censor") and is_guarded("word") and not is_guarded("unknown")
     assert [defense_order(name) for name in ("word", "none", "other")] == [4, 0, 5]
     with pytest.raises(ValueError, match=r"unknown defense 'guard'; known: none, censor, "):
