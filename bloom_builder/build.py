@@ -35,6 +35,8 @@ from bloom_builder.reduce import Reduced, RunKind, reduce_partition, reduce_task
 from bloom_builder.segments import batch_bytes_for
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
+from bloom_builder.sources.remote import filesystem, is_url
+from bloom_builder.sources.remote import url_problem as remote_url_problem
 from bloom_builder.summary import BuildSummary
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
 from bloom_builder.write_index import index_token_bits, next_is_hash
@@ -86,14 +88,16 @@ def build_filter(
     if not paths:
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
     pybloom = settings.output_format != "memfree"
-    for value, what in [
-        (output, "the output"),
-        (work_dir, "the work directory"),
-        *((path, "the corpus path") for path in paths),
-    ]:
+    for value, what in [(output, "the output"), (work_dir, "the work directory")]:
         problem = url_problem(value, what)
         if problem is not None:  # before any folder is made: never a local folder named "s3:"
             raise BuildError(problem)
+    for path in paths:  # a corpus on object storage: read through fsspec
+        if is_url(path):
+            problem = remote_url_problem(path)
+            if problem is not None:
+                raise BuildError(problem)
+            filesystem(path)  # its package installed (else MissingDependencyError, naming it)
     try:
         # Absolute from here on: tasks run in processes (Ray workers on other nodes) whose
         # working directory is not the user's.

@@ -89,7 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "one filter file of those seen at least --min-count times."
     )
     parser.add_argument(
-        "corpus", nargs="+", metavar="CORPUS", help="files, directories, globs, or stdlib:"
+        "corpus",
+        nargs="+",
+        metavar="CORPUS",
+        help="files, directories, globs, or stdlib:; or objects in a bucket: s3://bucket/prefix, "
+        "s3://bucket/web/**/*.jsonl.gz (any fsspec protocol whose package is installed; "
+        "credentials from the environment)",
     )
     parser.add_argument(
         "-o", "--output", required=True, metavar="FILTER", help="filter file to write"

@@ -17,6 +17,8 @@ from bloom_builder.outputs import check_not_an_input, owned_paths
 from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog, SourceOptions, WorkUnit, discover
 from bloom_builder.sources.megatron import bin_path
+from bloom_builder.sources.remote import is_url
+from bloom_builder.sources.remote import stamp as remote_stamp
 from memfree.units import BuildParts, get_unit
 
 BUILDER_VERSION = "bloom_builder 0.2.0"  # 0.2: runs store only their repeated keys' counts
@@ -160,6 +162,8 @@ def _unit_stamp(unit: WorkUnit, stamps: dict[str, list[Any]]) -> list[Any]:
     """The stamps of every file a unit reads: a Megatron dataset's ``.bin`` beside its ``.idx``
     (the unit's path), every file of a saved dataset's split folder; ``stamps`` caches them by
     path (a file cut into many units is looked at once)."""
+    if unit.path not in stamps and is_url(unit.path):  # an object: what the store says of it
+        stamps[unit.path] = [["", *remote_stamp(unit.path)]]
     if unit.path not in stamps:
         if unit.kind == "megatron":
             files = [unit.path, bin_path(unit.path)]
@@ -190,4 +194,5 @@ def _stamp(path: str) -> tuple[int, int, int]:
 
 def _named_files(paths: list[str]) -> list[str]:
     """The paths given by name that exist as files (a glob or a directory is checked later)."""
-    return [path for path in (os.path.expanduser(p) for p in paths) if os.path.isfile(path)]
+    local = (os.path.expanduser(p) for p in paths if not is_url(p))
+    return [path for path in local if os.path.isfile(path)]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from bloom_builder.sources.megatron import bin_path, is_megatron_index, megatron_units
 from bloom_builder.sources.parquet import parquet_units
+from bloom_builder.sources.remote import is_url, listed
 from bloom_builder.sources.saved_datasets import dataset_splits, dataset_units
 from bloom_builder.sources.streams import COMPRESSION_RATIO, COMPRESSION_SUFFIXES
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
@@ -78,9 +79,18 @@ def discover(
         elif key not in chosen or absolute < chosen[key][0]:
             chosen[key] = (absolute, is_dataset)
 
+    remote: dict[str, int] = {}  # object URL -> size
     for spec in paths:
         path = os.path.expanduser(spec)
-        if spec == STDLIB:
+        if is_url(spec):  # object storage: listed through the store
+            for url, relative, size in listed(spec, problems):
+                names = (relative, relative.rsplit("/", 1)[-1])
+                named = url == spec  # named by itself: always taken
+                if not named and options.include and not _matches(names, options.include):
+                    continue
+                if not _matches(names, options.exclude):
+                    remote[url] = size
+        elif spec == STDLIB:
             walk.run(sysconfig.get_paths()["stdlib"], add, python_only=True)
         elif os.path.isdir(path):
             walk.run(path, add)
@@ -111,6 +121,8 @@ def discover(
     units: list[WorkUnit] = []
     for absolute, is_dataset in sorted(chosen.values()):
         units += (dataset_units if is_dataset else _file_units)(absolute, options, problems)
+    for url, size in sorted(remote.items()):
+        units += _units_of(url, size, options, problems)
     return units
 
 
@@ -225,12 +237,25 @@ def _file_units(path: str, options: SourceOptions, problems: ProblemLog) -> list
     if not stat.S_ISREG(info.st_mode):
         problems.record("unreadable", path, "not a regular file (a device, socket or pipe)")
         return []
+    return _units_of(path, info.st_size, options, problems)
+
+
+def _units_of(path: str, size: int, options: SourceOptions, problems: ProblemLog) -> list[WorkUnit]:
+    """A file's (or an object's) work units, by its name and size."""
     name, compression = path.lower(), ""
     for suffix, method in COMPRESSION_SUFFIXES.items():
         if name.endswith(suffix):
             name, compression = name[: -len(suffix)], method
     kind = "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "text"
-    size, step = info.st_size, options.split_bytes
+    step = options.split_bytes
+    if is_url(path) and name.endswith((".idx", ".bin")) and not compression:
+        problems.record(
+            "unreadable",
+            path,
+            "a Megatron dataset on object storage is not read yet: copy its .bin and .idx to a "
+            "local folder and give that",
+        )
+        return []
     if name.endswith(".idx") and not compression:
         if os.path.exists(bin_path(path)):
             return megatron_units(path, problems)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from bloom_builder.segments import Document
+from bloom_builder.sources.remote import is_url, open_url
 from bloom_builder.sources.streams import opened, read_bytes
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
 
@@ -97,7 +98,7 @@ def _line_number(path: str, offset: int) -> int:
     """1-based number of the line that starts at byte ``offset`` of an uncompressed file."""
     newlines = 0
     try:
-        with open(path, "rb") as handle:
+        with open_url(path) if is_url(path) else open(path, "rb") as handle:
             while chunk := handle.read(min(offset, 1 << 20)):
                 newlines, offset = newlines + chunk.count(b"\n"), offset - len(chunk)
     except OSError:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bloom_builder.segments import Document
+from bloom_builder.sources.remote import is_url, open_url
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
 from memfree.errors import require
 
@@ -75,7 +76,7 @@ def parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> li
     import pyarrow.parquet as pq
 
     try:
-        metadata = pq.read_metadata(path)
+        metadata = pq.read_metadata(_source(path))
         problem = column_problem(metadata.schema.to_arrow_schema(), *column_of(options))
     except (OSError, pa.ArrowException) as error:
         problems.record("unreadable", path, reason(error))
@@ -97,7 +98,7 @@ def read_parquet(
     import pyarrow.parquet as pq
 
     try:
-        with pq.ParquetFile(unit.path) as parquet:
+        with pq.ParquetFile(_source(unit.path)) as parquet:
             problem = column_problem(parquet.schema_arrow, *column_of(options))
             if problem:
                 problems.record("missing column", unit.path, problem)
@@ -113,3 +114,8 @@ def read_parquet(
                     yield from checked(value, f"{unit.path}:row {row - 1}", problems, ids)
     except (OSError, pa.ArrowException) as error:
         problems.record("unreadable", unit.path, reason(error))
+
+
+def _source(path: str) -> Any:
+    """What pyarrow reads: a local path, or a seekable file over an object (ranged reads)."""
+    return open_url(path) if is_url(path) else path

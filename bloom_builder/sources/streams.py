@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from bloom_builder.sources.remote import is_url, open_url
 from bloom_builder.sources.work_units import ProblemLog, WorkUnit, reason
 from memfree.errors import require
 
@@ -24,7 +25,7 @@ COMPRESSION_RATIO = 4  # typical for text; sizes only balance shards
 def opened(unit: WorkUnit, problems: ProblemLog) -> Iterator[io.BufferedIOBase | None]:
     """The unit's decompressed byte stream at byte max(start - 1, 0); None (recorded) on error."""
     try:
-        raw = open(unit.path, "rb")  # noqa: SIM115 - closed below
+        raw = open_url(unit.path) if is_url(unit.path) else open(unit.path, "rb")  # noqa: SIM115
         raw.seek(max(unit.start - 1, 0) if unit.kind == "jsonl" else 0)
         if unit.compression == "gzip":
             stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb")

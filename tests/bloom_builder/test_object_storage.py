@@ -1,0 +1,222 @@
+"""Corpora on object storage (issue 37, inputs): a real S3 API server (moto's, from PyPI) on
+127.0.0.1, read through s3fs; no mock of memfree's own code. The same corpus built from local
+files and from the bucket gives the same filter, but for the header naming its sources."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bloom_builder.build import build_filter
+from bloom_builder.errors import BuildError
+from memfree import NgramFilter
+from memfree.errors import MissingDependencyError
+from tests.bloom_builder.test_build import WORDS, settings_for
+
+pytest.importorskip("s3fs", reason="the s3 extra is not installed: run `make setup`")
+pytest.importorskip("moto", reason="moto is not installed: run `make setup`")
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    """An S3 API server on the loopback and an s3fs filesystem over it; the environment (the
+    standard AWS variables, which every worker process inherits) points memfree at it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    patch = pytest.MonkeyPatch()
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "memfree-test-key",
+        "AWS_SECRET_ACCESS_KEY": "memfree-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }.items():
+        patch.setenv(name, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("corpus")
+    try:
+        yield fs
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        patch.undo()
+        server.stop()
+
+
+def _corpus(directory: Path) -> Path:
+    """Text, JSON lines (long enough to be read in several byte ranges), gzip, Parquet, a
+    hidden file under the prefix."""
+    rng = np.random.default_rng(7)
+    directory.mkdir(parents=True)
+    words = lambda count: " ".join(rng.choice(WORDS, count))  # noqa: E731
+    (directory / "a.txt").write_text(words(300) + "\n")
+    (directory / "sub").mkdir()
+    (directory / "sub" / "b.txt").write_text(words(200) + "\n")
+    lines = [json.dumps({"text": words(40)}) for _ in range(30)]
+    (directory / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    with gzip.open(directory / "sub" / "more.jsonl.gz", "wt") as handle:
+        handle.write("\n".join(json.dumps({"text": words(50)}) for _ in range(10)) + "\n")
+    if importlib.util.find_spec("pyarrow"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({"text": [words(60) for _ in range(12)]})
+        pq.write_table(table, directory / "rows.parquet", row_group_size=4)
+    (directory / ".hidden.txt").write_text(words(50) + "\n")
+    return directory
+
+
+def _upload(fs: Any, local: Path, prefix: str) -> None:
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            fs.put_file(str(path), f"{prefix}/{path.relative_to(local).as_posix()}")
+
+
+def _payload(path: Path) -> tuple[dict[str, Any], bytes]:
+    """A filter's header without the sources it names, and its bytes after the header."""
+    metadata = json.loads(json.dumps(dict(NgramFilter.open(path).metadata)))
+    sources = metadata["corpus"].pop("sources")
+    assert sources
+    length = int.from_bytes(path.read_bytes()[12:16], "little")
+    start = -(-(24 + length) // 4096) * 4096
+    return metadata, path.read_bytes()[start:]
+
+
+def test_a_corpus_in_a_bucket_builds_the_filter_the_local_copy_builds(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """A prefix (every object under it, hidden ones counted and left out) and a glob, each
+    against the same files on disk: the same n-grams, the same bytes after the header, the same
+    problems; with two workers and JSON lines cut into byte ranges (ranged reads)."""
+    local = _corpus(tmp_path / "local")
+    _upload(s3, local, "corpus/web")
+    settings = settings_for(tokenizer_dir, workers=2)
+    for local_spec, url in [
+        (str(local), "s3://corpus/web"),
+        (str(local / "**" / "*.jsonl*"), "s3://corpus/web/**/*.jsonl*"),
+    ]:
+        here = build_filter([local_spec], tmp_path / "here.memfree", settings, progress=False)
+        there = build_filter([url], tmp_path / "there.memfree", settings, progress=False)
+        assert _payload(tmp_path / "here.memfree") == _payload(tmp_path / "there.memfree"), url
+        assert NgramFilter.open(tmp_path / "there.memfree").metadata["corpus"]["sources"] == [url]
+        assert here.documents == there.documents > 0  # type: ignore[attr-defined]
+        assert here.skipped["counts"] == there.skipped["counts"], url  # type: ignore[attr-defined]
+
+
+def test_json_lines_in_a_bucket_are_read_in_byte_ranges_as_on_disk(s3: Any, tmp_path: Path) -> None:
+    """A JSON lines object larger than the split size becomes byte-range units read by ranged
+    requests; their documents, in order, are the local file's, and so is every unit."""
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
+
+    local = _corpus(tmp_path / "local")
+    _upload(s3, local, "corpus/ranges")
+    options = SourceOptions(split_bytes=1024)
+    read = {}
+    for spec in (str(local / "docs.jsonl"), "s3://corpus/ranges/docs.jsonl"):
+        problems = ProblemLog()
+        units = discover([spec], options, problems)
+        assert len(units) > 3 and not problems.to_dict()["counts"]
+        documents = [doc.text for doc in documents_of(units, options, problems)]
+        read[spec.startswith("s3://")] = ([(u.kind, u.start, u.stop) for u in units], documents)
+    assert read[True] == read[False] and len(read[True][1]) == 30
+
+
+def test_missing_objects_and_buckets_are_named_and_nothing_is_lost(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """A key, a prefix or a bucket that does not exist is a "missing" problem naming the URL; a
+    build with nothing else to read fails with that list, a build with more goes on without it."""
+    s3.pipe_file("corpus/ok/a.txt", (" ".join(WORDS[:200]) + "\n").encode())
+    settings = settings_for(tokenizer_dir)
+    for missing in [
+        "s3://corpus/ok/nothing.txt",
+        "s3://no-such-bucket/x",
+        "s3://corpus/none/*.txt",
+    ]:
+        with pytest.raises(BuildError, match="nothing to build") as caught:
+            build_filter([missing], tmp_path / "f.memfree", settings, progress=False)
+        assert "missing: 1" in str(caught.value) and missing in str(caught.value)
+        assert not (tmp_path / "f.memfree").exists()
+    summary = build_filter(
+        ["s3://corpus/ok/a.txt", "s3://corpus/ok/gone.txt"], tmp_path / "f.memfree", settings,
+        progress=False,
+    )  # fmt: skip
+    assert summary.skipped["counts"] == {"missing": 1}  # type: ignore[attr-defined]
+    assert (tmp_path / "f.memfree").exists()
+
+
+def test_a_changed_object_is_read_again(s3: Any, tmp_path: Path, tokenizer_dir: Path) -> None:
+    """The reuse key of an object is its size and ETag: a kept work directory is reused for an
+    unchanged bucket, and an object rewritten with other words of the same length is read
+    again (its tasks are not reused)."""
+    text = " ".join(WORDS[:300]) + "\n"
+    s3.pipe_file("corpus/reuse/a.txt", text.encode())
+    settings = settings_for(tokenizer_dir)
+    out, work = tmp_path / "f.memfree", tmp_path / "work"
+    first = build_filter(
+        ["s3://corpus/reuse"], out, settings, work_dir=work, keep_work=True, progress=False
+    )
+    again = build_filter(
+        ["s3://corpus/reuse"],
+        out,
+        settings,
+        work_dir=work,
+        keep_work=True,
+        progress=False,
+        force=True,
+    )
+    assert again.reused_tasks == first.map_tasks > 0  # type: ignore[attr-defined]
+    s3.pipe_file("corpus/reuse/a.txt", text.upper().encode())  # the same size, other bytes
+    changed = build_filter(
+        ["s3://corpus/reuse"],
+        out,
+        settings,
+        work_dir=work,
+        keep_work=True,
+        progress=False,
+        force=True,
+    )
+    assert changed.reused_tasks == 0  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("s3://AKIAKEY:secret@corpus/web", ["credentials", "environment"]),
+        ("s3://corpus/web?versionId=3", ["query string"]),
+        ("nosuchprotocol://corpus/web", ["knows no nosuchprotocol://"]),
+    ],
+    ids=["credentials", "query", "protocol"],
+)
+def test_urls_memfree_will_not_read_are_refused_before_anything_is_made(
+    tmp_path: Path, tokenizer_dir: Path, url: str, words: list[str]
+) -> None:
+    """Credentials are never taken from a URL (they would land in the filter's header, a log
+    line or an error): such a URL, and a query string or an unknown protocol, are refused with
+    what to do, and the refusal does not repeat the secret."""
+    with pytest.raises(BuildError) as caught:
+        build_filter([url], tmp_path / "f.memfree", settings_for(tokenizer_dir), progress=False)
+    message = str(caught.value)
+    assert all(word in message for word in words) and "secret" not in message
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(bool(importlib.util.find_spec("gcsfs")), reason="gcsfs is installed")
+def test_a_protocol_whose_package_is_missing_names_the_extra(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    with pytest.raises(MissingDependencyError, match=r"gcsfs.*memfree\[gcs\]"):
+        build_filter(
+            ["gs://bucket/web/*.jsonl"], tmp_path / "f.memfree", settings_for(tokenizer_dir)
+        )
+    assert not list(tmp_path.iterdir())
