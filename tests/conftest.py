@@ -6,6 +6,7 @@ import functools
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -410,3 +411,32 @@ def default_tokenizer() -> Any:
     from memfree.vocab.tokenizer import load_tokenizer
 
     return load_tokenizer(None)
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[Any]:
+    """An S3 API server on the loopback and an s3fs filesystem over it; the environment (the
+    standard AWS variables, which every worker process inherits) points memfree at it."""
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    patch = pytest.MonkeyPatch()
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "memfree-test-key",
+        "AWS_SECRET_ACCESS_KEY": "memfree-test-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }.items():
+        patch.setenv(name, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.mkdir("corpus")
+    try:
+        yield fs
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        patch.undo()
+        server.stop()

@@ -8,81 +8,24 @@ requests, Parquet by row group, gzip and zstd whole), and its reuse key is what 
 of it: its size and ETag (or generation, else its modification time). Credentials come from the
 environment and fsspec's configuration, never from the URL: a URL that carries them
 (``s3://key:secret@bucket/...``) or a query string is refused, so no credential reaches a
-filter's header, a log line or an error.
+filter's header, a log line or an error. The URL helpers this shares with opening a filter by
+URL are :mod:`memfree.storage`'s.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
-from typing import Any
 
 from bloom_builder.sources.work_units import ProblemLog, reason
-from memfree.errors import MissingDependencyError
+from memfree.storage import address_problem, filesystem, is_url, open_url, stamp
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-# The package a protocol needs, and the extra of memfree that installs it.
-_PACKAGES = {
-    "s3": ("s3fs", "s3"),
-    "s3a": ("s3fs", "s3"),
-    "gs": ("gcsfs", "gcs"),
-    "gcs": ("gcsfs", "gcs"),
-    "az": ("adlfs", "azure"),
-    "abfs": ("adlfs", "azure"),
-    "abfss": ("adlfs", "azure"),
-}
 _HIDDEN = "a hidden object (its name starts with '.'), not read; name it to read it"
 
 
-def is_url(path: object) -> bool:
-    """Whether ``path`` is a URL (``scheme://...``), never a local path."""
-    return isinstance(path, str) and _URL.match(path) is not None
-
-
 def url_problem(url: str) -> str | None:
-    """What is wrong with a corpus URL before anything is listed: credentials or a query in it,
-    or a protocol fsspec does not know. None where it can be read (its package installed:
-    :func:`filesystem` says otherwise)."""
-    scheme = _URL.match(url).group(1).lower()  # type: ignore[union-attr]
-    rest = url.split("://", 1)[1]
-    if "@" in rest.split("/", 1)[0]:
-        return (
-            f"the corpus URL {scheme}://...@{rest.split('@', 1)[1].split('/', 1)[0]}/... holds "
-            "credentials; memfree never takes them from a URL (they would be written into the "
-            "filter's header): give them through the environment (AWS_ACCESS_KEY_ID, "
-            "AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS) or fsspec's configuration"
-        )
-    if "?" in rest or "#" in rest:
-        return (
-            f"the corpus URL {url.split('?', 1)[0].split('#', 1)[0]!r} has a query string or "
-            "fragment; name the objects by bucket and key only (settings go in fsspec's "
-            "configuration or the environment)"
-        )
-    from fsspec.registry import known_implementations
-
-    if scheme not in known_implementations and scheme not in ("file", "local"):
-        return f"the corpus URL {url!r}: fsspec knows no {scheme}:// protocol"
-    return None
-
-
-def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem of ``url`` and the path in it.
-
-    Raises:
-        MissingDependencyError: the protocol's package is not installed (the message names the
-            extra that installs it).
-    """
-    scheme = _URL.match(url).group(1).lower()  # type: ignore[union-attr]
-    try:
-        import fsspec.core
-
-        return fsspec.core.url_to_fs(url)
-    except ImportError:
-        package, extra = _PACKAGES.get(scheme, (f"the fsspec implementation of {scheme}://", ""))
-        install = f"pip install 'memfree[{extra}]'" if extra else f"install {package}"
-        raise MissingDependencyError(
-            f"reading {scheme}:// URLs needs the {package} package: {install}"
-        ) from None
+    """What is wrong with a corpus URL before anything is listed (credentials or a query in it,
+    an unknown protocol); None where the store can be asked."""
+    return address_problem(url, "the corpus URL")
 
 
 def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int]]:
@@ -120,25 +63,6 @@ def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int]]:
             continue
         found.append((url, relative, int(info.get("size") or 0)))
     return found
-
-
-def stamp(url: str) -> list[Any]:
-    """What tells a changed object from the one whose tasks are kept: its size and what the
-    store says of its content (an ETag, a generation), else its modification time."""
-    fs, path = filesystem(url)
-    try:
-        info = fs.info(path)
-    except OSError:
-        return [0, "", ""]
-    tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("md5Hash")
-    modified = info.get("LastModified") or info.get("mtime") or info.get("updated") or ""
-    return [int(info.get("size") or 0), str(tag or ""), "" if tag else str(modified)]
-
-
-def open_url(url: str) -> Any:
-    """A seekable binary file over the object (reads are ranged requests)."""
-    fs, path = filesystem(url)
-    return fs.open(path, "rb")
 
 
 def _store_reason(error: BaseException, default: str) -> str:

@@ -41,7 +41,9 @@ def open_filter(
 
     Args:
         ngram_filter: a memfree filter, or a pybloomfiltermmap3 file (with its ``.json`` sidecar,
-            or ``ngram_size=`` given); or an open filter.
+            or ``ngram_size=`` given); or an open filter. A URL (``s3://bucket/web.memfree``,
+            any fsspec protocol whose package is installed) is downloaded once into memfree's
+            cache and opened from there (:func:`memfree.storage.fetched`).
         verify: check the bit array's checksum (reads the whole file once).
         **kwargs: passed to the pybloomfiltermmap3 reader (``ngram_size``).
 
@@ -52,22 +54,24 @@ def open_filter(
 
     Raises:
         TypeError: neither a filter nor a path.
-        FileNotFoundError: the path does not exist.
-        DamagedFilterError: the file is truncated, damaged, of another version or not a filter.
+        FileNotFoundError: the path (or the object) does not exist.
+        DamagedFilterError: the file is truncated, damaged, of another version or not a filter
+            (a damaged download is dropped from the cache: the next open fetches it again).
+        FilterError: a URL memfree does not take (credentials or a query in it).
+        MissingDependencyError: the URL's protocol package is not installed.
     """
     # Imported here: importing one part of this package (the builder imports hashing) loads no
     # reader, and the interchange reader loads only for its own files.
-    from memfree.errors import FilterError, url_problem
     from memfree.filterfile.header import INDEX_FORMAT_VERSION, MAGIC, format_version, read_preamble
     from memfree.filterfile.protocol import NgramSet
+    from memfree.storage import is_url
 
     if isinstance(ngram_filter, NgramSet):
         if kwargs:
             raise TypeError(f"unexpected arguments for an open filter: {sorted(kwargs)}")
         return ngram_filter
-    problem = url_problem(ngram_filter, "the filter")
-    if problem is not None:
-        raise FilterError(problem)
+    if is_url(ngram_filter):  # a copy in memfree's cache, fetched again when the object changes
+        return _open_url(str(ngram_filter), verify, **kwargs)
     if not isinstance(ngram_filter, (str, os.PathLike)):
         raise TypeError(
             "ngram_filter must be an NgramFilter or the path of a filter file, got "
@@ -89,6 +93,25 @@ def open_filter(
     from memfree.filterfile.bloom import BloomFilter
 
     return BloomFilter._open_native(path, verify)
+
+
+def _open_url(url: str, verify: bool, **kwargs: Any) -> NgramSet:
+    """A filter given by URL, opened from its copy in memfree's cache."""
+    from memfree.errors import DamagedFilterError, FilterError
+    from memfree.storage import fetched, forget
+
+    try:
+        local = fetched(url)
+    except ValueError as error:  # a URL memfree does not take
+        raise FilterError(str(error)) from None
+    try:
+        return open_filter(local, verify=verify, **kwargs)
+    except DamagedFilterError as error:
+        forget(url)  # fetched again next time
+        raise DamagedFilterError(
+            f"{url}: the downloaded copy is not a usable filter ({error}); it was dropped from "
+            "the cache: check the object (rebuild or upload it again)"
+        ) from None
 
 
 def _bloom() -> Any:

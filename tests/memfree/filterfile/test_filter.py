@@ -297,20 +297,6 @@ def test_size_fuzz(
             NgramFilter.open(target)
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/filters/f.memfree", "https://example.org/f.memfree"])
-def test_a_url_is_never_opened_as_a_local_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
-) -> None:
-    """A local file at the path a URL would name (``s3:/bucket/...`` after Path() folds the
-    slashes) is never opened in its place: the URL is refused, naming what to do (issue 37)."""
-    monkeypatch.chdir(tmp_path)
-    local = Path(url.replace("://", ":/"))
-    local.parent.mkdir(parents=True)
-    NgramFilter.from_ngrams(local, [[1, 2, 3]])
-    with pytest.raises(FilterError, match="URL; memfree reads and writes local paths only"):
-        NgramFilter.open(url)
-
-
 def test_every_layout_reads_its_header_once_as_a_typed_value(tmp_path: Path) -> None:
     """Each layout's reader has a frozen :class:`FilterHeader` of its own kind, parsed at open,
     whose fields are the header's (the raw JSON stays as the read-only ``raw`` view)."""
