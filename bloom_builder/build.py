@@ -38,6 +38,7 @@ from bloom_builder.sources import ProblemLog
 from bloom_builder.sources.remote import filesystem, is_url
 from bloom_builder.sources.remote import url_problem as remote_url_problem
 from bloom_builder.summary import BuildSummary
+from bloom_builder.to_store import build_to_store
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
 from bloom_builder.write_index import index_token_bits, next_is_hash
 from memfree.errors import url_problem
@@ -70,7 +71,9 @@ def build_filter(
 
     Args:
         paths: files, directories, globs, saved ``datasets`` directories, or ``stdlib:``.
-        output: filter path (written atomically).
+        output: filter path (written atomically), or an object URL (``s3://bucket/f.memfree``:
+            built in a staging folder here, verified, then uploaded whole; see
+            :mod:`bloom_builder.to_store`).
         settings: build settings (defaults: n=10, min_count=1, fpr=1e-3, default tokenizer).
         work_dir: where resumable intermediate files go (default ``OUTPUT.work``).
         keep_work: keep the work directory after success.
@@ -88,16 +91,20 @@ def build_filter(
     if not paths:
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
     pybloom = settings.output_format != "memfree"
-    for value, what in [(output, "the output"), (work_dir, "the work directory")]:
-        problem = url_problem(value, what)
-        if problem is not None:  # before any folder is made: never a local folder named "s3:"
-            raise BuildError(problem)
+    problem = url_problem(work_dir, "the work directory")
+    if problem is not None:  # before any folder is made: never a local folder named "s3:"
+        raise BuildError(problem)
     for path in paths:  # a corpus on object storage: read through fsspec
         if is_url(path):
             problem = remote_url_problem(path)
             if problem is not None:
                 raise BuildError(problem)
             filesystem(path)  # its package installed (else MissingDependencyError, naming it)
+    if is_url(str(output)):  # built here, verified, then uploaded whole
+        return build_to_store(
+            build_filter, paths, str(output), settings, work_dir=work_dir, keep_work=keep_work,
+            progress=progress, tokenizer=tokenizer, force=force,
+        )  # fmt: skip
     try:
         # Absolute from here on: tasks run in processes (Ray workers on other nodes) whose
         # working directory is not the user's.

@@ -190,3 +190,51 @@ def test_a_protocol_whose_package_is_missing_names_the_extra(
             ["gs://bucket/web/*.jsonl"], tmp_path / "f.memfree", settings_for(tokenizer_dir)
         )
     assert not list(tmp_path.iterdir())
+
+
+def test_a_filter_built_to_a_bucket_is_the_local_build_uploaded_whole(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-o s3://...``: the same bytes as the local build of the same corpus, at the key; the
+    staging folder in memfree's cache is gone afterwards, and the filter opens by URL. An
+    object at the key that is not a filter is kept unless ``force``; a pybloomfiltermmap3 output
+    takes its sidecar up with it."""
+    from memfree.cli import main
+
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path / "local")
+    settings = settings_for(tokenizer_dir)
+    local = tmp_path / "here.memfree"
+    build_filter([str(corpus)], local, settings, progress=False)
+    url = "s3://corpus/filters/web.memfree"
+    summary = build_filter([str(corpus)], url, settings, progress=False)
+    assert summary.output == url  # type: ignore[attr-defined]
+    assert s3.cat_file(url[5:]) == local.read_bytes()
+    assert not list((tmp_path / "cache" / "builds").iterdir())
+    assert NgramFilter.open(url).num_ngrams == NgramFilter.open(local).num_ngrams
+    s3.pipe_file("corpus/filters/notes.txt", b"someone's notes\n")
+    argv = [
+        "build",
+        str(corpus),
+        "-o",
+        "s3://corpus/filters/notes.txt",
+        "--tokenizer",
+        str(tokenizer_dir),
+    ]
+    assert main(argv) == 2
+    assert s3.cat_file("corpus/filters/notes.txt") == b"someone's notes\n"
+    assert main([*argv, "--force", "--min-count", "1"]) == 0
+    assert s3.cat_file("corpus/filters/notes.txt")[:8] == b"MEMFREE\0"
+    pybloom = settings_for(tokenizer_dir, output_format="pybloomfiltermmap3")
+    build_filter([str(corpus)], "s3://corpus/filters/web.bloom", pybloom, progress=False)
+    assert s3.exists("corpus/filters/web.bloom") and s3.exists("corpus/filters/web.bloom.json")
+
+
+def test_an_output_bucket_that_does_not_exist_is_refused_before_the_build(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
+    corpus = _corpus(tmp_path / "local")
+    with pytest.raises(BuildError, match="no-such-bucket"):
+        build_filter([str(corpus)], "s3://no-such-bucket/f.memfree", settings_for(tokenizer_dir))
+    assert not (tmp_path / "cache").exists()
