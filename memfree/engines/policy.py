@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memfree.errors import ServingConfigError
+from memfree.storage import is_url
 
 CONFIG_KEY = "memfree"  # the key in additional_config and in a request's extra_args
 EXEMPT_KEY = "memfree_exempt_prompt"  # a request's ask for exempt_prompt="on_request"
@@ -110,6 +111,8 @@ class ServingConfig:
         path = self.filter
         name = self.setting("filter")
         subject = f"{name}={path}" if self.source == FILTER_ENV else f"{name} ({path})"
+        if is_url(path):  # an object: the store's answer (no such object or bucket)
+            return f"{subject}: {error.strerror or error}"
         if os.path.islink(path) and not os.path.exists(path):
             problem = f"a symbolic link to {os.readlink(path)!r}, which does not exist"
         elif not os.path.lexists(path):
