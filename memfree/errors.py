@@ -60,6 +60,12 @@ class GuardStepError(RuntimeError):
     """A guarded step failed inside llama.cpp's sampler; that step allowed only end of sequence."""
 
 
+class StorageError(OSError):
+    """An object store failed after its client's own retries (a connection refused or reset, a
+    timeout, a server error): the message names the URL and what was being done. Nothing is
+    lost: rerun (a build keeps its finished tasks)."""
+
+
 class MissingDependencyError(ImportError):
     """An optional dependency is not installed; the message names the extra to install."""
 

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from memfree.errors import MissingDependencyError
+from memfree.errors import MissingDependencyError, StorageError
 from memfree.fileio import atomic_file, atomic_write
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -38,6 +38,16 @@ _PACKAGES = {
     "abfss": ("adlfs", "azure"),
 }
 _COPY_BYTES = 8 << 20
+_TRANSIENT = frozenset(
+    {errno.EBUSY, errno.EIO, getattr(errno, "EREMOTEIO", errno.EIO), errno.EAGAIN,
+     errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT}
+)  # fmt: skip
+# Where a store's client raises from: its failures (a refused or reset connection, a timeout, a
+# server error after the client's own retries) are not the user's input.
+_STORE_MODULES = frozenset(
+    {"botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs", "google", "azure",
+     "fsspec", "requests", "urllib3", "huggingface_hub"}
+)  # fmt: skip
 
 
 def is_url(path: object) -> bool:
@@ -103,21 +113,66 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path
 
 
+def is_store_failure(error: BaseException) -> bool:
+    """Whether ``error`` is the store failing (a connection refused or reset, a timeout, a
+    server error, after its client's own retries), not an answer about the object: a missing
+    key or bucket (FileNotFoundError), access denied (PermissionError) and an object rewritten
+    while read (s3fs pins the ETag it opened: EBUSY) are answers."""
+    if type(error).__name__ == "FileExpired":  # s3fs: the object was rewritten while read
+        return False
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return True
+    if type(error).__module__.split(".")[0] in _STORE_MODULES:
+        return True
+    # s3fs turns a store's error codes into a plain OSError (SlowDown, a 5xx: EBUSY, EIO); a
+    # subclass (gzip's BadGzipFile) or one without an errno (a corrupt zstd frame) is the data's.
+    return type(error) is OSError and error.errno in _TRANSIENT
+
+
+def store_error(url: str, doing: str, error: BaseException) -> StorageError:
+    """The error for a store that failed while ``doing`` something with ``url``."""
+    said = str(error).strip() or type(error).__name__
+    return StorageError(
+        errno.EIO,
+        f"{url}: the store failed while {doing}, after its client's retries ({said}); nothing "
+        "is lost: rerun once the store answers (a build keeps its finished tasks)",
+    )
+
+
 def stamp(url: str) -> list[Any]:
     """What tells a changed object from another: its size and what the store says of its
-    content (an ETag, a generation), else its modification time; zeros where it cannot be
-    asked."""
+    content (an ETag, a generation), else its modification time; zeros where the object is
+    gone.
+
+    Raises:
+        StorageError: the store failed (not an answer about the object).
+    """
     fs, path = filesystem(url)
     try:
         return _stamp_of(fs.info(path))
-    except OSError:
-        return [0, "", ""]
+    except Exception as error:
+        if is_store_failure(error):
+            raise store_error(url, "asking for its size and ETag", error) from None
+        if isinstance(error, OSError):
+            return [0, "", ""]
+        raise
 
 
 def open_url(url: str) -> Any:
-    """A seekable binary file over the object (reads are ranged requests)."""
+    """A seekable binary file over the object (reads are ranged requests).
+
+    Raises:
+        StorageError: the store failed; FileNotFoundError, PermissionError: its answers.
+    """
     fs, path = filesystem(url)
-    return fs.open(path, "rb")
+    try:
+        return fs.open(path, "rb")
+    except Exception as error:
+        if is_store_failure(error):
+            raise store_error(url, "opening it", error) from None
+        raise
 
 
 def fetched(url: str, what: str = "the filter") -> Path:
@@ -157,7 +212,11 @@ def fetched(url: str, what: str = "the filter") -> Path:
     try:
         with atomic_file(local) as out, fs.open(path, "rb") as source:
             shutil.copyfileobj(source, out, _COPY_BYTES)
-    except OSError as error:
+    except Exception as error:
+        if not isinstance(error, OSError):
+            if is_store_failure(error):
+                raise store_error(url, "downloading it", error) from None
+            raise
         if error.errno == errno.ENOSPC:
             raise OSError(
                 errno.ENOSPC,
@@ -167,6 +226,8 @@ def fetched(url: str, what: str = "the filter") -> Path:
             ) from None
         if _asked(fs, path, url, what) != current:  # s3fs pins the ETag it opened
             raise changed from None
+        if is_store_failure(error):
+            raise store_error(url, "downloading it", error) from None
         raise OSError(error.errno, f"{what} {url}: the download failed: {error}") from None
     if _asked(fs, path, url, what) != current or _size(local) != current[0]:
         local.unlink(missing_ok=True)
@@ -186,8 +247,12 @@ def _asked(fs: Any, path: str, url: str, what: str) -> list[Any]:
         return _stamp_of(fs.info(path))
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, f"{what} {url}: no such object or bucket") from None
-    except OSError as error:
-        raise OSError(error.errno, f"{what} {url}: the store refused: {error}") from None
+    except Exception as error:
+        if is_store_failure(error):
+            raise store_error(url, "asking for its size and ETag", error) from None
+        if isinstance(error, OSError):
+            raise OSError(error.errno, f"{what} {url}: the store refused: {error}") from None
+        raise
 
 
 def _stamp_of(info: dict[str, Any]) -> list[Any]:
@@ -216,7 +281,9 @@ __all__ = [
     "fetched",
     "filesystem",
     "forget",
+    "is_store_failure",
     "is_url",
     "open_url",
     "stamp",
+    "store_error",
 ]

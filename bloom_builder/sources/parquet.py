@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bloom_builder.segments import Document
-from bloom_builder.sources.remote import is_url, open_url
+from bloom_builder.sources.remote import is_store_failure, is_url, open_url, store_error
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
 from memfree.errors import require
 
@@ -78,7 +78,11 @@ def parquet_units(path: str, options: SourceOptions, problems: ProblemLog) -> li
     try:
         metadata = pq.read_metadata(_source(path))
         problem = column_problem(metadata.schema.to_arrow_schema(), *column_of(options))
-    except (OSError, pa.ArrowException) as error:
+    except Exception as error:
+        if is_url(path) and is_store_failure(error):
+            raise store_error(path, "reading its footer", error) from None
+        if not isinstance(error, (OSError, pa.ArrowException)):
+            raise
         problems.record("unreadable", path, reason(error))
         return []
     if problem:
@@ -112,7 +116,11 @@ def read_parquet(
                 for value in batch.column(0).to_pylist():
                     row += 1
                     yield from checked(value, f"{unit.path}:row {row - 1}", problems, ids)
-    except (OSError, pa.ArrowException) as error:
+    except Exception as error:
+        if is_url(unit.path) and is_store_failure(error):
+            raise store_error(unit.path, "reading its row groups", error) from None
+        if not isinstance(error, (OSError, pa.ArrowException)):
+            raise
         problems.record("unreadable", unit.path, reason(error))
 
 

@@ -17,7 +17,15 @@ from __future__ import annotations
 import posixpath
 
 from bloom_builder.sources.work_units import ProblemLog, reason
-from memfree.storage import address_problem, filesystem, is_url, open_url, stamp
+from memfree.storage import (
+    address_problem,
+    filesystem,
+    is_store_failure,
+    is_url,
+    open_url,
+    stamp,
+    store_error,
+)
 
 _HIDDEN = "a hidden object (its name starts with '.'), not read; name it to read it"
 
@@ -51,7 +59,11 @@ def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int]]:
     except FileNotFoundError as error:
         problems.record("missing", spec, _store_reason(error, "no such object or bucket"))
         return []
-    except (OSError, ValueError) as error:
+    except Exception as error:
+        if is_store_failure(error):  # not an answer: skipping the prefix would lose it unsaid
+            raise store_error(spec, "listing it", error) from None
+        if not isinstance(error, (OSError, ValueError)):
+            raise
         problems.record("unreadable", spec, _store_reason(error, reason(error)))
         return []
     for name in sorted(entries):
@@ -74,4 +86,13 @@ def _store_reason(error: BaseException, default: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-__all__ = ["filesystem", "is_url", "listed", "open_url", "stamp", "url_problem"]
+__all__ = [
+    "filesystem",
+    "is_store_failure",
+    "is_url",
+    "listed",
+    "open_url",
+    "stamp",
+    "store_error",
+    "url_problem",
+]

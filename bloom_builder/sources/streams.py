@@ -12,7 +12,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from bloom_builder.sources.remote import is_url, open_url
+from bloom_builder.sources.remote import is_store_failure, is_url, open_url, store_error
 from bloom_builder.sources.work_units import ProblemLog, WorkUnit, reason
 from memfree.errors import require
 
@@ -33,7 +33,11 @@ def opened(unit: WorkUnit, problems: ProblemLog) -> Iterator[io.BufferedIOBase |
             stream = io.BufferedReader(ZstdReader(raw), buffer_size=1 << 20)
         else:
             stream = raw
-    except OSError as error:
+    except Exception as error:
+        if is_url(unit.path) and is_store_failure(error):
+            raise store_error(unit.path, "opening it", error) from None
+        if not isinstance(error, OSError):
+            raise
         problems.record("unreadable", unit.path, reason(error))
         yield None
         return
@@ -47,7 +51,11 @@ def read_bytes(
     """``size`` bytes (a line for -1) of ``stream``; None, recorded, if the stream is damaged."""
     try:
         return stream.readline() if size < 0 else stream.read(size)
-    except (OSError, EOFError, zlib.error) as error:
+    except Exception as error:
+        if is_url(unit.path) and is_store_failure(error) and not isinstance(error, EOFError):
+            raise store_error(unit.path, "reading it", error) from None
+        if not isinstance(error, (OSError, EOFError, zlib.error)):
+            raise
         problems.record("unreadable", unit.path, reason(error))
         return None
 

@@ -238,3 +238,149 @@ def test_an_output_bucket_that_does_not_exist_is_refused_before_the_build(
     with pytest.raises(BuildError, match="no-such-bucket"):
         build_filter([str(corpus)], "s3://no-such-bucket/f.memfree", settings_for(tokenizer_dir))
     assert not (tmp_path / "cache").exists()
+
+
+class _Flaky:
+    """A TCP proxy in front of the S3 server that resets its first ``resets`` connections (all
+    of them with -1) and passes the others through: a store that drops connections. With
+    ``passes``, the first ``passes`` connections go through and every later one is reset."""
+
+    def __init__(self, target: tuple[str, int], resets: int, passes: int = -1) -> None:
+        import socket
+        import threading
+
+        self.target, self.resets, self.reset, self.passes, self.seen = target, resets, 0, passes, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+        import struct
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            self.seen += 1
+            late = 0 <= self.passes < self.seen
+            if late or self.resets < 0 or self.reset < self.resets:
+                self.reset += 1
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()  # a reset, not a clean close
+                continue
+            upstream = socket.create_connection(self.target)
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: Any, sink: Any) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                end.close()
+
+
+def _through(flaky: _Flaky, monkeypatch: pytest.MonkeyPatch) -> None:
+    import s3fs
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{flaky.port}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_connections_the_store_drops_are_retried(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store resets the first connections: its client retries them with backoff, and the
+    build gives the filter it gives without them."""
+    import os
+    from urllib.parse import urlsplit
+
+    import s3fs
+
+    local = _corpus(tmp_path / "local")
+    _upload(s3, local, "corpus/flaky")
+    settings = settings_for(tokenizer_dir)
+    build_filter(["s3://corpus/flaky"], tmp_path / "plain.memfree", settings, progress=False)
+    endpoint = urlsplit(os.environ["AWS_ENDPOINT_URL"])
+    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), resets=3)
+    _through(flaky, monkeypatch)
+    try:
+        build_filter(["s3://corpus/flaky"], tmp_path / "flaky.memfree", settings, progress=False)
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert flaky.reset == 3
+    assert (tmp_path / "flaky.memfree").read_bytes() == (tmp_path / "plain.memfree").read_bytes()
+
+
+def test_a_store_that_never_answers_fails_the_build_naming_the_url(
+    s3: Any,
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every connection reset: after its client's retries the build stops with an error that
+    names the URL and says nothing is lost, not a traceback, and no filter is written (a store
+    that fails is never taken for an empty prefix)."""
+    import s3fs
+
+    from memfree.cli import main
+
+    flaky = _Flaky(("127.0.0.1", 9), resets=-1)
+    _through(flaky, monkeypatch)
+    try:
+        code = main(
+            ["build", "s3://corpus/web", "-o", str(tmp_path / "f.memfree"),
+             "--tokenizer", str(tokenizer_dir)]
+        )  # fmt: skip
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    error = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in error
+    assert "s3://corpus/web: the store failed while listing it" in error
+    assert "nothing is lost" in error
+    assert not (tmp_path / "f.memfree").exists()
+
+
+def test_a_store_that_fails_while_tasks_read_it_fails_the_build_naming_the_object(
+    s3: Any,
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The listing goes through, then every connection is reset (the workers' reads): the
+    build stops with a StorageError naming an object, instead of a filter that silently lacks
+    the objects it could not read; a rerun once the store answers builds it."""
+    import os
+    from urllib.parse import urlsplit
+
+    import s3fs
+
+    from memfree.errors import StorageError
+
+    local = _corpus(tmp_path / "local")
+    _upload(s3, local, "corpus/dropping")
+    endpoint = urlsplit(os.environ["AWS_ENDPOINT_URL"])
+    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), resets=0, passes=4)
+    _through(flaky, monkeypatch)
+    settings = settings_for(tokenizer_dir)
+    out = tmp_path / "f.memfree"
+    try:
+        with pytest.raises(StorageError, match=r"s3://corpus/dropping/.*: the store failed while"):
+            build_filter(["s3://corpus/dropping"], out, settings, progress=False)
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert not out.exists()
+    build_filter(["s3://corpus/dropping"], out, settings, progress=False)
+    assert out.exists()
