@@ -384,3 +384,26 @@ def test_a_store_that_fails_while_tasks_read_it_fails_the_build_naming_the_objec
     assert not out.exists()
     build_filter(["s3://corpus/dropping"], out, settings, progress=False)
     assert out.exists()
+
+
+def test_a_ray_build_from_a_bucket_to_a_bucket_gives_the_local_executors_bytes(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's tasks open the bucket's objects themselves (their credentials from their own
+    environment): a local Ray with two workers, reading the corpus from the bucket and writing
+    the filter to it, gives the bytes of the local executor's build of the same objects."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
+    _upload(s3, _corpus(tmp_path / "local"), "corpus/ray")
+    local = settings_for(tokenizer_dir, workers=1, num_partitions=4)
+    build_filter(["s3://corpus/ray"], tmp_path / "local.memfree", local, progress=False)
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+        configure_logging=False,
+    )  # fmt: skip
+    try:
+        on_ray = settings_for(tokenizer_dir, workers=2, executor="ray", num_partitions=4)
+        build_filter(["s3://corpus/ray"], "s3://corpus/filters/ray.memfree", on_ray, progress=False)
+    finally:
+        ray.shutdown()
+    assert s3.cat_file("corpus/filters/ray.memfree") == (tmp_path / "local.memfree").read_bytes()
