@@ -162,8 +162,9 @@ def _unit_stamp(unit: WorkUnit, stamps: dict[str, list[Any]]) -> list[Any]:
     """The stamps of every file a unit reads: a Megatron dataset's ``.bin`` beside its ``.idx``
     (the unit's path), every file of a saved dataset's split folder; ``stamps`` caches them by
     path (a file cut into many units is looked at once)."""
-    if unit.path not in stamps and is_url(unit.path):  # an object: what the store says of it
-        stamps[unit.path] = [["", *remote_stamp(unit.path)]]
+    if unit.path not in stamps and is_url(unit.path):  # objects: what the store says of them
+        files = [unit.path, bin_path(unit.path)] if unit.kind == "megatron" else [unit.path]
+        stamps[unit.path] = [[f.rsplit("/", 1)[-1], *remote_stamp(f)] for f in files]
     if unit.path not in stamps:
         if unit.kind == "megatron":
             files = [unit.path, bin_path(unit.path)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from bloom_builder.sources.megatron import bin_path, is_megatron_index, megatron_units
 from bloom_builder.sources.parquet import parquet_units
-from bloom_builder.sources.remote import is_url, listed
+from bloom_builder.sources.remote import is_url, listed, stamp
 from bloom_builder.sources.saved_datasets import dataset_splits, dataset_units
 from bloom_builder.sources.streams import COMPRESSION_RATIO, COMPRESSION_SUFFIXES
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
@@ -83,9 +83,15 @@ def discover(
     for spec in paths:
         path = os.path.expanduser(spec)
         if is_url(spec):  # object storage: listed through the store
-            for url, relative, size in listed(spec, problems):
+            found = listed(spec, problems)
+            urls = {url for url, _, _ in found}
+            for url, relative, size in found:
+                if url.lower().endswith(".bin") and url[:-4] + ".idx" in urls:
+                    continue  # a Megatron dataset: read through the .idx listed beside it
                 names = (relative, relative.rsplit("/", 1)[-1])
                 named = url == spec  # named by itself: always taken
+                if named and url.lower().endswith(".bin") and stamp(url[:-4] + ".idx")[0]:
+                    url = url[:-4] + ".idx"  # a .bin named alone stands for its dataset
                 if not named and options.include and not _matches(names, options.include):
                     continue
                 if not _matches(names, options.exclude):
@@ -248,14 +254,8 @@ def _units_of(path: str, size: int, options: SourceOptions, problems: ProblemLog
             name, compression = name[: -len(suffix)], method
     kind = "jsonl" if name.endswith((".jsonl", ".ndjson", ".json")) else "text"
     step = options.split_bytes
-    if is_url(path) and name.endswith((".idx", ".bin")) and not compression:
-        problems.record(
-            "unreadable",
-            path,
-            "a Megatron dataset on object storage is not read yet: copy its .bin and .idx to a "
-            "local folder and give that",
-        )
-        return []
+    if is_url(path) and name.endswith(".idx") and not compression:
+        return megatron_units(path, problems)  # its .bin missing: recorded there
     if name.endswith(".idx") and not compression:
         if os.path.exists(bin_path(path)):
             return megatron_units(path, problems)

@@ -9,15 +9,20 @@ the sequence count). A document is the concatenation of its sequences.
 
 from __future__ import annotations
 
+import errno
+import functools
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from bloom_builder.segments import Document
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
+from memfree.errors import StorageError
+from memfree.storage import fetched, is_store_failure, is_url, open_url, stamp, store_error
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")
@@ -53,7 +58,9 @@ class MegatronIndex:
         return int(self.documents.shape[0]) - 1
 
 
-def read_index(idx_path: str, check_all: bool = True) -> MegatronIndex:
+def read_index(
+    idx_path: str, check_all: bool = True, data_bytes: int | None = None
+) -> MegatronIndex:
     """Read and check an ``.idx`` file and the size of its ``.bin``.
 
     The arrays are memory-mapped: a task reading a few documents of a Pile-sized index (hundreds
@@ -66,6 +73,8 @@ def read_index(idx_path: str, check_all: bool = True) -> MegatronIndex:
             pointers agree with the dtype's size), and the last ends where the ``.bin`` does;
             without it only the header and sizes are checked here, and a reader checks the
             range it reads.
+        data_bytes: the ``.bin`` file's size (default: asked of the file beside ``idx_path``;
+            given for a dataset on object storage, whose index is read from a local copy).
 
     Raises:
         ValueError: the files are not a consistent Megatron indexed dataset (the reason named;
@@ -95,7 +104,9 @@ def read_index(idx_path: str, check_all: bool = True) -> MegatronIndex:
     documents = _map(idx_path, np.int64, num_documents, offset + 12 * num_sequences)
     index = MegatronIndex(np.dtype(DTYPES[code]), lengths, pointers, documents)
     if check_all:
-        _check_sequences(index, 0, num_sequences, os.path.getsize(bin_path(idx_path)), whole=True)
+        if data_bytes is None:
+            data_bytes = os.path.getsize(bin_path(idx_path))
+        _check_sequences(index, 0, num_sequences, data_bytes, whole=True)
         if documents[0] != 0 or documents[-1] != num_sequences or np.any(np.diff(documents) < 0):
             raise ValueError(
                 "damaged .idx: document boundaries are not increasing from 0 to the sequence count"
@@ -181,8 +192,10 @@ def _check_sequences(
 def megatron_units(idx_path: str, problems: ProblemLog) -> list[WorkUnit]:
     """One work unit per :data:`DOCUMENTS_PER_UNIT` documents (none, recorded, if unusable)."""
     try:
-        index = read_index(idx_path)
-        data_bytes = os.path.getsize(bin_path(idx_path))
+        data_bytes = _data_bytes(bin_path(idx_path))
+        index = read_index(_local_index(idx_path), data_bytes=data_bytes)
+    except StorageError:
+        raise  # the store failed: not an answer about the dataset
     except (OSError, ValueError) as error:
         problems.record("unreadable", idx_path, _described(error))
         return []
@@ -213,11 +226,14 @@ def read_megatron(
     """The documents ``unit.start`` to ``unit.stop`` of a Megatron dataset, as token ids.
 
     Each document's sequences are read with ``os.pread`` rather than through a memory map of the
-    ``.bin`` file, so a worker's resident memory is what it holds, not the pages it has read.
+    ``.bin`` file, so a worker's resident memory is what it holds, not the pages it has read. On
+    object storage the ``.idx`` is read from its copy in memfree's cache (downloaded once per
+    machine) and the ``.bin`` with ranged requests.
     """
     where = bin_path(unit.path)
+    remote = is_url(where)
     try:
-        index = read_index(unit.path, check_all=False)
+        index = read_index(_local_index(unit.path), check_all=False)
         stop = min(unit.stop, index.num_documents)
         boundaries = np.asarray(index.documents[unit.start : stop + 1])
         if boundaries.size and (
@@ -227,11 +243,14 @@ def read_megatron(
         ):
             raise ValueError("damaged .idx: document boundaries are not increasing")
         if boundaries.size:
-            _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), os.path.getsize(where))
-        handle = os.open(where, os.O_RDONLY)
+            _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), _data_bytes(where))
+        handle: Any = open_url(where) if remote else os.open(where, os.O_RDONLY)
+    except StorageError:
+        raise  # the store failed: not an answer about the dataset
     except (OSError, ValueError) as error:
         problems.record("unreadable", unit.path, _described(error))
         return
+    read_at = _remote_reader(handle, where) if remote else functools.partial(os.pread, handle)
     try:
         itemsize = index.dtype.itemsize
         dtype = index.dtype.newbyteorder("<")
@@ -244,7 +263,7 @@ def read_megatron(
         for offset, document in enumerate(range(unit.start, stop)):
             first, last = bounds[offset] - base, bounds[offset + 1] - base
             pieces = [
-                np.frombuffer(os.pread(handle, length * itemsize, pointer), dtype=dtype)
+                np.frombuffer(read_at(length * itemsize, pointer), dtype=dtype)
                 for pointer, length in zip(pointers[first:last], lengths[first:last], strict=True)
             ]
             ids = np.concatenate(pieces) if len(pieces) != 1 else pieces[0]
@@ -253,7 +272,42 @@ def read_megatron(
             else:
                 problems.record("empty", f"{where}:document {document}", "no token ids")
     finally:
-        os.close(handle)
+        if remote:
+            handle.close()
+        else:
+            os.close(handle)
+
+
+def _local_index(idx_path: str) -> str:
+    """The ``.idx`` file to map: the path itself, or a dataset's on object storage copied into
+    memfree's cache (once per machine, again when the object changes)."""
+    return str(fetched(idx_path, "the Megatron index")) if is_url(idx_path) else idx_path
+
+
+def _data_bytes(path: str) -> int:
+    """The ``.bin`` file's size, on disk or on object storage."""
+    if not is_url(path):
+        return os.path.getsize(path)
+    size, tag, modified = stamp(path)
+    if not size and not tag and not modified:
+        raise FileNotFoundError(errno.ENOENT, f"{path}: no such object")
+    return int(size)
+
+
+def _remote_reader(handle: Any, url: str) -> Callable[[int, int], bytes]:
+    """``os.pread``'s arguments over an object: ranged reads, a store's failure named."""
+
+    def read_at(size: int, offset: int) -> bytes:
+        try:
+            handle.seek(offset)
+            data: bytes = handle.read(size)
+        except Exception as error:
+            if is_store_failure(error):
+                raise store_error(url, "reading it", error) from None
+            raise
+        return data
+
+    return read_at
 
 
 def write_megatron(prefix: str, documents: list[list[int]], dtype: type = np.uint16) -> None:

@@ -407,3 +407,43 @@ def test_a_ray_build_from_a_bucket_to_a_bucket_gives_the_local_executors_bytes(
     finally:
         ray.shutdown()
     assert s3.cat_file("corpus/filters/ray.memfree") == (tmp_path / "local.memfree").read_bytes()
+
+
+def test_a_megatron_dataset_in_a_bucket_builds_what_its_local_copy_builds(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pre-tokenized Megatron dataset (``.bin`` + ``.idx``) on a bucket: its index copied once
+    into memfree's cache, its token ids read by ranged requests; the same documents, in units,
+    and the same filter as from disk; the ``.bin`` named alone stands for the dataset, and a
+    dataset whose ``.bin`` is missing is named as such."""
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
+    from bloom_builder.sources.megatron import write_megatron
+
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(3)
+    documents = [rng.integers(0, 290, size=int(rng.integers(5, 200))).tolist() for _ in range(300)]
+    (tmp_path / "mega").mkdir()
+    write_megatron(str(tmp_path / "mega" / "train_text_document"), documents)
+    _upload(s3, tmp_path / "mega", "corpus/mega")
+    read = {}
+    for spec in (
+        str(tmp_path / "mega"),
+        "s3://corpus/mega",
+        "s3://corpus/mega/train_text_document.bin",
+    ):
+        problems = ProblemLog()
+        units = discover([spec], SourceOptions(), problems)
+        assert not problems.to_dict()["counts"], spec
+        ids = [doc.document.ids.tolist() for doc in documents_of(units, SourceOptions(), problems)]
+        read[spec] = ([(u.kind, u.start, u.stop) for u in units], ids)
+    assert read["s3://corpus/mega"] == read[str(tmp_path / "mega")]
+    assert read["s3://corpus/mega/train_text_document.bin"] == read[str(tmp_path / "mega")]
+    assert read["s3://corpus/mega"][1] == documents
+    settings = settings_for(tokenizer_dir)
+    build_filter([str(tmp_path / "mega")], tmp_path / "here.memfree", settings, progress=False)
+    build_filter(["s3://corpus/mega"], tmp_path / "there.memfree", settings, progress=False)
+    assert _payload(tmp_path / "here.memfree") == _payload(tmp_path / "there.memfree")
+    s3.put_file(str(tmp_path / "mega" / "train_text_document.idx"), "corpus/lone/x.idx")
+    problems = ProblemLog()
+    assert discover(["s3://corpus/lone"], SourceOptions(), problems) == []
+    assert "no such object" in str(problems.to_dict())
