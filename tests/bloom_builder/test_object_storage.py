@@ -230,20 +230,20 @@ def test_an_output_bucket_that_does_not_exist_is_refused_before_the_build(
 class _Flaky:
     """A TCP proxy in front of the S3 server that resets its first ``resets`` connections (all
     of them with -1) and passes the others through: a store that drops connections. With
-    ``passes``, the first ``passes`` connections go through and every later one is reset."""
+    ``reading``, a connection is also reset when a request on it starts with those bytes
+    (``b"GET /bucket/prefix/"``: an object's bytes, not a listing or a HEAD)."""
 
-    def __init__(self, target: tuple[str, int], resets: int, passes: int = -1) -> None:
+    def __init__(self, target: tuple[str, int], resets: int, reading: bytes = b"") -> None:
         import socket
         import threading
 
-        self.target, self.resets, self.reset, self.passes, self.seen = target, resets, 0, passes, 0
+        self.target, self.resets, self.reset, self.reading = target, resets, 0, reading
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
         import socket
-        import struct
         import threading
 
         while True:
@@ -251,21 +251,21 @@ class _Flaky:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            self.seen += 1
-            late = 0 <= self.passes < self.seen
-            if late or self.resets < 0 or self.reset < self.resets:
+            if self.resets < 0 or self.reset < self.resets:
                 self.reset += 1
-                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                client.close()  # a reset, not a clean close
+                _reset(client)
                 continue
             upstream = socket.create_connection(self.target)
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+            for source, sink, watch in ((client, upstream, self.reading), (upstream, client, b"")):
+                threading.Thread(target=self._pipe, args=(source, sink, watch), daemon=True).start()
 
-    @staticmethod
-    def _pipe(source: Any, sink: Any) -> None:
+    def _pipe(self, source: Any, sink: Any, watch: bytes) -> None:
         try:
             while data := source.recv(1 << 16):
+                if watch and (data.startswith(watch) or b"\r\n" + watch in data):
+                    self.reset += 1
+                    _reset(source)
+                    return
                 sink.sendall(data)
         except OSError:
             pass
@@ -274,19 +274,30 @@ class _Flaky:
                 end.close()
 
 
-def _through(flaky: _Flaky, monkeypatch: pytest.MonkeyPatch) -> None:
+def _reset(connection: Any) -> None:
+    """Close with a reset (RST), not a clean end of stream."""
+    import socket
+    import struct
+
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.close()
+
+
+def _through(flaky: _Flaky, monkeypatch: pytest.MonkeyPatch, attempts: int = 2) -> None:
+    """The S3 client pointed at ``flaky``, each request tried ``attempts`` times (botocore's
+    ``AWS_MAX_ATTEMPTS``: 2 keeps a store that never answers quick to give up on)."""
     import s3fs
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{flaky.port}")
-    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "2")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", str(attempts))
     s3fs.S3FileSystem.clear_instance_cache()
 
 
 def test_connections_the_store_drops_are_retried(
     s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The store resets the first connections: its client retries them with backoff, and the
-    build gives the filter it gives without them."""
+    """The store resets the first two connections: its client retries them with backoff, and
+    the build gives the filter it gives without them."""
     import os
     from urllib.parse import urlsplit
 
@@ -297,14 +308,14 @@ def test_connections_the_store_drops_are_retried(
     settings = settings_for(tokenizer_dir)
     build_filter(["s3://corpus/flaky"], tmp_path / "plain.memfree", settings, progress=False)
     endpoint = urlsplit(os.environ["AWS_ENDPOINT_URL"])
-    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), resets=3)
-    _through(flaky, monkeypatch)
+    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), resets=2)
+    _through(flaky, monkeypatch, attempts=5)  # each reset retried (the first two connections)
     try:
         build_filter(["s3://corpus/flaky"], tmp_path / "flaky.memfree", settings, progress=False)
     finally:
         monkeypatch.undo()
         s3fs.S3FileSystem.clear_instance_cache()
-    assert flaky.reset == 3
+    assert flaky.reset == 2
     assert (tmp_path / "flaky.memfree").read_bytes() == (tmp_path / "plain.memfree").read_bytes()
 
 
@@ -345,8 +356,8 @@ def test_a_store_that_fails_while_tasks_read_it_fails_the_build_naming_the_objec
     tokenizer_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The listing goes through, then every connection is reset (the workers' reads): the
-    build stops with a StorageError naming an object, instead of a filter that silently lacks
+    """The listing and the objects' sizes go through, every read of an object's bytes is reset
+    (the tasks' reads): the build stops with a StorageError naming an object, instead of a filter that silently lacks
     the objects it could not read; a rerun once the store answers builds it."""
     import os
     from urllib.parse import urlsplit
@@ -358,7 +369,7 @@ def test_a_store_that_fails_while_tasks_read_it_fails_the_build_naming_the_objec
     local = _corpus(tmp_path / "local")
     _upload(s3, local, "corpus/dropping")
     endpoint = urlsplit(os.environ["AWS_ENDPOINT_URL"])
-    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), resets=0, passes=4)
+    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), 0, b"GET /corpus/dropping/")
     _through(flaky, monkeypatch)
     settings = settings_for(tokenizer_dir)
     out = tmp_path / "f.memfree"
