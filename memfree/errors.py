@@ -99,16 +99,18 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def url_problem(value: object, what: str) -> str | None:
-    """The message for a path given as a URL (``s3://``, ``gs://``, ``hf://``, ``https://``...),
-    which memfree does not read yet: never taken for a local path (``-o s3://b/f.memfree``
-    would otherwise write a local folder named ``s3:``). None for anything else."""
+    """The message for a path given as a URL (``s3://``, ``gs://``, ``hf://``, ``https://``...)
+    where memfree takes local paths only (a build's work directory): never taken for a local
+    path (it would otherwise make a local folder named ``s3:``). None for anything else.
+    Corpora, outputs and filters are read and written by URL (:mod:`memfree.storage`)."""
     if not isinstance(value, (str, os.PathLike)) or not _URL.match(os.fspath(value)):
         return None
     scheme = os.fspath(value).split("://", 1)[0]
     return (
         f"{what} {os.fspath(value)!r} is a {scheme}:// URL; memfree reads and writes local paths "
-        "only (object storage is not supported yet): copy the object to a local file first "
-        "(for example `aws s3 cp` or `gsutil cp`), or mount the bucket and give its local path"
+        "only here (a work directory on object storage is not supported yet): give a local "
+        "folder, or mount the bucket and give its local path (to copy the object, `aws s3 cp` "
+        "or `gsutil cp`)"
     )
 
 
