@@ -238,6 +238,27 @@ def _check_row(tokenizer: Any, masker: SentencePieceMasker, row: list[int], seed
     assert ends == (_canonical(tokenizer, masker, row) or not allowed.any()), row
 
 
+_VOCABS: dict[int, dict[str, int]] = {}
+
+
+def _vocab_of(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's vocabulary, read once (``get_vocab()`` builds a new dict each call)."""
+    if id(tokenizer) not in _VOCABS:
+        _VOCABS[id(tokenizer)] = tokenizer.get_vocab()
+    return _VOCABS[id(tokenizer)]
+
+
+def _first_point(begun: bytes) -> int:
+    """A code point no later than the first whose UTF-8 bytes begin with ``begun`` (its lead
+    byte and some continuation bytes): ``begun`` padded with the least continuation bytes, where
+    that decodes; else the first code point of its length."""
+    length = {0xC: 2, 0xD: 2, 0xE: 3, 0xF: 4}[begun[0] >> 4]
+    try:
+        return ord((begun + b"\x80" * (length - len(begun))).decode("utf-8"))
+    except (UnicodeDecodeError, TypeError):  # overlong or surrogate padding: start lower
+        return {2: 0x80, 3: 0x800, 4: 0x10000}[length]
+
+
 def _completes(
     tokenizer: Any, masker: SentencePieceMasker, row: list[int], written: bool = True
 ) -> bool:
@@ -256,7 +277,8 @@ def _completes(
     if not begun or begun[0] < 0xC0:
         return False
     tried = 0
-    point = {0xC: 0x80, 0xD: 0x80, 0xE: 0x800, 0xF: 0x10000}[begun[0] >> 4]
+    point = _first_point(begun)
+    vocab = _vocab_of(tokenizer)
     while point < 0x110000 and tried < 16:  # UTF-8 keeps the order of code points
         data = chr(point).encode("utf-8", "surrogatepass")
         point += 1
@@ -264,7 +286,7 @@ def _completes(
             break
         if not data.startswith(begun) or 0xD800 <= point - 1 < 0xE000:
             continue
-        if chr(point - 1) in tokenizer.get_vocab():
+        if chr(point - 1) in vocab:
             continue
         tried += 1
         finished = [*row, *(byte_tokens[b] for b in data[len(begun) :])]
