@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 import warnings
@@ -284,12 +285,42 @@ LLAMA_CPP = Path(
 
 @functools.cache
 def llama_cpp_tokenizer(name: str) -> Any:
-    """The tokenizer transformers reads from ``ggml-vocab-{name}.gguf`` (once per session)."""
+    """The tokenizer transformers reads from ``ggml-vocab-{name}.gguf`` (once per process).
+
+    Reading a GGUF vocabulary takes transformers 2-15 s (its GGUF reader parses every string
+    field in Python), in each test process: the tokenizer it read is kept pickled in memfree's
+    cache directory (``test-tokenizers``), named for the file's SHA-256 and the versions of
+    transformers, tokenizers and gguf, and read back from there (0.1-0.8 s). A pickle keeps the
+    object exactly (``save_pretrained`` does not: Qwen2Tokenizer rebuilds its own pattern and
+    normalizer on loading). A kept file that does not load is read from the GGUF file again."""
+    import pickle
+    from importlib.metadata import version
+
     from transformers import AutoTokenizer
 
+    from memfree.storage import cache_dir
+
+    gguf = LLAMA_CPP / f"ggml-vocab-{name}.gguf"
+    identity = hashlib.sha256(gguf.read_bytes())
+    for package in ("transformers", "tokenizers", "gguf"):
+        identity.update(f"\0{package} {version(package)}".encode())
+    kept = cache_dir() / "test-tokenizers" / f"{name}-{identity.hexdigest()[:24]}.pickle"
+    try:
+        with open(kept, "rb") as handle:
+            return pickle.load(handle)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        pass
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoTokenizer.from_pretrained(LLAMA_CPP, gguf_file=f"ggml-vocab-{name}.gguf")
+        tokenizer = AutoTokenizer.from_pretrained(LLAMA_CPP, gguf_file=gguf.name)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        temporary = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(pickle.dumps(tokenizer))
+        os.replace(temporary, kept)  # whole or absent: two processes may write it at once
+    except OSError:
+        pass
+    return tokenizer
 
 
 LLAMA3_PATTERN = (
