@@ -48,11 +48,13 @@ class WordIndex:
 
     def prefix_found(self, fingerprints: np.ndarray) -> np.ndarray:
         """Whether each (n-1)-word prefix fingerprint begins a stored n-gram (or shares its
-        bucket and remainder with one that does); bool `(N,)`."""
-        rows, _ = lookup(self.index, np.asarray(fingerprints, dtype=np.uint64))
-        found = np.zeros(fingerprints.shape[0], dtype=bool)
+        bucket and remainder with one that does); bool `(N,)`. Each distinct prefix's bucket
+        is read once."""
+        distinct, which = np.unique(np.asarray(fingerprints, dtype=np.uint64), return_inverse=True)
+        rows, _ = lookup(self.index, distinct)
+        found = np.zeros(distinct.shape[0], dtype=bool)
         found[rows] = True
-        return found
+        return found[which.reshape(-1)]
 
     def answer(self, lookups: Sequence[Lookup]) -> np.ndarray:
         """Whether each lookup's n-grams are stored, concatenated; bool."""

@@ -112,12 +112,23 @@ def contains_keys(
 ) -> np.ndarray:
     """Whether each (prefix fingerprint, next value) pair is stored: bool `(N,)`, never a false
     negative. Only the low ``token_bits`` bits of each next value are compared (a word index
-    keeps that many bits of the next word's hash)."""
-    nexts = np.asarray(nexts).astype(np.uint64) & np.uint64((1 << index.shape.token_bits) - 1)
-    rows, tokens = lookup(index, prefix_fingerprints)
-    found = np.zeros(nexts.shape[0], dtype=bool)
-    found[rows[tokens.astype(np.uint64) == nexts[rows]]] = True
-    return found
+    keeps that many bits of the next word's hash).
+
+    Each distinct prefix's bucket is read once: pairs that share a prefix (rows of one prompt,
+    a prefix with thousands of stored next words) cost its records once, not once per pair."""
+    token_bits = index.shape.token_bits
+    nexts = np.asarray(nexts).astype(np.uint64) & np.uint64((1 << token_bits) - 1)
+    prefixes = np.asarray(prefix_fingerprints, dtype=np.uint64).reshape(-1)
+    distinct, which = np.unique(prefixes, return_inverse=True)
+    if distinct.shape[0] >= 1 << (64 - token_bits):  # too many to key pairs in 64 bits
+        rows, tokens = lookup(index, prefixes)
+        found = np.zeros(nexts.shape[0], dtype=bool)
+        found[rows[tokens.astype(np.uint64) == nexts[rows]]] = True
+        return found
+    rows, tokens = lookup(index, distinct)
+    shift = np.uint64(token_bits)
+    stored = (rows.astype(np.uint64) << shift) | tokens.astype(np.uint64)
+    return np.isin((which.reshape(-1).astype(np.uint64) << shift) | nexts, stored)
 
 
 __all__ = ["IndexArrays", "bucket_ranges", "contains_keys", "lookup", "read_fields"]
