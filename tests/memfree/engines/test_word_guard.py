@@ -24,7 +24,13 @@ from memfree.filterfile.bloom.reader import NgramFilter
 from memfree.filterfile.protocol import NgramSet
 from memfree.testing import word_filter_from_texts
 from memfree.vocab.token_bytes import UnsupportedTokenizerError, token_bytes
-from memfree.vocab.words import new_word_ngrams, ngram_hash_rows, word_ngrams
+from memfree.vocab.words import (
+    created_word_ngrams,
+    new_word_ngrams,
+    ngram_hash_rows,
+    word_ngrams,
+    words,
+)
 from tests.conftest import WORD_TEXTS
 
 STYLES = {
@@ -90,7 +96,6 @@ def narrow_index(tmp_path_factory: pytest.TempPathFactory) -> dict[int, NgramSet
 def test_token_bytes_read_as_the_tokenizer_decodes(
     family: str, data: Any, word_tokenizers: dict[str, Any], default_tokenizer: Any
 ) -> None:
-    from memfree.vocab.words import words
 
     tok = default_tokenizer if family == "default" else word_tokenizers[family]
     table = _table(tok)
@@ -230,15 +235,18 @@ def test_mask_is_exact_with_the_default_tokenizer(
         ids = ids[:-1]  # cut the last character's bytes in two
     table = token_bytes(tok)
     before = row_bytes(table, ids)
-    old = before.decode("utf-8", "replace")
+    old = words(before.decode("utf-8", "replace"))
+    # Each candidate's text read into words once, for both n (new_word_ngrams, in two steps).
+    grown = [
+        words((before + (table[v] or b"")).decode("utf-8", "replace")) for v in range(len(tok))
+    ]
     for n in (2, 3):
         guard = MemFreeLogitsProcessor(word_filters[n], tok)
         mask, _ = guard.blocked_mask(torch.tensor([ids]), len(tok))
         blocked = set(np.flatnonzero(mask[0].numpy()).tolist())
         created, owners = [], []
-        for v in range(len(tok)):
-            new = (before + (table[v] or b"")).decode("utf-8", "replace")
-            found = new_word_ngrams(old, new, n)
+        for v, new in enumerate(grown):
+            found = created_word_ngrams(old, new, n)
             created += found
             owners += [v] * len(found)
         hits = word_filters[n].contains(ngram_hash_rows(created))
