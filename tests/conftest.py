@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import pickle
 import sys
 import warnings
 from collections.abc import Iterator
@@ -180,10 +181,30 @@ def train_on_windows(
 def train_on_rows(
     tokenizer: Any, rows: list[list[int]], window: int, stride: int = 1, steps: int = 100
 ) -> Any:
-    """:func:`train_on_windows` for token id rows (a text spelled with any token split)."""
+    """:func:`train_on_windows` for token id rows (a text spelled with any token split).
+
+    Training takes 5-30 s; the weights are kept in memfree's cache directory (``test-models``),
+    named for everything that decides them (the rows, the training's settings, the model's
+    configuration and the versions of torch and transformers), and read back by later test
+    processes; a kept file that does not load is trained again."""
+    import json
+    from importlib.metadata import version
+
     import torch
 
+    from memfree.storage import cache_dir
+
     model = tiny_llama_model(tokenizer)
+    identity = json.dumps(
+        [rows, window, stride, steps, model.config.to_dict(), version("torch"),
+         version("transformers")], sort_keys=True, default=str,
+    )  # fmt: skip
+    kept = cache_dir() / "test-models" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.pt"
+    try:
+        model.load_state_dict(torch.load(kept, weights_only=True))
+        return model.eval()
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError):
+        model = tiny_llama_model(tokenizer)  # fresh weights, as if nothing had been read
     windows = torch.tensor(
         [row[i : i + window] for row in rows for i in range(0, len(row) - window + 1, stride)]
     )
@@ -194,6 +215,13 @@ def train_on_rows(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        temporary = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        torch.save(model.state_dict(), temporary)
+        os.replace(temporary, kept)  # whole or absent: two processes may write it at once
+    except OSError:
+        pass
     return model.eval()
 
 
@@ -293,7 +321,6 @@ def llama_cpp_tokenizer(name: str) -> Any:
     transformers, tokenizers and gguf, and read back from there (0.1-0.8 s). A pickle keeps the
     object exactly (``save_pretrained`` does not: Qwen2Tokenizer rebuilds its own pattern and
     normalizer on loading). A kept file that does not load is read from the GGUF file again."""
-    import pickle
     from importlib.metadata import version
 
     from transformers import AutoTokenizer
