@@ -604,7 +604,11 @@ def bpe_tables(info: TokenizerInfo) -> ByteLevelBpe:
             bpe = ByteLevelBpe.of(info)
             return bpe, _build_vocabulary(info, bpe)
 
-        bpe, vocabulary = cached_tables("byte-level", key, info.fingerprint, build)
+        bpe, vocabulary = cached_tables(
+            "byte-level", key, info.fingerprint, build,
+            outside={"tokenizer": info.tokenizer},
+            left_empty=lambda tables: tables[0].caches(),
+        )  # fmt: skip
         with _TABLES_LOCK:
             _TABLES[key] = bpe
             _VOCABULARIES[key] = vocabulary

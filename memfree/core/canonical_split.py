@@ -99,7 +99,7 @@ class SplitChunks:
         self.ignore_merges = bool(model.get("ignore_merges"))
         self._model = models.BPE(vocab, merges, ignore_merges=self.ignore_merges)
         self._merges = bpe.merges_model
-        self._strings = {token: string for string, token in vocab.items()}
+        self._strings = bpe.tree.strings
         self._byte_char = byte_level_chars()
         self._signatures: dict[tuple[Any, ...], int] = {}
         self._classes: dict[str, int] = {}
@@ -184,14 +184,24 @@ class SplitChunks:
         return self._generic_class(self.char_class(char))
 
     def __getstate__(self) -> dict[str, Any]:
-        """Copies and pickles start with empty caches (and their own lock)."""
+        """Copies and pickles start with empty caches (and their own lock); the two BPE models
+        (5 MiB each for 151k ids) are made again from the merge tree, not pickled."""
         state = self.__dict__.copy()
         for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
+            state.pop(name)
+        for name in ("_model", "_merges", "_strings"):
             state.pop(name)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        from tokenizers import models
+
         self.__dict__.update(state)
+        tree = self.bpe.tree
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in tree.merges]
+        self._model = models.BPE(tree.vocab, merges, ignore_merges=self.ignore_merges)
+        self._merges = self.bpe.merges_model
+        self._strings = tree.strings
         self._groups = OrderedDict()
         self._bpe_cache = {}
         self._completions = OrderedDict()

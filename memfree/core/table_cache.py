@@ -13,7 +13,8 @@ tables' key and the SHA-256 and length of what follows; a file whose header, len
 does not match is rebuilt (with a warning saying why) and written again. Files are written to a
 temporary name and renamed, so a reader never sees half a file; two processes that build the same
 tables at once both write whole files, and the last rename wins. What follows the header is a
-pickle of the tables: reading it runs as much code as reading a ``.pyc`` file from the same
+pickle of the tables (format 2: the tokenizer named, not held, since the reader holds it and its
+fingerprint is part of the key; caches filled by use written empty): reading it runs as much code as reading a ``.pyc`` file from the same
 directory would, so the cache is trusted as the user's own files are (``MEMFREE_CACHE`` can point
 it elsewhere). A cache directory that cannot be written (read-only, full) is said once per
 process; the tables are then built in each process, as without a cache.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -30,11 +32,11 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-FORMAT = 1
+FORMAT = 2  # 2: the tokenizer named, not held; caches written empty
 MAGIC = b"memfree canonical tables\n"
 _MAX_HEADER = 4096
 T = TypeVar("T")
@@ -77,12 +79,27 @@ def _code_digest() -> str:
     return digest.hexdigest()
 
 
-def cached_tables(kind: str, key: tuple[Any, ...], fingerprint: str, build: Callable[[], T]) -> T:
+def cached_tables(
+    kind: str,
+    key: tuple[Any, ...],
+    fingerprint: str,
+    build: Callable[[], T],
+    outside: Mapping[str, Any] | None = None,
+    left_empty: Callable[[T], Iterable[Any]] | None = None,
+) -> T:
     """The tables of ``kind`` (a family's name) for the tokenizer of ``key``: read from the
-    cache when a whole, matching file is there, else built with ``build()`` and kept."""
+    cache when a whole, matching file is there, else built with ``build()`` and kept.
+
+    Args:
+        outside: objects the tables hold that the file names instead of holding them, by name
+            (the tokenizer itself, which the caller holds already: its fingerprint is part of
+            the key); reading the file gives back the caller's objects of those names.
+        left_empty: the tables' caches (dicts and lists filled as they are used): written as
+            empty ones of their type, so the file holds only what was built.
+    """
     digest = key_digest(kind, key)
     path = tables_dir() / f"{kind}-{digest}.tables"
-    found = _read(path, digest)
+    found = _read(path, digest, outside or {})
     if found is not None:
         return found
     started = time.perf_counter()
@@ -95,8 +112,54 @@ def cached_tables(kind: str, key: tuple[Any, ...], fingerprint: str, build: Call
         "build_seconds": round(time.perf_counter() - started, 2),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    _write(path, header, tables)
+    _write(path, header, tables, outside or {}, list(left_empty(tables)) if left_empty else [])
     return tables
+
+
+class _Pickler(pickle.Pickler):
+    """Writes the objects of ``outside`` by name and the caches of ``empty`` as empty ones."""
+
+    def __init__(self, file: Any, outside: Mapping[str, Any], empty: list[Any]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._names = {id(value): name for name, value in outside.items()}
+        self._empty = {id(cache): type(cache).__name__ for cache in empty}
+
+    def persistent_id(self, obj: Any) -> Any:
+        name = self._names.get(id(obj))
+        if name is not None:
+            return ("outside", name)
+        kind = self._empty.get(id(obj))
+        return None if kind is None else ("empty", kind)
+
+
+_EMPTY: dict[str, Callable[[], Any]] = {"dict": dict, "list": list}
+
+
+class _Unpickler(pickle.Unpickler):
+    """Gives back the caller's objects for the names the file holds, and empty caches."""
+
+    def __init__(self, file: Any, outside: Mapping[str, Any]) -> None:
+        super().__init__(file)
+        self._outside = outside
+
+    def persistent_load(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) == 2:
+            what, name = pid
+            if what == "outside" and name in self._outside:
+                return self._outside[name]
+            if what == "empty" and name in _EMPTY:
+                return _EMPTY[name]()
+        raise pickle.UnpicklingError(f"it names an object this process does not give ({pid!r})")
+
+
+def _dumps(tables: Any, outside: Mapping[str, Any], empty: list[Any]) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, outside, empty).dump(tables)
+    return buffer.getvalue()
+
+
+def _loads(payload: bytes, outside: Mapping[str, Any]) -> Any:
+    return _Unpickler(io.BytesIO(payload), outside).load()
 
 
 def read_header(path: Path) -> tuple[dict[str, Any], int]:
@@ -122,7 +185,7 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, end + 1
 
 
-def _read(path: Path, digest: str) -> Any | None:
+def _read(path: Path, digest: str, outside: Mapping[str, Any]) -> Any | None:
     """The tables in ``path`` if the file is whole and of ``digest``; None if there is none or
     it is damaged (then said once)."""
     try:
@@ -138,7 +201,7 @@ def _read(path: Path, digest: str) -> Any | None:
             )
         if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
             raise ValueError("its checksum does not match (the file is damaged)")
-        return pickle.loads(payload)
+        return _loads(payload, outside)
     except FileNotFoundError:
         return None
     except (
@@ -157,11 +220,13 @@ def _read(path: Path, digest: str) -> Any | None:
         return None
 
 
-def _write(path: Path, header: dict[str, Any], tables: Any) -> None:
+def _write(
+    path: Path, header: dict[str, Any], tables: Any, outside: Mapping[str, Any], empty: list[Any]
+) -> None:
     """Keep ``tables`` at ``path`` (a whole file or none); a directory that cannot take it is
     said once per process."""
     try:
-        payload = pickle.dumps(tables, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = _dumps(tables, outside, empty)
         header = {**header, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)

@@ -102,6 +102,11 @@ class ByteLevelBpe:
     _classes: dict[str, int]
     _encoded: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
+    def caches(self) -> tuple[Any, ...]:
+        """What these tables fill as they are used (encodings read, the merges-only model,
+        late tokens' answers): left empty where the tables are kept on disk."""
+        return self._encoded, *self.tree.caches()
+
     @classmethod
     def of(cls, info: TokenizerInfo) -> ByteLevelBpe:
         """The tables of ``info``'s tokenizer (about a second for a 49k vocabulary).

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from memfree.vocab.pair_ranges import PairRanges, pair_ranges
+from memfree.vocab.pair_ranges import PairRanges, narrowed_state, pair_ranges, widened_state
 
 _INF = np.iinfo(np.int64).max
 
@@ -217,9 +217,22 @@ class MergeTree:
         return np.where(self.made_at == _INF, -1, self.made_at)
 
     @functools.cached_property
-    def _strings(self) -> dict[int, str]:
+    def strings(self) -> dict[int, str]:
         """Each id's string in the model's vocabulary (as the model writes it)."""
         return {token: string for string, token in self.vocab.items()}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its ids, ranks and offsets int32 where they fit (tables kept on disk),
+        without what it derives on first use (``formed``, ``strings``)."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("formed", "strings")}
+        return narrowed_state(state, ("left", "right", "made_at", "partners", "members"))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(widened_state(state))
+
+    def caches(self) -> tuple[Any, ...]:
+        """What the tree fills as it is used: the merges-only model, late tokens' answers."""
+        return self._merges_only, self._late_rows
 
     @property
     def merges_model(self) -> Any:
@@ -241,7 +254,7 @@ class MergeTree:
         """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
         ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say)."""
         model = self.merges_model
-        strings = self._strings
+        strings = self.strings
         head = strings.get(a)
         result = np.zeros(len(others), dtype=bool)
         if head is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,6 +58,12 @@ class PairRanges:
     ends: np.ndarray
     skipped: np.ndarray
 
+    def __getstate__(self) -> dict[str, Any]:
+        return narrowed_state(self.__dict__, ("offsets",))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(widened_state(state))
+
     @property
     def nbytes(self) -> int:
         arrays = (self.order, self.position, self.offsets, self.starts, self.ends)
@@ -81,6 +88,42 @@ class PairRanges:
         # bisect over the array itself: a third of np.searchsorted's cost on a few runs
         run = bisect.bisect_right(self.starts, at, lo, hi) - 1
         return run >= lo and at < int(self.ends[run])
+
+
+def narrowed_state(state: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """A pickle's state with the int64 arrays of ``names`` (arrays, or tuples of them) whose
+    values fit in int32 written as int32, and named in ``"_narrowed"``: ids, ranks and offsets of
+    a vocabulary below 2**31 take half the bytes on disk. :func:`widened_state` undoes it."""
+    state = dict(state)
+    narrowed = []
+    for name in names:
+        value = state.get(name)
+        arrays = value if isinstance(value, tuple) else (value,)
+        if all(_fits_int32(array) for array in arrays):
+            small = tuple(array.astype(np.int32) for array in arrays)
+            state[name] = small if isinstance(value, tuple) else small[0]
+            narrowed.append(name)
+    state["_narrowed"] = tuple(narrowed)
+    return state
+
+
+def widened_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The state :func:`narrowed_state` wrote, with its arrays int64 again."""
+    state = dict(state)
+    for name in state.pop("_narrowed", ()):
+        value = state[name]
+        if isinstance(value, tuple):
+            state[name] = tuple(array.astype(np.int64) for array in value)
+        else:
+            state[name] = value.astype(np.int64)
+    return state
+
+
+def _fits_int32(array: Any) -> bool:
+    if not isinstance(array, np.ndarray) or array.dtype != np.int64:
+        return False
+    info = np.iinfo(np.int32)
+    return array.size == 0 or (int(array.min()) >= info.min and int(array.max()) <= info.max)
 
 
 def pair_ranges(
@@ -244,4 +287,4 @@ def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shifts
 
 
-__all__ = ["PairRanges", "pair_ranges"]
+__all__ = ["PairRanges", "narrowed_state", "pair_ranges", "widened_state"]

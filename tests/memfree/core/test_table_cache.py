@@ -77,6 +77,34 @@ def test_the_next_process_reads_the_tables_and_answers_the_same(
     assert any(not a.all() for a in fresh)  # the answers ban something
 
 
+def test_split_pattern_tables_read_back_answer_the_same_and_hold_the_callers_tokenizer(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split-pattern family's tables (Qwen 2's rules: SplitChunks, two BPE models made again on
+    reading) answer as built; the file names the tokenizer instead of holding it, keeps no cache,
+    and holds ids and ranks as int32 (read back as int64)."""
+    import pickle
+
+    from memfree.vocab.bpe import tables_key
+    from tests.conftest import train_split_bpe
+
+    tokenizer = train_split_bpe("qwen2")
+    built = _count_builds(monkeypatch)
+    fresh = _answers(tokenizer)
+    info = TokenizerInfo.of(tokenizer)
+    tables = (canonical._TABLES[tables_key(info)], canonical._VOCABULARIES[tables_key(info)])
+    _new_process()
+    again = _answers(tokenizer)
+    assert built[0] == 1
+    assert all(np.array_equal(a, b) for a, b in zip(again, fresh, strict=True))
+    bpe = canonical._TABLES[tables_key(info)]
+    assert bpe._tokenizer is tokenizer  # the caller's, not a copy
+    assert bpe.tree.left.dtype == np.int64 and bpe.tree.members[1].dtype == np.int64
+    assert not bpe._encoded or bpe._encoded is not tables[0]._encoded
+    (kept,) = kept_tables()
+    assert kept["bytes"] < len(pickle.dumps(tables, protocol=pickle.HIGHEST_PROTOCOL))
+
+
 @pytest.mark.parametrize(
     "damage",
     ["flip a payload byte", "cut short", "not a tables file", "another format", "other tables"],
