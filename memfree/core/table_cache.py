@@ -13,11 +13,14 @@ tables' key and the SHA-256 and length of what follows; a file whose header, len
 does not match is rebuilt (with a warning saying why) and written again. Files are written to a
 temporary name and renamed, so a reader never sees half a file; two processes that build the same
 tables at once both write whole files, and the last rename wins. What follows the header is a
-pickle of the tables (format 2: the tokenizer named, not held, since the reader holds it and its
-fingerprint is part of the key; caches filled by use written empty): reading it runs as much code as reading a ``.pyc`` file from the same
-directory would, so the cache is trusted as the user's own files are (``MEMFREE_CACHE`` can point
-it elsewhere). A cache directory that cannot be written (read-only, full) is said once per
-process; the tables are then built in each process, as without a cache.
+pickle of the tables (format 2: the tokenizer named, not held, since the reader holds it and
+its fingerprint is part of the key; caches filled by use written empty): reading it runs as much
+code as reading a ``.pyc`` file from the same directory would, so the cache is trusted as the
+user's own files are (``MEMFREE_CACHE`` can point it elsewhere). A cache directory that cannot be
+written (read-only, full) is said once per process; the tables are then built in each process,
+as without a cache. Writing a tokenizer's tables removes the files of the same family and
+tokenizer that another version of memfree wrote (15-55 MB each: an upgrade does not leave its
+predecessor's behind).
 """
 
 from __future__ import annotations
@@ -112,8 +115,23 @@ def cached_tables(
         "build_seconds": round(time.perf_counter() - started, 2),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    _write(path, header, tables, outside or {}, list(left_empty(tables)) if left_empty else [])
+    if _write(path, header, tables, outside or {}, list(left_empty(tables)) if left_empty else []):
+        _remove_superseded(path, kind, fingerprint)
     return tables
+
+
+def _remove_superseded(kept: Path, kind: str, fingerprint: str) -> None:
+    """Remove the other files of ``kind`` for the same tokenizer (other versions of memfree or
+    of its tables' code wrote them; this one never reads them)."""
+    for path in kept.parent.glob(f"{kind}-*.tables"):
+        if path == kept:
+            continue
+        try:
+            header, _ = read_header(path)
+            if header.get("tokenizer_fingerprint") == fingerprint:
+                path.unlink()
+        except (OSError, ValueError):
+            continue
 
 
 class _Pickler(pickle.Pickler):
@@ -222,9 +240,9 @@ def _read(path: Path, digest: str, outside: Mapping[str, Any]) -> Any | None:
 
 def _write(
     path: Path, header: dict[str, Any], tables: Any, outside: Mapping[str, Any], empty: list[Any]
-) -> None:
+) -> bool:
     """Keep ``tables`` at ``path`` (a whole file or none); a directory that cannot take it is
-    said once per process."""
+    said once per process. Returns whether the file was written."""
     try:
         payload = _dumps(tables, outside, empty)
         header = {**header, "bytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
@@ -238,12 +256,14 @@ def _write(
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+        return True
     except OSError as error:
         _say_once(
             str(path.parent),
             f"memfree: cannot keep canonical decoding's tables in {path.parent} ({error}); each "
             "process builds them again. Set MEMFREE_CACHE to a writable directory with room.",
         )
+        return False
 
 
 def _say_once(what: str, message: str) -> None:

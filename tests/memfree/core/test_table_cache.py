@@ -105,6 +105,22 @@ def test_split_pattern_tables_read_back_answer_the_same_and_hold_the_callers_tok
     assert kept["bytes"] < len(pickle.dumps(tables, protocol=pickle.HIGHEST_PROTOCOL))
 
 
+def test_writing_a_tokenizers_tables_removes_those_another_version_wrote(
+    cache: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade leaves no tables behind: the files of the same family and tokenizer under
+    another key go when the new ones are written; another tokenizer's file stays."""
+    fingerprint = TokenizerInfo.of(tokenizer).fingerprint
+    cache.mkdir(parents=True)
+    for name, owner in (("byte-level-old", fingerprint), ("byte-level-other", "another")):
+        header = {"format": 2, "kind": "byte-level", "key": name, "tokenizer_fingerprint": owner}
+        (cache / f"{name}.tables").write_bytes(MAGIC + json.dumps(header).encode() + b"\nx")
+    _answers(tokenizer)
+    names = sorted(path.name for path in cache.glob("*.tables"))
+    assert "byte-level-old.tables" not in names and "byte-level-other.tables" in names
+    assert len(names) == 2
+
+
 @pytest.mark.parametrize(
     "damage",
     ["flip a payload byte", "cut short", "not a tables file", "another format", "other tables"],
