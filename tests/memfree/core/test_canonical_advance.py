@@ -121,6 +121,9 @@ def _expected(masker: CanonicalMasker, row: list[int], width: int) -> np.ndarray
     return banned
 
 
+_FRESH: dict[tuple[int, int, bytes], tuple[np.ndarray, Any]] = {}
+
+
 @pytest.mark.parametrize("copy", [False, True], ids=["host-table", "device-copy"])
 def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
     family: tuple[Any, CanonicalMasker], copy: bool
@@ -159,10 +162,17 @@ def test_the_step_over_growing_reordered_and_new_rows_equals_a_fresh_read(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             banned, _, pending = masker.step(batch, width)
-            _, _, expected_pending = CanonicalMasker(
-                masker.info, masker.end_token_ids, _split=masker.split is not None
-            ).step(batch, width)
-        expected = np.stack([_expected(masker, row, width) for row in rows])
+        # The reference read afresh (a new masker; each row alone), once for both variants:
+        # their rows are the same step after step.
+        key = (id(base), step, batch.numpy().tobytes())
+        if key not in _FRESH:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                _, _, fresh_pending = CanonicalMasker(
+                    masker.info, masker.end_token_ids, _split=masker.split is not None
+                ).step(batch, width)
+            _FRESH[key] = (np.stack([_expected(masker, row, width) for row in rows]), fresh_pending)
+        expected, expected_pending = _FRESH[key]
         assert np.array_equal(banned.numpy(), expected), step
         assert pending == expected_pending, step
         sent += masker.sent
@@ -215,6 +225,9 @@ def test_the_device_copy_serves_steps_inside_and_outside_inference_mode(
     assert np.array_equal(inside.numpy(), expected[:2])
     assert np.array_equal(outside.numpy(), expected[1:])
     assert np.array_equal(again.numpy(), expected)
+
+
+_FRESH: dict[tuple[int, int, bytes], tuple[np.ndarray, Any]] = {}
 
 
 @pytest.mark.parametrize("copy", [False, True], ids=["host-table", "device-copy"])
