@@ -5,7 +5,8 @@ as plain text and as gzip-compressed JSON lines); the same corpus is also on loc
 ``memfree build`` (default tokenizer, the prefix index) runs from each, one after the other,
 best of ``--repeats``; it prints the wall time of each and their ratio, the corpus bytes read
 per token (each object is read once: its size over the tokens it gives), the bytes of the
-filter, and the time to build to ``-o s3://...`` and to open the filter by URL (a download
+filter, the time to build to ``-o s3://...`` and with ``--work-dir s3://...`` (finished tasks
+kept on the store), and to open the filter by URL (a download
 into memfree's cache). The loopback has no network latency or bandwidth limit: this measures
 memfree's own cost of reading through fsspec, not a cloud store's.
 """
@@ -82,13 +83,16 @@ def main() -> None:
         times: dict[str, float] = {}
         summary = None
         for _ in range(args.repeats):
-            for name, source, output in [
-                ("local", str(local), str(root / "local.memfree")),
-                ("s3", "s3://bench/corpus", str(root / "s3.memfree")),
-                ("s3 -> s3", "s3://bench/corpus", "s3://bench/filters/web.memfree"),
+            for name, source, output, work in [
+                ("local", str(local), str(root / "local.memfree"), None),
+                ("s3", "s3://bench/corpus", str(root / "s3.memfree"), None),
+                ("s3 -> s3", "s3://bench/corpus", "s3://bench/filters/web.memfree", None),
+                ("s3 + work", "s3://bench/corpus", str(root / "w.memfree"), "s3://bench/work"),
             ]:
                 started = time.perf_counter()
-                summary = build_filter([source], output, settings, progress=False, force=True)
+                summary = build_filter(
+                    [source], output, settings, progress=False, force=True, work_dir=work
+                )
                 times[name] = min(times.get(name, float("inf")), time.perf_counter() - started)
         assert summary is not None
         tokens = summary.tokens

@@ -5,6 +5,7 @@ Resumable: a rerun after an interruption reuses finished tasks and writes the sa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -37,11 +38,11 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.sources.remote import filesystem, is_url
 from bloom_builder.sources.remote import url_problem as remote_url_problem
+from bloom_builder.store_work import StoreSyncedExecutor, StoreWork
 from bloom_builder.summary import BuildSummary
 from bloom_builder.to_store import build_to_store
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
 from bloom_builder.write_index import index_token_bits, next_is_hash
-from memfree.errors import url_problem
 from memfree.filterfile.sizing import theoretical_minimum_bits
 from memfree.units import BuildParts
 
@@ -91,9 +92,9 @@ def build_filter(
     if not paths:
         raise BuildError("no corpus given: name files, directories, globs or stdlib:")
     pybloom = settings.output_format != "memfree"
-    problem = url_problem(work_dir, "the work directory")
-    if problem is not None:  # before any folder is made: never a local folder named "s3:"
-        raise BuildError(problem)
+    # A work directory on object storage: tasks work in a local mirror, finished ones are kept
+    # on the store (checked before any folder is made: never a local folder named "s3:").
+    store = StoreWork(os.fspath(work_dir)) if work_dir and is_url(os.fspath(work_dir)) else None
     for path in paths:  # a corpus on object storage: read through fsspec
         if is_url(path):
             problem = remote_url_problem(path)
@@ -109,20 +110,23 @@ def build_filter(
         # Absolute from here on: tasks run in processes (Ray workers on other nodes) whose
         # working directory is not the user's.
         output = output_path(output)
-        work = (
-            Path(os.path.abspath(work_dir)) if work_dir else output.with_name(output.name + ".work")
-        )
+        if store is not None:
+            work = store.local
+        elif work_dir:
+            work = Path(os.path.abspath(work_dir))
+        else:
+            work = output.with_name(output.name + ".work")
         check_output(output, force, pybloom)
         created = list(dict.fromkeys(missing_folders(output) + missing_folders(work)))
         try:
             make_folders(output)
-            with locked(output, work):
+            with locked(output, work), store.locked() if store else contextlib.nullcontext():
                 # Under the lock, every temporary named for this output is a build's own: one
                 # killed before its rename left it (full size, for the index).
                 for stale, size in remove_stale_temporaries(output, pybloom):
                     _log(f"memfree: removed {stale} ({size:,} bytes), left by an interrupted build")
                 return _build(
-                    paths, output, work, settings, keep_work, progress, tokenizer, started
+                    paths, output, work, settings, keep_work, progress, tokenizer, started, store
                 )
         except BaseException:
             remove_empty_folders(created)  # a failed build leaves no empty folder of its own
@@ -140,6 +144,7 @@ def _build(
     progress: bool,
     tokenizer: Any,
     started: float,
+    store: StoreWork | None = None,
 ) -> BuildSummary:
     """Plan, take the work directory, run the steps; keep finished tasks if the build stops."""
     parts = unit_parts(settings, tokenizer)
@@ -148,22 +153,33 @@ def _build(
     plan = plan_build(paths, output, written, settings, parts)
     workdir = prepare_work_dir(work, plan.config, plan.config_hash)
     workdir.remove_temporaries()  # of tasks killed mid-write: they run again
+    if store is not None:
+        store.claim(plan.config, plan.config_hash)
+
+    def remove_work() -> None:
+        workdir.remove()
+        if store is not None:
+            store.remove()
+
     try:
-        summary = _run(paths, output, work, settings, parts, plan, progress, started)
+        summary = _run(paths, output, work, settings, parts, plan, progress, started, store)
     except UnreachableRateError:
         raise  # counting is done and kept: a rerun with a higher rate reuses it
     except BuildError:
-        workdir.remove()  # nothing usable, or damaged: the work done cannot help a rerun
+        with contextlib.suppress(OSError):
+            remove_work()  # nothing usable, or damaged: the work done cannot help a rerun
         raise
     except BaseException:
         if any_done(work / "map"):
-            _log(f"memfree: the build stopped; finished tasks are kept in {work}: rerun the same "
+            where = store.url if store is not None else work
+            _log(f"memfree: the build stopped; finished tasks are kept in {where}: rerun the same "
                  "command to resume, or delete that folder")  # fmt: skip
         else:
-            workdir.remove()
+            with contextlib.suppress(OSError):
+                remove_work()
         raise
     if not keep_work:
-        workdir.remove()
+        remove_work()
     return summary
 
 
@@ -194,12 +210,14 @@ def _run(
     plan: BuildPlan,
     progress: bool,
     started: float,
+    store: StoreWork | None = None,
 ) -> BuildSummary:
     """Map, reduce and write: the part of a build that its work directory makes resumable."""
     budget = _Budget.of(settings)
     setup = partial(init_worker, parts.payload)
     executor_kind, address = settings.executor, settings.ray_address
-    with make_executor(settings.workers, setup, executor_kind, address) as executor:
+    inner = make_executor(settings.workers, setup, executor_kind, address)
+    with StoreSyncedExecutor(inner, store) if store is not None else inner as executor:
         map_results = _map_step(executor, plan, settings, work, budget, parts, progress)
         stats = _merge_stats(map_results, plan.problems)
         if stats.documents == 0:

@@ -226,7 +226,10 @@ def _add_reading_and_output_options(
         "docs/prefix-index.md",
     )
     parser.add_argument(
-        "--work-dir", default=None, help="resumable intermediate files (default FILTER.work)"
+        "--work-dir",
+        default=None,
+        help="resumable intermediate files (default FILTER.work); a URL (s3://bucket/work/web) keeps "
+        "finished tasks on object storage, resumable from any machine",
     )
     parser.add_argument(
         "--keep-work", action="store_true", help="keep the work directory after success"

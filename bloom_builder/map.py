@@ -167,6 +167,10 @@ class MapTask:
     def run_dir(self) -> Path:
         return Path(self.work_dir) / "map" / f"shard-{self.index:05d}"
 
+    def output_paths(self, result: MapResult) -> list[str]:
+        """The files the task wrote (its runs), as its result names them."""
+        return sorted(result.files)
+
     def outputs_intact(self, result: MapResult) -> bool:
         """Whether every run file the result names is on disk with the size and xxh3 it had when
         written (a truncated or edited run is never reused; its task runs again)."""

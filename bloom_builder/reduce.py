@@ -123,6 +123,10 @@ class ReduceTask:
     def kept_path(self) -> Path:
         return Path(self.out_dir) / f"{self.kind}-{self.index:05d}.u64"
 
+    def output_paths(self, result: ReduceResult) -> list[str]:
+        """The file the task wrote: its kept keys."""
+        return [str(self.kept_path)]
+
     def outputs_intact(self, result: ReduceResult) -> bool:
         """Whether the kept file holds the number of fingerprints the result counted, with the
         bytes (xxh3) it was written with."""

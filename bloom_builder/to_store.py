@@ -86,7 +86,7 @@ def build_to_store(
     fs, key = check_store_output(url, force, pybloom)
     staging = staging_folder(url)
     local = staging / posixpath.basename(key)
-    work = Path(work_dir) if work_dir else staging / (local.name + ".work")
+    work = work_dir if work_dir else staging / (local.name + ".work")
     summary = build(
         paths, local, settings, work_dir=work, keep_work=keep_work, progress=progress,
         tokenizer=tokenizer, force=True,

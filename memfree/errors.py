@@ -95,25 +95,6 @@ def os_problem(error: OSError) -> str:
     return reason[:1].lower() + reason[1:]
 
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def url_problem(value: object, what: str) -> str | None:
-    """The message for a path given as a URL (``s3://``, ``gs://``, ``hf://``, ``https://``...)
-    where memfree takes local paths only (a build's work directory): never taken for a local
-    path (it would otherwise make a local folder named ``s3:``). None for anything else.
-    Corpora, outputs and filters are read and written by URL (:mod:`memfree.storage`)."""
-    if not isinstance(value, (str, os.PathLike)) or not _URL.match(os.fspath(value)):
-        return None
-    scheme = os.fspath(value).split("://", 1)[0]
-    return (
-        f"{what} {os.fspath(value)!r} is a {scheme}:// URL; memfree reads and writes local paths "
-        "only here (a work directory on object storage is not supported yet): give a local "
-        "folder, or mount the bucket and give its local path (to copy the object, `aws s3 cp` "
-        "or `gsutil cp`)"
-    )
-
-
 class SettingError(ValueError):
     """A setting's value is out of range: the message names the field and the value
     (``ngram_size must be >= 1, got 0``), in the library's terms. Each command line translates

@@ -1,0 +1,391 @@
+"""A build's work directory on object storage: ``--work-dir s3://bucket/work/web``.
+
+The tasks work in a local mirror of the work directory (a folder in memfree's cache named for
+the URL) and the store holds what makes the build resumable anywhere: each finished task's
+output objects, then its marker, which names every output's size and xxh3 (written after them,
+so a marker on the store always names whole objects). A build that starts again, on this machine
+or another with an empty cache, reads the markers on the store, downloads the outputs they name
+into its mirror and checks them (size and xxh3) before it reuses the task; a task whose outputs
+are missing or damaged there runs again. The store also holds the work directory's own marker
+(the configuration's hash: work of other settings is cleared, as locally) and the running
+build's lock (``lock.json``: host, process, start and a heartbeat refreshed every
+:data:`HEARTBEAT_S` seconds; a lock not refreshed for :data:`STALE_S` seconds is a dead build's
+and is taken over).
+
+Paths inside markers are the mirror's; on the store they are written relative to the work
+directory, so another machine's mirror (another cache directory) reads them as its own.
+
+What it does not do yet: tasks that run on other nodes of a Ray cluster do not reach the store
+themselves. The driver uploads what they wrote, so their mirror must still be storage every
+node sees (docs/building.md); a build on one machine (any executor) needs nothing shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from bloom_builder.errors import BuildError
+from bloom_builder.executors.base import Executor
+from bloom_builder.executors.markers import (
+    MarkedTask,
+    ResultT,
+    TaskT,
+    result_payload,
+    write_marker,
+)
+from memfree.storage import address_problem, cache_dir, filesystem, is_store_failure, store_error
+
+WORK_OBJECT = "memfree-work.json"
+LOCK_OBJECT = "lock.json"
+HEARTBEAT_S = 20.0
+STALE_S = 120.0
+_PLACEHOLDER = "{memfree-work}"
+# What a build puts in its work directory (cleared for other settings, removed at the end).
+_ENTRIES = ("map", "reduce-min", "sections")
+
+
+def mirror_folder(url: str) -> Path:
+    """The local mirror of the work directory at ``url``, in memfree's cache."""
+    return cache_dir() / "work" / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:24]
+
+
+class StoreWork:
+    """The work directory at ``url`` and its local mirror (see the module's docstring).
+
+    Raises:
+        BuildError: the URL cannot be taken (credentials or a query in it, an unknown protocol).
+        MissingDependencyError: its protocol's package is not installed.
+    """
+
+    def __init__(self, url: str) -> None:
+        problem = address_problem(url, "the work directory")
+        if problem is not None:
+            raise BuildError(problem)
+        self.url = url.rstrip("/")
+        self.fs, self.root = filesystem(self.url)
+        self.local = mirror_folder(self.url)
+        self._local_text = json.dumps(str(self.local))[1:-1]
+
+    # -- names --------------------------------------------------------------------------------
+
+    def key_of(self, local: Path | str) -> str:
+        """The store's key of a file in the mirror."""
+        relative = Path(local).relative_to(self.local).as_posix()
+        return f"{self.root}/{relative}"
+
+    def _url_of(self, key: str) -> str:
+        return self.url + key[len(self.root) :]
+
+    def _call(self, what: str, key: str, action: Callable[[], Any]) -> Any:
+        try:
+            return action()
+        except OSError as error:
+            if is_store_failure(error):
+                raise store_error(self._url_of(key), what, error) from None
+            raise BuildError(f"{self._url_of(key)}: the store refused {what}: {error}") from None
+
+    # -- the work directory's marker ------------------------------------------------------------
+
+    def claim(self, config: dict[str, Any], config_hash: str) -> bool:
+        """Take the work directory for a build of ``config_hash``: work of the same settings is
+        kept (True: it may be resumed), of other settings cleared; a prefix holding objects that
+        no build put there is refused."""
+        marker = f"{self.root}/{WORK_OBJECT}"
+        try:
+            previous = json.loads(self.fs.cat_file(marker))
+        except FileNotFoundError:
+            previous = None
+        except ValueError:
+            previous = {}
+        except OSError as error:
+            if is_store_failure(error):
+                raise store_error(self._url_of(marker), "reading its marker", error) from None
+            raise BuildError(f"{self.url}: the store refused reading its marker: {error}") from None
+        if isinstance(previous, dict) and previous.get("config_hash") == config_hash:
+            return True
+        if previous is None and self._other_objects():
+            raise BuildError(
+                f"{self.url}: holds objects and is not a memfree work directory (no "
+                f"{WORK_OBJECT}); memfree only deletes what it wrote. Pass an empty or new "
+                "--work-dir"
+            )
+        self._clear()
+        payload = json.dumps({"memfree_work_dir": 1, "config_hash": config_hash, "config": config})
+        self._call(
+            "writing its marker", marker, lambda: self.fs.pipe_file(marker, payload.encode())
+        )
+        return False
+
+    def _other_objects(self) -> bool:
+        try:
+            names = self.fs.ls(self.root, detail=False, refresh=True)
+        except FileNotFoundError:
+            return False
+        except OSError as error:
+            if is_store_failure(error):
+                raise store_error(self.url, "listing it", error) from None
+            raise
+        return any(os.path.basename(str(name).rstrip("/")) not in (LOCK_OBJECT,) for name in names)
+
+    def _clear(self) -> None:
+        """Delete what builds put under the URL (task outputs and markers), nothing else."""
+        try:
+            names = self.fs.ls(self.root, detail=False, refresh=True)
+        except FileNotFoundError:
+            return
+        for name in names:
+            base = os.path.basename(str(name).rstrip("/"))
+            if base.startswith(_ENTRIES) or base == WORK_OBJECT:
+                self._call("deleting old work", str(name), partial(self._rm, str(name)))
+
+    def _rm(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(key, recursive=True)
+
+    def remove(self) -> None:
+        """Delete the build's work on the store (at the end of a build that keeps none)."""
+        self._clear()
+        with contextlib.suppress(OSError):
+            self.fs.invalidate_cache()
+
+    # -- tasks ----------------------------------------------------------------------------------
+
+    def restore(self, tasks: Sequence[MarkedTask]) -> int:
+        """For each task the store holds as finished: its outputs downloaded into the mirror
+        (those missing or changed there) and its marker written there, so the executor reuses
+        it once its outputs check; a local marker the store lacks is dropped (the store is the
+        truth: its task runs again). Returns how many tasks the store holds as finished."""
+        found = 0
+        sizes = self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
+        for task in tasks:
+            key = self.key_of(task.marker)
+            try:
+                if key not in sizes:
+                    raise FileNotFoundError(key)
+                text = self.fs.cat_file(key).decode("utf-8")
+            except FileNotFoundError:
+                Path(task.marker).unlink(missing_ok=True)
+                continue
+            except (OSError, UnicodeDecodeError) as error:
+                if isinstance(error, OSError) and is_store_failure(error):
+                    raise store_error(self._url_of(key), "reading a task's marker", error) from None
+                Path(task.marker).unlink(missing_ok=True)
+                continue
+            text = text.replace(_PLACEHOLDER, self._local_text)
+            try:
+                payload = json.loads(text)
+                result = task.result_type.from_json(payload)  # type: ignore[attr-defined]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                Path(task.marker).unlink(missing_ok=True)
+                continue
+            for path in _outputs(task, result) or []:
+                self._fetch(path, sizes)
+            Path(task.marker).parent.mkdir(parents=True, exist_ok=True)
+            write_marker(Path(task.marker), payload)
+            found += 1
+        return found
+
+    def _listed(self, folders: set[str]) -> dict[str, int]:
+        """Every object under ``folders`` (one listing each, not a request per task): key ->
+        size."""
+        sizes: dict[str, int] = {}
+        for folder in sorted(folders):
+            try:
+                found = self.fs.find(folder, detail=True, refresh=True)
+            except FileNotFoundError:
+                continue
+            except OSError as error:
+                if is_store_failure(error):
+                    raise store_error(self._url_of(folder), "listing its tasks", error) from None
+                raise BuildError(
+                    f"{self._url_of(folder)}: the store refused listing: {error}"
+                ) from None
+            for key, info in found.items():
+                sizes[str(key).rstrip("/")] = int(info.get("size") or 0)
+        return sizes
+
+    def _fetch(self, path: Path, sizes: dict[str, int]) -> None:
+        """Download one output into the mirror unless a file of its size is there (the task's
+        own check hashes it before it is reused); one the store lacks is left to that check
+        (its task runs again)."""
+        key = self.key_of(path)
+        size = sizes.get(key)
+        if size is None:
+            return
+        if path.is_file() and path.stat().st_size == size:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.download.tmp")
+        self._call(
+            "downloading a task's output", key, lambda: self.fs.get_file(key, str(temporary))
+        )
+        os.replace(temporary, path)
+
+    def publish(self, task: MarkedTask, result: Any) -> None:
+        """Upload a finished task's outputs, then its marker (paths written relative)."""
+        outputs = _outputs(task, result)
+        if outputs is None:
+            return  # a task that never reuses its work (it writes the final file in place)
+        missing = [path for path in outputs if not path.is_file()]
+        if missing:
+            raise BuildError(
+                f"{missing[0]}: a finished task's output is not on this machine (a Ray task on "
+                "another node wrote it to that node's disk). With --work-dir on object storage, "
+                "the tasks' local mirror must still be storage every node sees: set "
+                "MEMFREE_CACHE to such a folder on every node (tasks that reach the store "
+                "themselves are not built yet)"
+            )
+        for path in outputs:
+            key = self.key_of(path)
+            self._call("uploading a task's output", key, partial(self.fs.put_file, str(path), key))
+        text = json.dumps({**result_payload(result), "reused": False}, sort_keys=True)
+        text = text.replace(self._local_text, _PLACEHOLDER)
+        key = self.key_of(task.marker)
+        self._call("writing a task's marker", key, lambda: self.fs.pipe_file(key, text.encode()))
+
+    # -- the lock ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the work directory's lock on the store for the block (see :class:`StoreLock`)."""
+        lock = StoreLock(self)
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+
+
+def _outputs(task: MarkedTask, result: Any) -> list[Path] | None:
+    """The files a task's result names (None: a task that keeps no outputs)."""
+    named = getattr(task, "output_paths", None)
+    return None if named is None else [Path(path) for path in named(result)]
+
+
+class StoreLock:
+    """The lock of the build that uses a work directory on the store: ``lock.json`` names its
+    holder and a heartbeat it refreshes every :data:`HEARTBEAT_S` seconds. A second build is
+    refused while the heartbeat is fresh; a lock not refreshed for :data:`STALE_S` seconds (its
+    build was killed) is taken over. Object stores have no lock of their own: two builds that
+    start within a second of each other both write it, and the one that reads back another's
+    lock stops."""
+
+    def __init__(self, work: StoreWork) -> None:
+        self.work = work
+        self.key = f"{work.root}/{LOCK_OBJECT}"
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _payload(self) -> bytes:
+        return json.dumps(
+            {
+                "token": self.token,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "heartbeat": time.time(),
+            }
+        ).encode()
+
+    def _holder(self) -> dict[str, Any] | None:
+        try:
+            held = json.loads(self.work.fs.cat_file(self.key))
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return None
+        except OSError as error:
+            if is_store_failure(error):
+                raise store_error(self.work.url, "reading its lock", error) from None
+            raise BuildError(
+                f"{self.work.url}: the store refused reading its lock: {error}"
+            ) from None
+        return held if isinstance(held, dict) else None
+
+    def acquire(self) -> None:
+        held = self._holder()
+        if held is not None and held.get("token") != self.token:
+            age = time.time() - float(held.get("heartbeat") or 0)
+            if age < STALE_S:
+                raise BuildError(
+                    f"{self.work.url}: another build is using this work directory (host "
+                    f"{held.get('host')}, process {held.get('pid')}, seen {max(age, 0):.0f} s "
+                    "ago); wait for it to finish, or pass another --work-dir. If that build is "
+                    f"dead, its lock goes stale after {STALE_S:.0f} s"
+                )
+        self.work._call(
+            "writing its lock", self.key, lambda: self.work.fs.pipe_file(self.key, self._payload())
+        )
+        time.sleep(0.2)  # two builds that wrote at once: the one that reads another's token stops
+        held = self._holder()
+        if held is None or held.get("token") != self.token:
+            raise BuildError(
+                f"{self.work.url}: another build took this work directory at the same moment "
+                f"(host {held.get('host') if held else '?'}); wait for it to finish, or pass "
+                "another --work-dir"
+            )
+        self._thread = threading.Thread(target=self._beat, name="memfree-store-lock", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(OSError):
+                self.work.fs.pipe_file(self.key, self._payload())
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError, ValueError):
+            held = self._holder()
+            if held is not None and held.get("token") == self.token:
+                self.work.fs.rm(self.key)
+
+
+class StoreSyncedExecutor:
+    """An executor whose finished tasks are kept on the store (see the module's docstring): it
+    restores the tasks the store holds as finished before running, and uploads each task's
+    outputs and then its marker as the task finishes."""
+
+    def __init__(self, inner: Executor, work: StoreWork) -> None:
+        self.inner = inner
+        self.work = work
+        self.workers = inner.workers
+
+    def __enter__(self) -> StoreSyncedExecutor:
+        self.inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.inner.__exit__(*exc_info)
+
+    def run(
+        self, function: Callable[[TaskT], ResultT], tasks: Sequence[TaskT]
+    ) -> Iterator[tuple[TaskT, ResultT]]:
+        self.work.restore([task for task in tasks if hasattr(task, "output_paths")])
+        for task, result in self.inner.run(function, tasks):
+            if not getattr(result, "reused", False):
+                self.work.publish(task, result)
+            yield task, result
+
+
+__all__ = [
+    "HEARTBEAT_S",
+    "LOCK_OBJECT",
+    "STALE_S",
+    "WORK_OBJECT",
+    "StoreLock",
+    "StoreSyncedExecutor",
+    "StoreWork",
+    "mirror_folder",
+]

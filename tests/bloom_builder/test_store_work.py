@@ -1,0 +1,194 @@
+"""A build's work directory on object storage (issue 37, work): ``--work-dir s3://...`` against
+a real S3 API server (moto's) on 127.0.0.1. The filter is the local work directory's, byte for
+byte; finished tasks are kept on the store (outputs, then a marker naming their size and xxh3)
+and resumed from there by a build with an empty cache, after kill -9 too; a damaged object
+reruns its task; another build's lock, objects no build wrote and work of other settings are
+handled as a local work directory's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bloom_builder.build import build_filter
+from bloom_builder.errors import BuildError
+from bloom_builder.store_work import LOCK_OBJECT, STALE_S, WORK_OBJECT
+from tests.bloom_builder.test_build import settings_for, write_corpus
+
+pytest.importorskip("s3fs", reason="the s3 extra is not installed: run `make setup`")
+pytest.importorskip("moto", reason="moto is not installed: run `make setup`")
+
+
+def _keys(s3: Any, prefix: str) -> list[str]:
+    s3.invalidate_cache()
+    try:
+        return sorted(s3.find(prefix))
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_work_on_a_bucket_gives_the_local_bytes_and_resumes_from_an_empty_cache(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same bytes as a local work directory (two workers, a prefix section); the store then
+    holds each map and reduce task's outputs and marker; a build on another machine (another,
+    empty cache) reuses every task from the store; a build that keeps no work leaves nothing
+    under the URL."""
+    write_corpus(tmp_path / "corpus", 12)
+    settings = settings_for(tokenizer_dir, workers=2, num_partitions=4, output_format="memfree")
+    reference = tmp_path / "reference.memfree"
+    build_filter([str(tmp_path / "corpus")], reference, settings, progress=False)
+
+    url = "s3://corpus/work/web"
+    first = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings, work_dir=url,
+        keep_work=True, progress=False,
+    )  # fmt: skip
+    assert (tmp_path / "a.memfree").read_bytes() == reference.read_bytes()
+    keys = _keys(s3, "corpus/work/web")
+    assert f"corpus/work/web/{WORK_OBJECT}" in keys
+    markers = [
+        k for k in keys if k.startswith("corpus/work/web/map/shard-") and k.endswith(".json")
+    ]
+    assert len(markers) == first.map_tasks > 1
+    assert any("/reduce-min" in k and k.endswith(".u64") for k in keys)
+    marker = json.loads(s3.cat_file(markers[0]))
+    assert str(cache) not in json.dumps(marker)  # paths relative to the work directory
+    assert not (tmp_path / "a.memfree.work").exists()  # nothing beside the output
+
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "elsewhere"))  # another machine
+    again = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "b.memfree", settings, work_dir=url,
+        progress=False,
+    )  # fmt: skip
+    assert again.reused_tasks == again.map_tasks == first.map_tasks
+    assert (tmp_path / "b.memfree").read_bytes() == reference.read_bytes()
+    assert _keys(s3, "corpus/work/web") == []  # no work kept: nothing left on the store
+
+
+def test_a_damaged_object_on_the_store_reruns_its_task(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output object rewritten with other bytes of its size (and one deleted): their tasks run
+    again from an empty cache; the others are reused; the same bytes."""
+    write_corpus(tmp_path / "corpus", 8)
+    settings = settings_for(tokenizer_dir, output_format="memfree")
+    url = "s3://corpus/work/damaged"
+    first = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings, work_dir=url,
+        keep_work=True, progress=False,
+    )  # fmt: skip
+    runs = [k for k in _keys(s3, "corpus/work/damaged/map") if k.endswith(".keys")]
+    data = bytearray(s3.cat_file(runs[0]))
+    data[0] ^= 0xFF
+    s3.pipe_file(runs[0], bytes(data))
+    s3.rm(runs[-1])
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "elsewhere"))
+    again = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "b.memfree", settings, work_dir=url,
+        keep_work=True, progress=False,
+    )  # fmt: skip
+    damaged = {k.split("/map/")[1].split("/")[0] for k in (runs[0], runs[-1])}
+    assert again.reused_tasks == first.map_tasks - len(damaged)
+    assert (tmp_path / "b.memfree").read_bytes() == (tmp_path / "a.memfree").read_bytes()
+
+
+def test_kill_9_with_the_work_directory_on_a_bucket_then_a_rerun_elsewhere_gives_the_same_bytes(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """kill -9 in the middle of the map step; a rerun with another (empty) cache, as on another
+    machine, reuses the tasks whose markers reached the store and writes the same bytes. The
+    killed build's lock is stale only after a while: the rerun takes it over once it is."""
+    write_corpus(tmp_path / "corpus", 40, words_per_file=2000)
+    command = [
+        sys.executable, "-m", "memfree.cli", "build", str(tmp_path / "corpus"),
+        "--tokenizer", str(tokenizer_dir), "--n", "4", "--workers", "1", "--shard-size", "1",
+        "--no-progress", "--json",
+    ]  # fmt: skip
+    env = {**os.environ, "MEMFREE_CACHE": str(tmp_path / "cache-a")}
+    reference = tmp_path / "reference.memfree"
+    subprocess.run([*command, "-o", str(reference)], check=True, capture_output=True, env=env)
+
+    url = "s3://corpus/work/killed"
+    output = tmp_path / "resumed.memfree"
+    process = subprocess.Popen(
+        [*command, "-o", str(output), "--work-dir", url],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+
+    def finished() -> int:
+        return sum(
+            k.endswith(".json") and "/map/shard-" in k for k in _keys(s3, "corpus/work/killed")
+        )
+
+    while time.monotonic() < deadline and finished() < 5 and process.poll() is None:
+        time.sleep(0.05)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    finished_before = finished()
+    assert 5 <= finished_before < 40, "the kill must land in the middle of the map stage"
+    assert not output.exists()
+
+    lock = f"corpus/work/killed/{LOCK_OBJECT}"
+    held = json.loads(s3.cat_file(lock))
+    refused = subprocess.run(
+        [*command, "-o", str(output), "--work-dir", url], capture_output=True, text=True,
+        env={**os.environ, "MEMFREE_CACHE": str(tmp_path / "cache-b")},
+    )  # fmt: skip
+    assert refused.returncode != 0 and "another build is using this work directory" in (
+        refused.stderr
+    )
+    held["heartbeat"] -= STALE_S + 1  # as if it had been dead that long
+    s3.pipe_file(lock, json.dumps(held).encode())
+    rerun = subprocess.run(
+        [*command, "-o", str(output), "--work-dir", url], check=True, capture_output=True,
+        text=True, env={**os.environ, "MEMFREE_CACHE": str(tmp_path / "cache-b")},
+    )  # fmt: skip
+    assert json.loads(rerun.stdout)["reused_tasks"] >= finished_before
+    assert output.read_bytes() == reference.read_bytes()
+    assert _keys(s3, "corpus/work/killed") == []
+
+
+def test_a_prefix_no_build_wrote_is_refused_and_other_settings_clear_old_work(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, cache: Path
+) -> None:
+    write_corpus(tmp_path / "corpus", 4)
+    s3.pipe_file("corpus/work/theirs/notes.txt", b"keep me")
+    with pytest.raises(BuildError, match="not a memfree work directory"):
+        build_filter(
+            [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings_for(tokenizer_dir),
+            work_dir="s3://corpus/work/theirs", progress=False,
+        )  # fmt: skip
+    assert _keys(s3, "corpus/work/theirs") == ["corpus/work/theirs/notes.txt"]
+    assert not (tmp_path / "a.memfree").exists()
+
+    url = "s3://corpus/work/settings"
+    for n in (4, 3):
+        build_filter(
+            [str(tmp_path / "corpus")], tmp_path / f"n{n}.memfree",
+            settings_for(tokenizer_dir, ngram_size=n), work_dir=url, keep_work=True,
+            progress=False,
+        )  # fmt: skip
+    kept = json.loads(s3.cat_file(f"corpus/work/settings/{WORK_OBJECT}"))
+    assert kept["config"]["ngram_size"] == 3
+    local = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "n3-local.memfree",
+        settings_for(tokenizer_dir, ngram_size=3), progress=False,
+    )  # fmt: skip
+    assert local.kept_ngrams > 0
+    assert (tmp_path / "n3.memfree").read_bytes() == (tmp_path / "n3-local.memfree").read_bytes()
