@@ -89,9 +89,11 @@ class StoreWork:
     def _call(self, what: str, key: str, action: Callable[[], Any]) -> Any:
         try:
             return action()
-        except OSError as error:
+        except Exception as error:  # botocore's connection errors are not OSErrors
             if is_store_failure(error):
                 raise store_error(self._url_of(key), what, error) from None
+            if not isinstance(error, OSError):
+                raise
             raise BuildError(f"{self._url_of(key)}: the store refused {what}: {error}") from None
 
     # -- the work directory's marker ------------------------------------------------------------
@@ -107,9 +109,11 @@ class StoreWork:
             previous = None
         except ValueError:
             previous = {}
-        except OSError as error:
+        except Exception as error:  # a store's own errors are not all OSErrors
             if is_store_failure(error):
                 raise store_error(self._url_of(marker), "reading its marker", error) from None
+            if not isinstance(error, OSError):
+                raise
             raise BuildError(f"{self.url}: the store refused reading its marker: {error}") from None
         if isinstance(previous, dict) and previous.get("config_hash") == config_hash:
             return True
@@ -131,7 +135,7 @@ class StoreWork:
             names = self.fs.ls(self.root, detail=False, refresh=True)
         except FileNotFoundError:
             return False
-        except OSError as error:
+        except Exception as error:  # a store's own errors are not all OSErrors
             if is_store_failure(error):
                 raise store_error(self.url, "listing it", error) from None
             raise
@@ -176,9 +180,11 @@ class StoreWork:
             except FileNotFoundError:
                 Path(task.marker).unlink(missing_ok=True)
                 continue
-            except (OSError, UnicodeDecodeError) as error:
-                if isinstance(error, OSError) and is_store_failure(error):
+            except Exception as error:  # a store's own errors are not all OSErrors
+                if is_store_failure(error):
                     raise store_error(self._url_of(key), "reading a task's marker", error) from None
+                if not isinstance(error, (OSError, UnicodeDecodeError)):
+                    raise
                 Path(task.marker).unlink(missing_ok=True)
                 continue
             text = text.replace(_PLACEHOLDER, self._local_text)
@@ -204,9 +210,11 @@ class StoreWork:
                 found = self.fs.find(folder, detail=True, refresh=True)
             except FileNotFoundError:
                 continue
-            except OSError as error:
+            except Exception as error:  # a store's own errors are not all OSErrors
                 if is_store_failure(error):
                     raise store_error(self._url_of(folder), "listing its tasks", error) from None
+                if not isinstance(error, OSError):
+                    raise
                 raise BuildError(
                     f"{self._url_of(folder)}: the store refused listing: {error}"
                 ) from None
@@ -304,9 +312,11 @@ class StoreLock:
             return None
         except ValueError:
             return None
-        except OSError as error:
+        except Exception as error:  # a store's own errors are not all OSErrors
             if is_store_failure(error):
                 raise store_error(self.work.url, "reading its lock", error) from None
+            if not isinstance(error, OSError):
+                raise
             raise BuildError(
                 f"{self.work.url}: the store refused reading its lock: {error}"
             ) from None
@@ -339,14 +349,14 @@ class StoreLock:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):  # a missed beat: the next one may land
                 self.work.fs.pipe_file(self.key, self._payload())
 
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(Exception):  # left behind, it goes stale (never hides an error)
             held = self._holder()
             if held is not None and held.get("token") == self.token:
                 self.work.fs.rm(self.key)

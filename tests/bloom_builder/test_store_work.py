@@ -192,3 +192,44 @@ def test_a_prefix_no_build_wrote_is_refused_and_other_settings_clear_old_work(
     )  # fmt: skip
     assert local.kept_ngrams > 0
     assert (tmp_path / "n3.memfree").read_bytes() == (tmp_path / "n3-local.memfree").read_bytes()
+
+
+def test_a_store_that_fails_while_tasks_are_kept_stops_the_build_and_loses_nothing(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every upload of the third map task's outputs is reset (after its client's retries): the
+    build stops with a StorageError naming the work directory's URL and no filter is written;
+    the two tasks kept before it are reused by a rerun from an empty cache once the store
+    answers, which writes the bytes of a local build."""
+    from urllib.parse import urlsplit
+
+    import s3fs
+
+    from memfree.errors import StorageError
+    from tests.bloom_builder.test_object_storage import _Flaky, _through
+
+    write_corpus(tmp_path / "corpus", 6)
+    settings = settings_for(tokenizer_dir, output_format="memfree")
+    reference = tmp_path / "reference.memfree"
+    build_filter([str(tmp_path / "corpus")], reference, settings, progress=False)
+    url = "s3://corpus/work/failing"
+    endpoint = urlsplit(os.environ["AWS_ENDPOINT_URL"])
+    watch = b"PUT /corpus/work/failing/map/shard-00002/"
+    flaky = _Flaky((endpoint.hostname or "", endpoint.port or 80), 0, watch)
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache-a"))
+    _through(flaky, monkeypatch)
+    out = tmp_path / "f.memfree"
+    try:
+        with pytest.raises(StorageError, match=r"s3://corpus/work/failing/map/shard-00002/.*store"):
+            build_filter([str(tmp_path / "corpus")], out, settings, work_dir=url, progress=False)
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert not out.exists() and flaky.reset >= 1
+    kept = [k for k in _keys(s3, "corpus/work/failing/map") if k.endswith(".json")]
+    assert [k.rsplit("/", 1)[1] for k in kept] == ["shard-00000.json", "shard-00001.json"]
+    assert f"corpus/work/failing/{LOCK_OBJECT}" not in _keys(s3, "corpus/work/failing")  # released
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache-b"))
+    again = build_filter([str(tmp_path / "corpus")], out, settings, work_dir=url, progress=False)
+    assert again.reused_tasks == 2
+    assert out.read_bytes() == reference.read_bytes()
