@@ -38,7 +38,8 @@ from bloom_builder.settings import BuildSettings
 from bloom_builder.sources import ProblemLog
 from bloom_builder.sources.remote import filesystem, is_url
 from bloom_builder.sources.remote import url_problem as remote_url_problem
-from bloom_builder.store_work import StoreSyncedExecutor, StoreWork
+from bloom_builder.store_tasks import StoreSyncedExecutor
+from bloom_builder.store_work import StoreWork
 from bloom_builder.summary import BuildSummary
 from bloom_builder.to_store import build_to_store
 from bloom_builder.write import FilterShape, UnreachableRateError, filter_metadata, write_filter
@@ -217,12 +218,19 @@ def _run(
     setup = partial(init_worker, parts.payload)
     executor_kind, address = settings.executor, settings.ray_address
     inner = make_executor(settings.workers, setup, executor_kind, address)
-    with StoreSyncedExecutor(inner, store) if store is not None else inner as executor:
+    if store is not None:  # Ray's tasks may share nothing but the bucket: they reach it
+        reach = executor_kind == "ray"
+        inner = StoreSyncedExecutor(inner, store, settings.num_partitions, reach)
+    with inner as executor:
         map_results = _map_step(executor, plan, settings, work, budget, parts, progress)
         stats = _merge_stats(map_results, plan.problems)
         if stats.documents == 0:
             raise BuildError(nothing_usable(plan.problems, "no usable document in the corpus"))
         reduced = _reduce_step(executor, map_results, settings, work, plan, budget, progress)
+        if store is not None:  # the kept keys, for the write step here (checked by xxh3)
+            store.fetch_outputs(
+                reduced.tasks, [reduced.results[task.kind, task.index] for task in reduced.tasks]
+            )
         metadata = filter_metadata(
             parts.header_fields,
             settings,

@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=EXECUTORS,
         default=defaults.executor,
         help="where map and reduce tasks run: a local process pool, or Ray Core tasks with "
-        "retries (pip install 'memfree[ray]'; --work-dir on storage every node sees) "
+        "retries (pip install 'memfree[ray]'; --work-dir on storage every node sees, or a bucket) "
         "(default %(default)s)",
     )
     parser.add_argument(

@@ -167,9 +167,9 @@ class MapTask:
     def run_dir(self) -> Path:
         return Path(self.work_dir) / "map" / f"shard-{self.index:05d}"
 
-    def output_paths(self, result: MapResult) -> list[str]:
-        """The files the task wrote (its runs), as its result names them."""
-        return sorted(result.files)
+    def output_sizes(self, result: MapResult) -> dict[str, int]:
+        """The files the task wrote (its runs), as its result names them, and their sizes."""
+        return {path: record.size_bytes for path, record in sorted(result.files.items())}
 
     def outputs_intact(self, result: MapResult) -> bool:
         """Whether every run file the result names is on disk with the size and xxh3 it had when

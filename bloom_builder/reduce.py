@@ -123,9 +123,9 @@ class ReduceTask:
     def kept_path(self) -> Path:
         return Path(self.out_dir) / f"{self.kind}-{self.index:05d}.u64"
 
-    def output_paths(self, result: ReduceResult) -> list[str]:
-        """The file the task wrote: its kept keys."""
-        return [str(self.kept_path)]
+    def output_sizes(self, result: ReduceResult) -> dict[str, int]:
+        """The file the task wrote, its kept keys, and its size."""
+        return {str(self.kept_path): result.kept_file.size_bytes}
 
     def outputs_intact(self, result: ReduceResult) -> bool:
         """Whether the kept file holds the number of fingerprints the result counted, with the

@@ -15,14 +15,14 @@ and is taken over).
 Paths inside markers are the mirror's; on the store they are written relative to the work
 directory, so another machine's mirror (another cache directory) reads them as its own.
 
-What it does not do yet: tasks that run on other nodes of a Ray cluster do not reach the store
-themselves. The driver uploads what they wrote, so their mirror must still be storage every
-node sees (docs/building.md); a build on one machine (any executor) needs nothing shared.
+How the tasks use it (through the driver, or each task reaching the store itself on Ray) is
+:mod:`bloom_builder.store_tasks`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -35,14 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from bloom_builder.errors import BuildError
-from bloom_builder.executors.base import Executor
 from bloom_builder.executors.markers import (
     MarkedTask,
-    ResultT,
-    TaskT,
     result_payload,
     write_marker,
 )
+from memfree.errors import StorageError
 from memfree.storage import address_problem, cache_dir, filesystem, is_store_failure, store_error
 
 WORK_OBJECT = "memfree-work.json"
@@ -201,6 +199,74 @@ class StoreWork:
             found += 1
         return found
 
+    def finished_on_store(
+        self, tasks: Sequence[Any], bounds_suffix: str
+    ) -> tuple[list[tuple[Any, Any]], list[Any]]:
+        """``tasks`` split into those the store holds as finished (each with its result,
+        ``reused`` true) and those to run, for tasks that reach the store themselves: a task is
+        finished where its marker and every output it names are on the store with their
+        recorded sizes (and each run's bounds beside it). A local marker of a task to run is
+        dropped (its outputs are the store's, never the mirror's)."""
+        sizes = self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
+        finished, pending = [], []
+        for task in tasks:
+            result = self._recorded(task, sizes, bounds_suffix)
+            if result is None:
+                Path(task.marker).unlink(missing_ok=True)
+                pending.append(task)
+            else:
+                finished.append((task, result))
+        return finished, pending
+
+    def _recorded(self, task: Any, sizes: dict[str, int], bounds_suffix: str) -> Any | None:
+        key = self.key_of(task.marker)
+        if key not in sizes:
+            return None
+        try:
+            text = self.fs.cat_file(key).decode("utf-8")
+            payload = json.loads(text.replace(_PLACEHOLDER, self._local_text))
+            result = task.result_type.from_json({**payload, "reused": True})
+        except FileNotFoundError:
+            return None
+        except Exception as error:  # a store's own errors are not all OSErrors
+            if is_store_failure(error):
+                raise store_error(self._url_of(key), "reading a task's marker", error) from None
+            if not isinstance(error, (OSError, ValueError, KeyError, TypeError, AttributeError)):
+                raise
+            return None
+        for path, size in task.output_sizes(result).items():
+            if sizes.get(self.key_of(path)) != size:
+                return None
+            if (
+                path.endswith(".keys")
+                and self.key_of(path)[: -len(".keys")] + bounds_suffix not in sizes
+            ):
+                return None
+        return result
+
+    def fetch_outputs(self, tasks: Sequence[Any], results: Sequence[Any]) -> None:
+        """Download finished tasks' outputs into the mirror and check them (size and xxh3).
+
+        Raises:
+            StorageError: an output on the store is missing or damaged: its task's marker is
+                removed (a rerun runs that task again; the others are kept).
+        """
+        sizes = self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
+        for task, result in zip(tasks, results, strict=True):
+            for path in _outputs(task, result) or []:
+                self._fetch(path, sizes)
+            if not task.outputs_intact(result):
+                marker = self.key_of(task.marker)
+                with contextlib.suppress(Exception):
+                    self.fs.rm(marker)
+                Path(task.marker).unlink(missing_ok=True)
+                raise StorageError(
+                    errno.EIO,
+                    f"{self._url_of(marker)}: the output of this finished task is missing or "
+                    "damaged on the store; rerun the build: that task runs again, the others "
+                    "are reused",
+                )
+
     def _listed(self, folders: set[str]) -> dict[str, int]:
         """Every object under ``folders`` (one listing each, not a request per task): key ->
         size."""
@@ -239,19 +305,20 @@ class StoreWork:
         )
         os.replace(temporary, path)
 
-    def publish(self, task: MarkedTask, result: Any) -> None:
-        """Upload a finished task's outputs, then its marker (paths written relative)."""
+    def publish(self, task: MarkedTask, result: Any, uploaded: bool = False) -> None:
+        """Upload a finished task's outputs (unless the task has: ``uploaded``), then its
+        marker (paths written relative)."""
         outputs = _outputs(task, result)
         if outputs is None:
             return  # a task that never reuses its work (it writes the final file in place)
+        if uploaded:
+            outputs = []
         missing = [path for path in outputs if not path.is_file()]
         if missing:
             raise BuildError(
-                f"{missing[0]}: a finished task's output is not on this machine (a Ray task on "
-                "another node wrote it to that node's disk). With --work-dir on object storage, "
-                "the tasks' local mirror must still be storage every node sees: set "
-                "MEMFREE_CACHE to such a folder on every node (tasks that reach the store "
-                "themselves are not built yet)"
+                f"{missing[0]}: a finished task's output is not on this machine, where the "
+                "driver uploads it from (its task ran elsewhere, or the file was removed); run "
+                "the build again (the task runs again)"
             )
         for path in outputs:
             key = self.key_of(path)
@@ -276,7 +343,7 @@ class StoreWork:
 
 def _outputs(task: MarkedTask, result: Any) -> list[Path] | None:
     """The files a task's result names (None: a task that keeps no outputs)."""
-    named = getattr(task, "output_paths", None)
+    named = getattr(task, "output_sizes", None)
     return None if named is None else [Path(path) for path in named(result)]
 
 
@@ -362,40 +429,12 @@ class StoreLock:
                 self.work.fs.rm(self.key)
 
 
-class StoreSyncedExecutor:
-    """An executor whose finished tasks are kept on the store (see the module's docstring): it
-    restores the tasks the store holds as finished before running, and uploads each task's
-    outputs and then its marker as the task finishes."""
-
-    def __init__(self, inner: Executor, work: StoreWork) -> None:
-        self.inner = inner
-        self.work = work
-        self.workers = inner.workers
-
-    def __enter__(self) -> StoreSyncedExecutor:
-        self.inner.__enter__()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.inner.__exit__(*exc_info)
-
-    def run(
-        self, function: Callable[[TaskT], ResultT], tasks: Sequence[TaskT]
-    ) -> Iterator[tuple[TaskT, ResultT]]:
-        self.work.restore([task for task in tasks if hasattr(task, "output_paths")])
-        for task, result in self.inner.run(function, tasks):
-            if not getattr(result, "reused", False):
-                self.work.publish(task, result)
-            yield task, result
-
-
 __all__ = [
     "HEARTBEAT_S",
     "LOCK_OBJECT",
     "STALE_S",
     "WORK_OBJECT",
     "StoreLock",
-    "StoreSyncedExecutor",
     "StoreWork",
     "mirror_folder",
 ]

@@ -30,7 +30,8 @@ class Executor(Protocol):
     key range: the shuffle), so an executor moves nothing but task descriptions and small
     results. Every executor takes ``workers`` and ``setup``, runs ``setup`` once per worker
     process before its first task, and gives the same filter bytes with any number of workers;
-    the Ray executor needs a work directory on storage every node sees.
+    the Ray executor needs a work directory every node sees: shared storage, or a bucket
+    (``--work-dir s3://...``, :mod:`bloom_builder.store_tasks`).
 
     Used as a context manager: entering starts the workers (running the setup in each),
     leaving stops them, cancelling tasks not started.

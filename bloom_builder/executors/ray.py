@@ -1,8 +1,10 @@
 """The Ray executor: the builder's map and reduce steps as Ray Core tasks, on a local Ray started
 with ``workers`` CPUs or on a running cluster (``address``), with retries; markers and resume as
 the local executor's. The shuffle stays sorted run files in the work directory (DESIGN.md,
-"Executors"), which must be on storage every node sees: Ray moves only task descriptions and
-small results, never one object per (map task, partition) pair.
+"Executors"), which must be on storage every node sees (a shared folder, or a bucket: with
+``--work-dir s3://...`` each task reads and writes its part of it, :mod:`bloom_builder.store_tasks`):
+Ray moves only task descriptions and small results, never one object per (map task, partition)
+pair.
 """
 
 from __future__ import annotations

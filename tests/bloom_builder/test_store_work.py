@@ -233,3 +233,48 @@ def test_a_store_that_fails_while_tasks_are_kept_stops_the_build_and_loses_nothi
     again = build_filter([str(tmp_path / "corpus")], out, settings, work_dir=url, progress=False)
     assert again.reused_tasks == 2
     assert out.read_bytes() == reference.read_bytes()
+
+
+def test_ray_tasks_that_share_only_the_bucket_give_the_local_bytes_and_resume(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Ray each task reaches the store itself, in a private temporary folder: a map task
+    uploads its runs and their partition bounds, a reduce task reads only its partition's slice
+    of each run (ranged requests) and uploads its kept keys; the driver's mirror receives no run
+    at all, only markers and the kept keys it writes the filter from. Two workers, four
+    partitions, a prefix section: the local executor's bytes; a rerun from an empty cache
+    reuses every task from the store."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    write_corpus(tmp_path / "corpus", 10)
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache-a"))
+    local = settings_for(tokenizer_dir, workers=1, num_partitions=4, output_format="memfree")
+    reference = tmp_path / "reference.memfree"
+    build_filter([str(tmp_path / "corpus")], reference, local, progress=False)
+    url = "s3://corpus/work/ray"
+    on_ray = settings_for(
+        tokenizer_dir, workers=2, executor="ray", num_partitions=4, output_format="memfree"
+    )
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+        configure_logging=False,
+    )  # fmt: skip
+    try:
+        first = build_filter(
+            [str(tmp_path / "corpus")], tmp_path / "a.memfree", on_ray, work_dir=url,
+            keep_work=True, progress=False,
+        )  # fmt: skip
+        assert (tmp_path / "a.memfree").read_bytes() == reference.read_bytes()
+        mirror = next((tmp_path / "cache-a" / "work").iterdir())
+        assert not [p for p in mirror.rglob("*") if p.suffix in (".keys", ".repeats")]
+        keys = _keys(s3, "corpus/work/ray")
+        assert sum(k.endswith(".bounds") for k in keys) == sum(k.endswith(".keys") for k in keys)
+        monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache-b"))
+        again = build_filter(
+            [str(tmp_path / "corpus")], tmp_path / "b.memfree", on_ray, work_dir=url,
+            progress=False,
+        )  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert again.reused_tasks == again.map_tasks == first.map_tasks > 1
+    assert (tmp_path / "b.memfree").read_bytes() == reference.read_bytes()
+    assert _keys(s3, "corpus/work/ray") == []
