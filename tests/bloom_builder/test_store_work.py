@@ -278,3 +278,22 @@ def test_ray_tasks_that_share_only_the_bucket_give_the_local_bytes_and_resume(
     assert again.reused_tasks == again.map_tasks == first.map_tasks > 1
     assert (tmp_path / "b.memfree").read_bytes() == reference.read_bytes()
     assert _keys(s3, "corpus/work/ray") == []
+
+
+def test_a_work_directory_in_a_missing_bucket_is_refused_naming_it(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No such bucket: the build stops before any task with an error naming the URL (no
+    traceback), and writes no filter."""
+    from memfree.cli import main
+
+    write_corpus(tmp_path / "corpus", 2)
+    out = tmp_path / "f.memfree"
+    code = main(
+        ["build", str(tmp_path / "corpus"), "-o", str(out), "--tokenizer", str(tokenizer_dir),
+         "--work-dir", "s3://no-such-bucket/work"]
+    )  # fmt: skip
+    error = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in error
+    assert "s3://no-such-bucket/work" in error and "bucket" in error.lower()
+    assert not out.exists()
