@@ -75,7 +75,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 test: lint
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25  # an idle worker takes queued tests
 
 demo: $(STAMP)
 	$(PY) -m memfree.cli.demo
