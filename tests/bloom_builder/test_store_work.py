@@ -297,3 +297,24 @@ def test_a_work_directory_in_a_missing_bucket_is_refused_naming_it(
     assert code == 2 and "Traceback" not in error
     assert "s3://no-such-bucket/work" in error and "bucket" in error.lower()
     assert not out.exists()
+
+
+def test_corpus_work_and_output_all_on_a_bucket(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, cache: Path
+) -> None:
+    """The corpus, the work directory and the output all on the bucket: the local build's bytes
+    at the output key, and nothing left under the work directory's URL."""
+    write_corpus(tmp_path / "corpus", 6)
+    for path in sorted((tmp_path / "corpus").iterdir()):
+        s3.put_file(str(path), f"corpus/all/in/{path.name}")
+    settings = settings_for(tokenizer_dir, workers=2)
+    build_filter([str(tmp_path / "corpus")], tmp_path / "here.memfree", settings, progress=False)
+    build_filter(
+        ["s3://corpus/all/in"], "s3://corpus/all/out/f.memfree", settings,
+        work_dir="s3://corpus/all/work", progress=False,
+    )  # fmt: skip
+    from tests.bloom_builder.test_object_storage import _payload
+
+    (tmp_path / "there.memfree").write_bytes(s3.cat_file("corpus/all/out/f.memfree"))
+    assert _payload(tmp_path / "there.memfree") == _payload(tmp_path / "here.memfree")
+    assert _keys(s3, "corpus/all/work") == []
