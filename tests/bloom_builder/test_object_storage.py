@@ -445,3 +445,64 @@ def test_a_megatron_dataset_in_a_bucket_builds_what_its_local_copy_builds(
     problems = ProblemLog()
     assert discover(["s3://corpus/lone"], SourceOptions(), problems) == []
     assert "no such object" in str(problems.to_dict())
+
+
+class _Denying(_Flaky):
+    """A proxy that answers requests whose line begins with ``reading`` with S3's 403
+    AccessDenied, as a store does for a key the credentials may not read."""
+
+    ANSWER = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>" + (
+        b"<Message>Access Denied</Message></Error>"
+    )
+
+    def _pipe(self, source: Any, sink: Any, watch: bytes) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                if watch and (data.startswith(watch) or b"\r\n" + watch in data):
+                    self.reset += 1
+                    source.sendall(
+                        b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+                        + f"Content-Length: {len(self.ANSWER)}\r\n".encode()
+                        + b"Connection: close\r\n\r\n"
+                        + self.ANSWER
+                    )
+                    return
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                end.close()
+
+
+def test_an_object_the_credentials_may_not_read_is_named_and_the_rest_built(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Access denied to one object (a 403 from the store): the build reads the others, records
+    that object as unreadable with the store's words, and says so; access denied is an answer,
+    not a store failure, so nothing is retried and the build does not stop."""
+    import os
+    from urllib.parse import urlsplit
+
+    import s3fs
+
+    local = _corpus(tmp_path / "local")
+    _upload(s3, local, "corpus/denied")
+    endpoint = urlsplit(os.environ["AWS_ENDPOINT_URL"])
+    denying = _Denying(
+        (endpoint.hostname or "", endpoint.port or 80), 0, b"GET /corpus/denied/a.txt"
+    )
+    _through(denying, monkeypatch)
+    out = tmp_path / "f.memfree"
+    try:
+        summary = build_filter(
+            ["s3://corpus/denied"], out, settings_for(tokenizer_dir), progress=False
+        )
+    finally:
+        monkeypatch.undo()
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert denying.reset >= 1 and out.exists()
+    unreadable = summary.skipped["examples"]["unreadable"]
+    assert any("s3://corpus/denied/a.txt" in str(entry) for entry in unreadable), unreadable
+    assert any("denied" in str(entry).lower() for entry in unreadable), unreadable
+    assert summary.documents > 0
