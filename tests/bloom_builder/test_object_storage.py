@@ -264,7 +264,7 @@ class _Flaky:
             while data := source.recv(1 << 16):
                 if watch and (data.startswith(watch) or b"\r\n" + watch in data):
                     self.reset += 1
-                    _reset(source)
+                    self._answer(source)
                     return
                 sink.sendall(data)
         except OSError:
@@ -272,6 +272,10 @@ class _Flaky:
         finally:
             for end in (source, sink):
                 end.close()
+
+    def _answer(self, client: Any) -> None:
+        """What a watched request gets: its connection reset."""
+        _reset(client)
 
 
 def _reset(connection: Any) -> None:
@@ -455,24 +459,13 @@ class _Denying(_Flaky):
         b"<Message>Access Denied</Message></Error>"
     )
 
-    def _pipe(self, source: Any, sink: Any, watch: bytes) -> None:
-        try:
-            while data := source.recv(1 << 16):
-                if watch and (data.startswith(watch) or b"\r\n" + watch in data):
-                    self.reset += 1
-                    source.sendall(
-                        b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
-                        + f"Content-Length: {len(self.ANSWER)}\r\n".encode()
-                        + b"Connection: close\r\n\r\n"
-                        + self.ANSWER
-                    )
-                    return
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                end.close()
+    def _answer(self, client: Any) -> None:
+        client.sendall(
+            b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\n"
+            + f"Content-Length: {len(self.ANSWER)}\r\n".encode()
+            + b"Connection: close\r\n\r\n"
+            + self.ANSWER
+        )
 
 
 def test_an_object_the_credentials_may_not_read_is_named_and_the_rest_built(
