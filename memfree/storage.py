@@ -20,6 +20,7 @@ import os
 import posixpath
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,7 +152,7 @@ def stamp(url: str) -> list[Any]:
     """
     fs, path = filesystem(url)
     try:
-        return _stamp_of(fs.info(path))
+        return stamp_of(fs.info(path))
     except Exception as error:
         if is_store_failure(error):
             raise store_error(url, "asking for its size and ETag", error) from None
@@ -160,19 +161,40 @@ def stamp(url: str) -> list[Any]:
         raise
 
 
-def open_url(url: str) -> Any:
+def open_url(url: str, expected: Sequence[Any] = ()) -> Any:
     """A seekable binary file over the object (reads are ranged requests).
 
+    Args:
+        expected: the object's stamp (:func:`stamp`) when the caller listed it; the object is
+            refused if the store now says otherwise (it was rewritten since).
+
     Raises:
-        StorageError: the store failed; FileNotFoundError, PermissionError: its answers.
+        StorageError: the store failed, or the object changed since ``expected`` (ESTALE);
+            FileNotFoundError, PermissionError: the store's answers.
     """
     fs, path = filesystem(url)
     try:
-        return fs.open(path, "rb")
+        if expected:  # what the store says now, not what this process listed before
+            fs.invalidate_cache(path)
+        handle = fs.open(path, "rb")
     except Exception as error:
         if is_store_failure(error):
             raise store_error(url, "opening it", error) from None
         raise
+    if expected:
+        details = getattr(handle, "details", None)
+        now = stamp_of(details) if isinstance(details, dict) else stamp(url)
+        # The size, and the store's content tag where it gives one (a listing and an open
+        # file may write modification times differently: not compared).
+        if now[0] != expected[0] or (expected[1] and now[1] != expected[1]):
+            handle.close()
+            raise StorageError(
+                errno.ESTALE,
+                f"{url}: changed since this build listed it (size {expected[0]}, "
+                f"{expected[1] or expected[2]!r} then; size {now[0]}, {now[1] or now[2]!r} now); "
+                "rerun the build: it lists and reads the object as it is now",
+            )
+    return handle
 
 
 def fetched(url: str, what: str = "the filter") -> Path:
@@ -244,7 +266,7 @@ def forget(url: str) -> None:
 
 def _asked(fs: Any, path: str, url: str, what: str) -> list[Any]:
     try:
-        return _stamp_of(fs.info(path))
+        return stamp_of(fs.info(path))
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, f"{what} {url}: no such object or bucket") from None
     except Exception as error:
@@ -255,7 +277,9 @@ def _asked(fs: Any, path: str, url: str, what: str) -> list[Any]:
         raise
 
 
-def _stamp_of(info: dict[str, Any]) -> list[Any]:
+def stamp_of(info: dict[str, Any]) -> list[Any]:
+    """An object's stamp (see :func:`stamp`) from what the store said of it (a listing's or
+    an open file's details), without asking again."""
     tag = info.get("ETag") or info.get("etag") or info.get("generation") or info.get("md5Hash")
     modified = info.get("LastModified") or info.get("mtime") or info.get("updated") or ""
     return [int(info.get("size") or 0), str(tag or ""), "" if tag else str(modified)]
@@ -285,5 +309,6 @@ __all__ = [
     "is_url",
     "open_url",
     "stamp",
+    "stamp_of",
     "store_error",
 ]

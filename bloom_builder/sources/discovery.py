@@ -5,6 +5,7 @@ datasets taken whole and Megatron datasets read through their ``.idx``.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import glob
@@ -13,6 +14,7 @@ import stat
 import sysconfig
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bloom_builder.sources.megatron import bin_path, is_megatron_index, megatron_units
 from bloom_builder.sources.parquet import parquet_units
@@ -79,13 +81,13 @@ def discover(
         elif key not in chosen or absolute < chosen[key][0]:
             chosen[key] = (absolute, is_dataset)
 
-    remote: dict[str, int] = {}  # object URL -> size
+    remote: dict[str, tuple[int, tuple[Any, ...]]] = {}  # object URL -> size, stamp
     for spec in paths:
         path = os.path.expanduser(spec)
         if is_url(spec):  # object storage: listed through the store
             found = listed(spec, problems)
-            urls = {url for url, _, _ in found}
-            for url, relative, size in found:
+            urls = {url for url, _, _, _ in found}
+            for url, relative, size, listed_stamp in found:
                 if url.lower().endswith(".bin") and url[:-4] + ".idx" in urls:
                     continue  # a Megatron dataset: read through the .idx listed beside it
                 names = (relative, relative.rsplit("/", 1)[-1])
@@ -95,7 +97,7 @@ def discover(
                 if not named and options.include and not _matches(names, options.include):
                     continue
                 if not _matches(names, options.exclude):
-                    remote[url] = size
+                    remote[url] = (size, listed_stamp if url in urls else ())
         elif spec == STDLIB:
             walk.run(sysconfig.get_paths()["stdlib"], add, python_only=True)
         elif os.path.isdir(path):
@@ -127,8 +129,12 @@ def discover(
     units: list[WorkUnit] = []
     for absolute, is_dataset in sorted(chosen.values()):
         units += (dataset_units if is_dataset else _file_units)(absolute, options, problems)
-    for url, size in sorted(remote.items()):
-        units += _units_of(url, size, options, problems)
+    for url, (size, seen) in sorted(remote.items()):
+        # Each unit of an object keeps what the store said of it, to refuse a rewritten one.
+        units += [
+            dataclasses.replace(unit, stamp=seen) if unit.path == url else unit
+            for unit in _units_of(url, size, options, problems)
+        ]
     return units
 
 

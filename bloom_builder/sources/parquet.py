@@ -10,7 +10,7 @@ from typing import Any
 from bloom_builder.segments import Document
 from bloom_builder.sources.remote import is_store_failure, is_url, open_url, store_error
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason, token_ids
-from memfree.errors import require
+from memfree.errors import StorageError, require
 
 BATCH_ROWS = 256  # rows converted to Python at once: bounds memory on wide rows
 
@@ -102,7 +102,7 @@ def read_parquet(
     import pyarrow.parquet as pq
 
     try:
-        with pq.ParquetFile(_source(unit.path)) as parquet:
+        with pq.ParquetFile(_source(unit.path, unit.stamp)) as parquet:
             problem = column_problem(parquet.schema_arrow, *column_of(options))
             if problem:
                 problems.record("missing column", unit.path, problem)
@@ -119,11 +119,12 @@ def read_parquet(
     except Exception as error:
         if is_url(unit.path) and is_store_failure(error):
             raise store_error(unit.path, "reading its row groups", error) from None
-        if not isinstance(error, (OSError, pa.ArrowException)):
-            raise
+        if isinstance(error, StorageError) or not isinstance(error, (OSError, pa.ArrowException)):
+            raise  # a store that failed, or an object rewritten since the build listed it
         problems.record("unreadable", unit.path, reason(error))
 
 
-def _source(path: str) -> Any:
-    """What pyarrow reads: a local path, or a seekable file over an object (ranged reads)."""
-    return open_url(path) if is_url(path) else path
+def _source(path: str, expected: tuple[Any, ...] = ()) -> Any:
+    """What pyarrow reads: a local path, or a seekable file over an object (ranged reads),
+    refused if rewritten since the build listed it (``expected``: its stamp then)."""
+    return open_url(path, expected) if is_url(path) else path

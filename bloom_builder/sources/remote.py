@@ -15,6 +15,7 @@ URL are :mod:`memfree.storage`'s.
 from __future__ import annotations
 
 import posixpath
+from typing import Any
 
 from bloom_builder.sources.work_units import ProblemLog, reason
 from memfree.storage import (
@@ -24,6 +25,7 @@ from memfree.storage import (
     is_url,
     open_url,
     stamp,
+    stamp_of,
     store_error,
 )
 
@@ -36,13 +38,13 @@ def url_problem(url: str) -> str | None:
     return address_problem(url, "the corpus URL")
 
 
-def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int]]:
+def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int, tuple[Any, ...]]]:
     """The objects a corpus URL names: one object, every object under a prefix (a "folder"),
     or those a glob matches (``**`` allowed), each as ``(url, relative name, size)``; hidden
     objects under a prefix are counted, not read; nothing found is recorded as missing.
     Failures of the store (a missing bucket, access denied) are recorded too."""
     fs, path = filesystem(spec)
-    found: list[tuple[str, str, int]] = []
+    found: list[tuple[str, str, int, tuple[Any, ...]]] = []
     try:
         if any(char in path for char in "*?["):
             matches = fs.glob(path, detail=True)
@@ -73,7 +75,7 @@ def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int]]:
         if any(part.startswith(".") for part in relative.split("/")) and name != path:
             problems.record("hidden", url, _HIDDEN)
             continue
-        found.append((url, relative, int(info.get("size") or 0)))
+        found.append((url, relative, int(info.get("size") or 0), tuple(stamp_of(info))))
     return found
 
 

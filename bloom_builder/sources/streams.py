@@ -14,7 +14,7 @@ from typing import Any
 
 from bloom_builder.sources.remote import is_store_failure, is_url, open_url, store_error
 from bloom_builder.sources.work_units import ProblemLog, WorkUnit, reason
-from memfree.errors import require
+from memfree.errors import StorageError, require
 
 # File name endings that say how a file is compressed.
 COMPRESSION_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
@@ -25,7 +25,7 @@ COMPRESSION_RATIO = 4  # typical for text; sizes only balance shards
 def opened(unit: WorkUnit, problems: ProblemLog) -> Iterator[io.BufferedIOBase | None]:
     """The unit's decompressed byte stream at byte max(start - 1, 0); None (recorded) on error."""
     try:
-        raw = open_url(unit.path) if is_url(unit.path) else open(unit.path, "rb")  # noqa: SIM115
+        raw = open_url(unit.path, unit.stamp) if is_url(unit.path) else open(unit.path, "rb")  # noqa: SIM115
         raw.seek(max(unit.start - 1, 0) if unit.kind == "jsonl" else 0)
         if unit.compression == "gzip":
             stream: io.BufferedIOBase = gzip.GzipFile(fileobj=raw, mode="rb")
@@ -36,8 +36,8 @@ def opened(unit: WorkUnit, problems: ProblemLog) -> Iterator[io.BufferedIOBase |
     except Exception as error:
         if is_url(unit.path) and is_store_failure(error):
             raise store_error(unit.path, "opening it", error) from None
-        if not isinstance(error, OSError):
-            raise
+        if isinstance(error, StorageError) or not isinstance(error, OSError):
+            raise  # a store that failed, or an object rewritten since the build listed it
         problems.record("unreadable", unit.path, reason(error))
         yield None
         return

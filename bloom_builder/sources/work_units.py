@@ -87,6 +87,9 @@ class WorkUnit:
         start: jsonl: first byte offset; parquet: first row group; dataset: first row.
         stop: exclusive end, in the same unit as ``start``; -1 reads to the end.
         size_bytes: estimated uncompressed bytes of this unit, for balancing shards.
+        stamp: for an object on a store, what the store said of it when the build listed it
+            (:func:`memfree.storage.stamp`): a reader refuses the object if it was rewritten
+            since; ``()`` for a local file.
     """
 
     path: str
@@ -95,6 +98,7 @@ class WorkUnit:
     start: int = 0
     stop: int = -1
     size_bytes: int = 0
+    stamp: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         whole_stream = self.kind in ("text", "jsonl") and self.start == 0 and self.stop == -1

@@ -499,3 +499,29 @@ def test_an_object_the_credentials_may_not_read_is_named_and_the_rest_built(
     assert any("s3://corpus/denied/a.txt" in str(entry) for entry in unreadable), unreadable
     assert any("denied" in str(entry).lower() for entry in unreadable), unreadable
     assert summary.documents > 0
+
+
+def test_an_object_rewritten_after_the_listing_stops_the_build_naming_it(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Objects listed, one rewritten before its task reads it (text, JSON lines, Parquet): the
+    read refuses it (its ETag changed) with a StorageError naming it, instead of a filter built
+    from contents the plan never saw; unchanged objects read as listed."""
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
+    from memfree.errors import StorageError
+
+    local = _corpus(tmp_path / "local")
+    _upload(s3, local, "corpus/rewritten")
+    problems = ProblemLog()
+    units = discover(["s3://corpus/rewritten"], SourceOptions(), problems)
+    assert units and all(unit.stamp for unit in units)
+    assert list(documents_of(units, SourceOptions(), problems))  # as listed: read
+    names = ["a.txt", "docs.jsonl"] + (
+        ["rows.parquet"] if importlib.util.find_spec("pyarrow") else []
+    )
+    for name in names:
+        key = f"corpus/rewritten/{name}"
+        s3.pipe_file(key, s3.cat_file(key) + b"\n")  # another ETag, another size
+        chosen = [unit for unit in units if unit.path.endswith("/" + name)]
+        with pytest.raises(StorageError, match=rf"s3://corpus/rewritten/{name}: changed since"):
+            list(documents_of(chosen, SourceOptions(), ProblemLog()))
