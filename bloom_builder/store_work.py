@@ -168,28 +168,11 @@ class StoreWork:
         it once its outputs check; a local marker the store lacks is dropped (the store is the
         truth: its task runs again). Returns how many tasks the store holds as finished."""
         found = 0
-        sizes = self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
+        sizes = self._listed_for(tasks)
         for task in tasks:
-            key = self.key_of(task.marker)
-            try:
-                if key not in sizes:
-                    raise FileNotFoundError(key)
-                text = self.fs.cat_file(key).decode("utf-8")
-            except FileNotFoundError:
-                Path(task.marker).unlink(missing_ok=True)
-                continue
-            except Exception as error:  # a store's own errors are not all OSErrors
-                if is_store_failure(error):
-                    raise store_error(self._url_of(key), "reading a task's marker", error) from None
-                if not isinstance(error, (OSError, UnicodeDecodeError)):
-                    raise
-                Path(task.marker).unlink(missing_ok=True)
-                continue
-            text = text.replace(_PLACEHOLDER, self._local_text)
-            try:
-                payload = json.loads(text)
-                result = task.result_type.from_json(payload)  # type: ignore[attr-defined]
-            except (ValueError, KeyError, TypeError, AttributeError):
+            payload = self._stored_payload(task, sizes)
+            result = None if payload is None else self._result_of(task, payload)
+            if payload is None or result is None:
                 Path(task.marker).unlink(missing_ok=True)
                 continue
             for path in _outputs(task, result) or []:
@@ -207,7 +190,7 @@ class StoreWork:
         finished where its marker and every output it names are on the store with their
         recorded sizes (and each run's bounds beside it). A local marker of a task to run is
         dropped (its outputs are the store's, never the mirror's)."""
-        sizes = self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
+        sizes = self._listed_for(tasks)
         finished, pending = [], []
         for task in tasks:
             result = self._recorded(task, sizes, bounds_suffix)
@@ -219,30 +202,50 @@ class StoreWork:
         return finished, pending
 
     def _recorded(self, task: Any, sizes: dict[str, int], bounds_suffix: str) -> Any | None:
+        """The result a task's marker on the store records, where every output it names (and
+        each run's bounds) is there with its recorded size; else None."""
+        payload = self._stored_payload(task, sizes)
+        result = None if payload is None else self._result_of(task, {**payload, "reused": True})
+        if result is None:
+            return None
+        for path, size in task.output_sizes(result).items():
+            key = self.key_of(path)
+            if sizes.get(key) != size:
+                return None
+            if path.endswith(".keys") and key[: -len(".keys")] + bounds_suffix not in sizes:
+                return None
+        return result
+
+    def _stored_payload(self, task: Any, sizes: dict[str, int]) -> dict[str, Any] | None:
+        """A task's marker on the store (listed in ``sizes``), its paths the mirror's; None
+        where there is none or it cannot be read as JSON.
+
+        Raises:
+            StorageError: the store failed.
+        """
         key = self.key_of(task.marker)
         if key not in sizes:
             return None
         try:
             text = self.fs.cat_file(key).decode("utf-8")
             payload = json.loads(text.replace(_PLACEHOLDER, self._local_text))
-            result = task.result_type.from_json({**payload, "reused": True})
         except FileNotFoundError:
             return None
         except Exception as error:  # a store's own errors are not all OSErrors
             if is_store_failure(error):
                 raise store_error(self._url_of(key), "reading a task's marker", error) from None
-            if not isinstance(error, (OSError, ValueError, KeyError, TypeError, AttributeError)):
+            if not isinstance(error, (OSError, ValueError)):  # UnicodeDecodeError: ValueError
                 raise
             return None
-        for path, size in task.output_sizes(result).items():
-            if sizes.get(self.key_of(path)) != size:
-                return None
-            if (
-                path.endswith(".keys")
-                and self.key_of(path)[: -len(".keys")] + bounds_suffix not in sizes
-            ):
-                return None
-        return result
+        return payload if isinstance(payload, dict) else None
+
+    @staticmethod
+    def _result_of(task: Any, payload: dict[str, Any]) -> Any | None:
+        """The task's typed result of a marker's payload; None where it is not one."""
+        try:
+            return task.result_type.from_json(payload)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
 
     def fetch_outputs(self, tasks: Sequence[Any], results: Sequence[Any]) -> None:
         """Download finished tasks' outputs into the mirror and check them (size and xxh3).
@@ -251,7 +254,7 @@ class StoreWork:
             StorageError: an output on the store is missing or damaged: its task's marker is
                 removed (a rerun runs that task again; the others are kept).
         """
-        sizes = self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
+        sizes = self._listed_for(tasks)
         for task, result in zip(tasks, results, strict=True):
             for path in _outputs(task, result) or []:
                 self._fetch(path, sizes)
@@ -266,6 +269,10 @@ class StoreWork:
                     "damaged on the store; rerun the build: that task runs again, the others "
                     "are reused",
                 )
+
+    def _listed_for(self, tasks: Sequence[Any]) -> dict[str, int]:
+        """Every object in the folders of the tasks' markers: key -> size."""
+        return self._listed({str(Path(self.key_of(task.marker)).parent) for task in tasks})
 
     def _listed(self, folders: set[str]) -> dict[str, int]:
         """Every object under ``folders`` (one listing each, not a request per task): key ->
