@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from memfree.core import canonical
+from memfree.core import canonical, table_cache
 from memfree.core.canonical import canonical_masker
 from memfree.core.table_cache import MAGIC, kept_tables, read_header, tables_dir
 from memfree.vocab.info import TokenizerInfo
@@ -100,9 +100,16 @@ def test_split_pattern_tables_read_back_answer_the_same_and_hold_the_callers_tok
     bpe = canonical._TABLES[tables_key(info)]
     assert bpe._tokenizer is tokenizer  # the caller's, not a copy
     assert bpe.tree.left.dtype == np.int64 and bpe.tree.members[1].dtype == np.int64
-    assert not bpe._encoded or bpe._encoded is not tables[0]._encoded
     (kept,) = kept_tables()
     assert kept["bytes"] < len(pickle.dumps(tables, protocol=pickle.HIGHEST_PROTOCOL))
+    # The file as written: the tokenizer named (given back by the reader), caches empty.
+    assert tables[0]._encoded  # filled while the answers were read
+    _, offset = read_header(Path(kept["path"]))
+    payload = Path(kept["path"]).read_bytes()[offset:]
+    other = object()
+    read, _ = table_cache._loads(payload, {"tokenizer": other})
+    # (the merges-only model is made again on reading, for the split rules: not from the file)
+    assert read._tokenizer is other and read._encoded == {} and read.tree._late_rows == {}
 
 
 def test_writing_a_tokenizers_tables_removes_those_another_version_wrote(
