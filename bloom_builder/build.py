@@ -157,9 +157,12 @@ def _build(
     if store is not None:
         store.claim(plan.config, plan.config_hash)
 
-    def remove_work() -> None:
+    def remove_work(failed: bool = False) -> None:
         workdir.remove()
-        if store is not None:
+        # A failed build never deletes finished tasks from the store: the local mirror's are
+        # only copies (a machine whose disk refused them may have none), and a rerun checks
+        # each against its marker before reusing it.
+        if store is not None and not (failed and store.holds_finished()):
             store.remove()
 
     try:
@@ -168,16 +171,16 @@ def _build(
         raise  # counting is done and kept: a rerun with a higher rate reuses it
     except BuildError:
         with contextlib.suppress(OSError):
-            remove_work()  # nothing usable, or damaged: the work done cannot help a rerun
+            remove_work(failed=True)  # nothing usable, or damaged: the work done cannot help
         raise
     except BaseException:
-        if any_done(work / "map"):
+        if any_done(work / "map") or (store is not None and store.holds_finished()):
             where = store.url if store is not None else work
             _log(f"memfree: the build stopped; finished tasks are kept in {where}: rerun the same "
                  "command to resume, or delete that folder")  # fmt: skip
         else:
             with contextlib.suppress(OSError):
-                remove_work()
+                remove_work(failed=True)
         raise
     if not keep_work:
         remove_work()

@@ -292,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
     from bloom_builder.build import BuildError, build_filter
     from bloom_builder.errors import RayUnavailable, TaskFailed, WorkerDied
     from memfree.errors import MissingDependencyError
+    from memfree.storage import NO_ROOM, cache_dir, is_url
     from memfree.vocab.tokenizer import TokenizerNotFoundError
 
     try:
@@ -322,6 +323,21 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except OSError as error:  # e.g. the disk filled up while writing
         where = f"{error.filename}: " if error.filename else ""
+        if error.errno in NO_ROOM:
+            work = args.work_dir or f"{args.output}.work"
+            if is_url(work):  # tasks work in its mirror in memfree's cache
+                room = (
+                    f"memfree's cache ({cache_dir()}, where the work directory {work} is mirrored)"
+                )
+                fix = "set MEMFREE_CACHE to a folder with room"
+            else:
+                room = f"the work directory {work}"
+                fix = "pass --work-dir on a disk with room"
+            return fail(
+                f"{where}no room to write ({error.strerror}) while building {args.output}: "
+                f"{room} and the output's folder need free space; free some, or {fix}, "
+                "and rerun (finished tasks are reused)"
+            )
         return fail(f"{where}{error.strerror or error} (building {args.output})")
     except KeyboardInterrupt:
         return interrupted()

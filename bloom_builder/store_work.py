@@ -41,7 +41,14 @@ from bloom_builder.executors.markers import (
     write_marker,
 )
 from memfree.errors import StorageError
-from memfree.storage import address_problem, cache_dir, filesystem, is_store_failure, store_error
+from memfree.storage import (
+    NO_ROOM,
+    address_problem,
+    cache_dir,
+    filesystem,
+    is_store_failure,
+    store_error,
+)
 
 WORK_OBJECT = "memfree-work.json"
 LOCK_OBJECT = "lock.json"
@@ -91,6 +98,8 @@ class StoreWork:
             if is_store_failure(error):
                 raise store_error(self._url_of(key), what, error) from None
             if not isinstance(error, OSError):
+                raise
+            if error.errno in NO_ROOM:  # the local disk refused (the mirror), not the store
                 raise
             raise BuildError(f"{self._url_of(key)}: the store refused {what}: {error}") from None
 
@@ -153,6 +162,18 @@ class StoreWork:
     def _rm(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(key, recursive=True)
+
+    def holds_finished(self) -> bool:
+        """Whether the store holds a finished map task (its marker): work a rerun reuses, kept
+        when a build fails. True where the store cannot be listed (nothing is deleted unseen)."""
+        try:
+            self.fs.invalidate_cache(f"{self.root}/map")
+            found = self.fs.find(f"{self.root}/map")
+        except FileNotFoundError:
+            return False
+        except Exception:  # a store's own errors are not all OSErrors
+            return True
+        return any(key.endswith(".json") for key in found)
 
     def remove(self) -> None:
         """Delete the build's work on the store (at the end of a build that keeps none)."""
@@ -307,9 +328,13 @@ class StoreWork:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.download.tmp")
-        self._call(
-            "downloading a task's output", key, lambda: self.fs.get_file(key, str(temporary))
-        )
+        try:
+            self._call(
+                "downloading a task's output", key, lambda: self.fs.get_file(key, str(temporary))
+            )
+        except BaseException:
+            temporary.unlink(missing_ok=True)  # no half download left in the mirror
+            raise
         os.replace(temporary, path)
 
     def publish(self, task: MarkedTask, result: Any, uploaded: bool = False) -> None:

@@ -51,6 +51,11 @@ _STORE_MODULES = frozenset(
 )  # fmt: skip
 
 
+# The local disk refused the copy: full (ENOSPC), over a quota (EDQUOT), or past the process's
+# file-size limit (EFBIG, ``ulimit -f``).
+NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
 def is_url(path: object) -> bool:
     """Whether ``path`` is a URL (``scheme://...``), never a local path."""
     return isinstance(path, str) and _URL.match(path) is not None
@@ -239,9 +244,9 @@ def fetched(url: str, what: str = "the filter") -> Path:
             if is_store_failure(error):
                 raise store_error(url, "downloading it", error) from None
             raise
-        if error.errno == errno.ENOSPC:
+        if error.errno in NO_ROOM:
             raise OSError(
-                errno.ENOSPC,
+                error.errno,
                 f"no room in memfree's cache {folder.parent} for {what} {url} "
                 f"({current[0]:,} bytes): free space there or set MEMFREE_CACHE to a folder "
                 "with room",
@@ -300,6 +305,7 @@ def _scheme(url: str) -> str:
 
 
 __all__ = [
+    "NO_ROOM",
     "address_problem",
     "cache_dir",
     "fetched",

@@ -498,3 +498,26 @@ def s3() -> Iterator[Any]:
         s3fs.S3FileSystem.clear_instance_cache()
         patch.undo()
         server.stop()
+
+
+def run_with_file_limit(code: str, limit: int, env: dict[str, str], cwd: Path | None = None) -> Any:
+    """Run ``code`` in a fresh Python whose files may not grow past ``limit`` bytes (the
+    kernel's own ``ulimit -f``: a write past it fails with EFBIG, as a full disk fails with
+    ENOSPC); returns the finished process (text output)."""
+    import resource
+    import signal
+    import subprocess
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        cwd=cwd,
+        preexec_fn=limited,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

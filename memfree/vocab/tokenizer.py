@@ -117,8 +117,10 @@ def _save_atomically(tokenizer: Any, target: Path) -> None:
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)
         os.replace(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)  # the cache is an optimisation only
+    except Exception:  # tokenizers' own writer raises a bare Exception
+        # The cache is an optimisation only: a full disk (the Rust writer's "No space left on
+        # device" is a bare Exception) leaves the tokenizer loaded and nothing half-written.
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def check_tokenizer(ngram_filter: NgramSet, tokenizer: TokenizerInfo | Any) -> None:

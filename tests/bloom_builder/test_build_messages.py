@@ -109,3 +109,45 @@ def test_a_filter_of_some_ngrams_has_no_warning(
     summary = json.loads(captured.out)
     assert summary["empty"] is False and summary["warnings"] == []
     assert "warning" not in captured.err
+
+
+def test_a_disk_with_no_room_is_named_with_the_fix_and_leaves_nothing(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Writes past the kernel's file-size limit fail (EFBIG, as a full disk fails with ENOSPC):
+    the build says there is no room, names the work directory and the fix, exits 2 and leaves
+    neither an output nor a work directory behind (no task had finished)."""
+    from tests.conftest import run_with_file_limit
+
+    corpus = write_corpus(tmp_path / "corpus", 4, 3000)
+    output = tmp_path / "out" / "f.memfree"
+    argv = [
+        "build", str(corpus), "-o", str(output), "--tokenizer", str(tokenizer_dir),
+        "--min-count", "1", "--no-progress",
+    ]  # fmt: skip
+    code = f"from memfree.cli import main\nraise SystemExit(main({argv!r}))\n"
+    done = run_with_file_limit(code, 16 * 1024, {"MEMFREE_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("memfree: error: no room to write (File too large)"), error
+    assert f"the work directory {output}.work" in error and "--work-dir" in error
+    assert "Traceback" not in done.stderr
+    assert not output.exists() and not Path(f"{output}.work").exists()
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_the_default_tokenizer_loads_where_its_cache_cannot_be_written(tmp_path: Path) -> None:
+    """The default tokenizer's copy in memfree's cache is an optimisation: where the disk
+    refuses it (the tokenizers library raises a bare Exception then), the tokenizer still
+    loads from the GGUF file and no half-written copy is left to be read later."""
+    from tests.conftest import run_with_file_limit
+
+    cache = tmp_path / "cache"
+    code = (
+        "from memfree.vocab.tokenizer import load_tokenizer\n"
+        "print(load_tokenizer(None)('Hello world')['input_ids'])\n"
+    )
+    done = run_with_file_limit(code, 64 * 1024, {"MEMFREE_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[19556, 905]"
+    assert not [p for p in cache.rglob("*") if p.is_file()]

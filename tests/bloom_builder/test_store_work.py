@@ -318,3 +318,44 @@ def test_corpus_work_and_output_all_on_a_bucket(
     (tmp_path / "there.memfree").write_bytes(s3.cat_file("corpus/all/out/f.memfree"))
     assert _payload(tmp_path / "there.memfree") == _payload(tmp_path / "here.memfree")
     assert _keys(s3, "corpus/all/work") == []
+
+
+def test_a_cache_with_no_room_for_the_mirror_stops_the_build_and_loses_nothing(
+    s3: Any, tmp_path: Path, tokenizer_dir: Path, cache: Path
+) -> None:
+    """A build on a machine whose disk refuses the mirror's downloads (the kernel's file-size
+    limit, EFBIG, as a full disk gives ENOSPC): it stops saying there is no room in memfree's
+    cache and what to set; the finished tasks on the store are kept, and a build with room
+    reuses them all and gives the same bytes."""
+    from tests.conftest import run_with_file_limit
+
+    write_corpus(tmp_path / "corpus", 8)
+    settings = settings_for(tokenizer_dir, output_format="memfree")
+    url = "s3://corpus/work/roomless"
+    first = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings, work_dir=url,
+        keep_work=True, progress=False,
+    )  # fmt: skip
+    kept = _keys(s3, "corpus/work/roomless")
+    output = tmp_path / "b.memfree"
+    argv = [
+        "build", str(tmp_path / "corpus"), "-o", str(output), "--tokenizer", str(tokenizer_dir),
+        "--n", "4", "--workers", "1", "--memory-limit", "16MiB", "--shard-size", "2000",
+        "--format", "memfree", "--work-dir", url, "--keep-work", "--no-progress",
+    ]  # fmt: skip
+    code = f"from memfree.cli import main\nraise SystemExit(main({argv!r}))\n"
+    elsewhere = tmp_path / "elsewhere"
+    done = run_with_file_limit(code, 4 * 1024, {"MEMFREE_CACHE": str(elsewhere)})
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert "no room" in error and "MEMFREE_CACHE" in error, error
+    assert "Traceback" not in done.stderr
+    assert not output.exists()
+    assert _keys(s3, "corpus/work/roomless") == kept  # nothing lost on the store
+    assert not [p for p in elsewhere.rglob("*.tmp")]  # no half download in the mirror
+    os.environ["MEMFREE_CACHE"] = str(elsewhere)
+    again = build_filter(
+        [str(tmp_path / "corpus")], output, settings, work_dir=url, progress=False
+    )
+    assert again.reused_tasks == first.map_tasks
+    assert output.read_bytes() == (tmp_path / "a.memfree").read_bytes()

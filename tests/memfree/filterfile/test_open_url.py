@@ -161,3 +161,32 @@ def test_an_object_rewritten_during_the_download_is_not_kept(
     assert not list((cache / "objects").glob("*/*.memfree"))
     monkeypatch.undo()
     assert _holds(NgramFilter.open(url), [4, 5, 6])
+
+
+def test_a_cache_with_no_room_is_named_with_the_fix_and_keeps_no_half_copy(
+    s3: Any, cache: Path, tmp_path: Path
+) -> None:
+    """The local disk refuses the download (here the kernel's file-size limit, EFBIG, as a full
+    disk gives ENOSPC): the error names the cache, the object and ``MEMFREE_CACHE``, and no
+    partial copy is left to be mapped later."""
+    from tests.conftest import run_with_file_limit
+
+    url = "s3://corpus/filters/big.memfree"
+    rows = [[i, i + 1, i + 2] for i in range(0, 60_000, 3)]
+    data = _filter(tmp_path / "big.memfree", rows)
+    assert len(data) > 32 * 1024
+    s3.pipe_file(url[5:], data)
+    code = (
+        "from memfree.storage import fetched\n"
+        "try:\n"
+        f"    fetched({url!r})\n"
+        "except OSError as error:\n"
+        "    print('refused:', error)\n"
+    )
+    done = run_with_file_limit(code, 16 * 1024, {"MEMFREE_CACHE": str(cache)})
+    assert done.returncode == 0, done.stderr
+    message = done.stdout
+    assert "refused: [Errno 27] no room in memfree's cache" in message
+    assert url in message and "MEMFREE_CACHE" in message and str(cache / "objects") in message
+    assert not [p for p in (cache / "objects").rglob("*") if p.is_file()]
+    assert _holds(NgramFilter.open(url), [3, 4, 5])  # with room, the same call works
