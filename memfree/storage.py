@@ -189,17 +189,34 @@ def open_url(url: str, expected: Sequence[Any] = ()) -> Any:
     if expected:
         details = getattr(handle, "details", None)
         now = stamp_of(details) if isinstance(details, dict) else stamp(url)
-        # The size, and the store's content tag where it gives one (a listing and an open
-        # file may write modification times differently: not compared).
-        if now[0] != expected[0] or (expected[1] and now[1] != expected[1]):
+        try:
+            refuse_changed(url, expected, now)
+        except StorageError:
             handle.close()
-            raise StorageError(
-                errno.ESTALE,
-                f"{url}: changed since this build listed it (size {expected[0]}, "
-                f"{expected[1] or expected[2]!r} then; size {now[0]}, {now[1] or now[2]!r} now); "
-                "rerun the build: it lists and reads the object as it is now",
-            )
+            raise
     return handle
+
+
+def refuse_changed(url: str, expected: Sequence[Any], now: Sequence[Any] | None = None) -> None:
+    """Refuse an object the store now describes otherwise than ``expected`` (its stamp when the
+    build listed it): its size, and its content tag where the store gives one (a listing and an
+    open file may write modification times differently: not compared). ``now``: the stamp
+    already asked for (default: asked afresh).
+
+    Raises:
+        StorageError: ESTALE, naming the object, both stamps and the fix.
+    """
+    if now is None:
+        fs, path = filesystem(url)
+        fs.invalidate_cache(path)
+        now = stamp(url)
+    if now[0] != expected[0] or (expected[1] and now[1] != expected[1]):
+        raise StorageError(
+            errno.ESTALE,
+            f"{url}: changed since this build listed it (size {expected[0]}, "
+            f"{expected[1] or expected[2]!r} then; size {now[0]}, {now[1] or now[2]!r} now); "
+            "rerun the build: it lists and reads the object as it is now",
+        )
 
 
 def fetched(url: str, what: str = "the filter") -> Path:
@@ -314,6 +331,7 @@ __all__ = [
     "is_store_failure",
     "is_url",
     "open_url",
+    "refuse_changed",
     "stamp",
     "stamp_of",
     "store_error",

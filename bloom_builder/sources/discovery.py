@@ -86,18 +86,23 @@ def discover(
         path = os.path.expanduser(spec)
         if is_url(spec):  # object storage: listed through the store
             found = listed(spec, problems)
-            urls = {url for url, _, _, _ in found}
+            stamps = {url: listed_stamp for url, _, _, listed_stamp in found}
             for url, relative, size, listed_stamp in found:
-                if url.lower().endswith(".bin") and url[:-4] + ".idx" in urls:
+                if url.lower().endswith(".bin") and url[:-4] + ".idx" in stamps:
                     continue  # a Megatron dataset: read through the .idx listed beside it
                 names = (relative, relative.rsplit("/", 1)[-1])
                 named = url == spec  # named by itself: always taken
-                if named and url.lower().endswith(".bin") and stamp(url[:-4] + ".idx")[0]:
-                    url = url[:-4] + ".idx"  # a .bin named alone stands for its dataset
+                seen = listed_stamp
+                if named and url.lower().endswith(".bin"):
+                    index = tuple(stamp(url[:-4] + ".idx"))
+                    if index[0]:  # a .bin named alone stands for its dataset
+                        url, seen = url[:-4] + ".idx", (*index, *listed_stamp)
+                elif url.lower().endswith(".idx") and url[:-4] + ".bin" in stamps:
+                    seen = (*listed_stamp, *stamps[url[:-4] + ".bin"])  # both files' stamps
                 if not named and options.include and not _matches(names, options.include):
                     continue
                 if not _matches(names, options.exclude):
-                    remote[url] = (size, listed_stamp if url in urls else ())
+                    remote[url] = (size, seen)
         elif spec == STDLIB:
             walk.run(sysconfig.get_paths()["stdlib"], add, python_only=True)
         elif os.path.isdir(path):

@@ -22,7 +22,15 @@ import numpy as np
 from bloom_builder.segments import Document
 from bloom_builder.sources.work_units import ProblemLog, SourceOptions, WorkUnit, reason
 from memfree.errors import StorageError
-from memfree.storage import fetched, is_store_failure, is_url, open_url, stamp, store_error
+from memfree.storage import (
+    fetched,
+    is_store_failure,
+    is_url,
+    open_url,
+    refuse_changed,
+    stamp,
+    store_error,
+)
 
 MAGIC = b"MMIDIDX\x00\x00"
 _HEADER = struct.Struct("<9sQBQQ")
@@ -232,7 +240,12 @@ def read_megatron(
     """
     where = bin_path(unit.path)
     remote = is_url(where)
+    # On a store: the .idx's stamp then the .bin's, as the build listed them (a dataset
+    # rewritten since is refused, not read half old, half new).
+    listed = unit.stamp if remote and len(unit.stamp) == 6 else ()
     try:
+        if listed:
+            refuse_changed(unit.path, listed[:3])
         index = read_index(_local_index(unit.path), check_all=False)
         stop = min(unit.stop, index.num_documents)
         boundaries = np.asarray(index.documents[unit.start : stop + 1])
@@ -244,7 +257,7 @@ def read_megatron(
             raise ValueError("damaged .idx: document boundaries are not increasing")
         if boundaries.size:
             _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), _data_bytes(where))
-        handle: Any = open_url(where) if remote else os.open(where, os.O_RDONLY)
+        handle: Any = open_url(where, listed[3:]) if remote else os.open(where, os.O_RDONLY)
     except StorageError:
         raise  # the store failed: not an answer about the dataset
     except (OSError, ValueError) as error:

@@ -89,7 +89,8 @@ class WorkUnit:
         size_bytes: estimated uncompressed bytes of this unit, for balancing shards.
         stamp: for an object on a store, what the store said of it when the build listed it
             (:func:`memfree.storage.stamp`): a reader refuses the object if it was rewritten
-            since; ``()`` for a local file.
+            since; a Megatron dataset's: its ``.idx``'s stamp, then its ``.bin``'s; ``()`` for
+            a local file.
     """
 
     path: str

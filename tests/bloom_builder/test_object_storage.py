@@ -525,3 +525,34 @@ def test_an_object_rewritten_after_the_listing_stops_the_build_naming_it(
         chosen = [unit for unit in units if unit.path.endswith("/" + name)]
         with pytest.raises(StorageError, match=rf"s3://corpus/rewritten/{name}: changed since"):
             list(documents_of(chosen, SourceOptions(), ProblemLog()))
+
+
+@pytest.mark.parametrize("rewritten", ["train_text_document.bin", "train_text_document.idx"])
+def test_a_megatron_dataset_rewritten_after_the_listing_stops_the_build_naming_it(
+    s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rewritten: str
+) -> None:
+    """A Megatron dataset on a bucket whose ``.bin`` or ``.idx`` is rewritten after the build
+    listed both: its units refuse it (a StorageError naming the file), whether the dataset was
+    listed as a folder or named by its ``.bin``; never ids read half from the old files, half
+    from the new."""
+    from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
+    from bloom_builder.sources.megatron import write_megatron
+    from memfree.errors import StorageError
+
+    monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
+    documents = [[i, i + 1, i + 2, i + 3] for i in range(0, 200, 4)]
+    (tmp_path / "mega").mkdir()
+    write_megatron(str(tmp_path / "mega" / "train_text_document"), documents)
+    prefix = f"corpus/mega-{rewritten.rsplit('.', 1)[1]}"
+    _upload(s3, tmp_path / "mega", prefix)
+    listed = {}
+    for spec in (f"s3://{prefix}", f"s3://{prefix}/train_text_document.bin"):
+        units = discover([spec], SourceOptions(), ProblemLog())
+        assert units and all(len(unit.stamp) == 6 for unit in units), spec
+        assert [d.document.ids.tolist() for d in documents_of(units, SourceOptions(), ProblemLog())]
+        listed[spec] = units
+    write_megatron(str(tmp_path / "mega" / "train_text_document"), [*documents, [7, 8, 9]])
+    s3.put_file(str(tmp_path / "mega" / rewritten), f"{prefix}/{rewritten}")
+    for spec, units in listed.items():
+        with pytest.raises(StorageError, match=rf"s3://{prefix}/{rewritten}: changed since"):
+            list(documents_of(units, SourceOptions(), ProblemLog()))

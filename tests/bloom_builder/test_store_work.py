@@ -354,8 +354,6 @@ def test_a_cache_with_no_room_for_the_mirror_stops_the_build_and_loses_nothing(
     assert _keys(s3, "corpus/work/roomless") == kept  # nothing lost on the store
     assert not [p for p in elsewhere.rglob("*.tmp")]  # no half download in the mirror
     os.environ["MEMFREE_CACHE"] = str(elsewhere)
-    again = build_filter(
-        [str(tmp_path / "corpus")], output, settings, work_dir=url, progress=False
-    )
+    again = build_filter([str(tmp_path / "corpus")], output, settings, work_dir=url, progress=False)
     assert again.reused_tasks == first.map_tasks
     assert output.read_bytes() == (tmp_path / "a.memfree").read_bytes()
