@@ -9,7 +9,13 @@ tokenizer and on a byte-level BPE trained here. Other families are refused, neve
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import inspect
+import os
 import warnings
+import weakref
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,7 @@ from hypothesis import strategies as st
 from memfree.core.canonical import CanonicalMasker
 from memfree.engines.transformers import MemFreeLogitsProcessor
 from memfree.filterfile.bloom.reader import NgramFilter
+from memfree.storage import cache_dir
 from memfree.units import stored_ngram_counts
 from memfree.vocab.bpe import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
@@ -105,6 +112,65 @@ PROBES = ("a", "A", "1", ".", "(", "'", "/", "\n", " ", "日", "😀", "\u0301")
 
 
 def _definition(
+    tokenizer: Any, info: TokenizerInfo, row: list[int], *, extendable: bool = True
+) -> tuple[np.ndarray, bool]:
+    """:func:`_encoded_definition`, kept in memfree's cache (``test-references``) under
+    everything that decides it: the tokenizer's whole pipeline (its ``tokenizer.json``: model,
+    merges, normalizer, pre-tokenizer, added tokens), the tokenizers library's version, the
+    bytes each id writes, the reference's own source, the row and ``extendable``. A row's
+    reference encodes every candidate's text with the real tokenizer (2 s for 151k ids): the
+    parametrized tests check the same rows on every run. A kept answer that does not read back
+    is computed again; the folder keeps its newest 4,000 answers."""
+    key = hashlib.sha256(_tokenizer_key(tokenizer, info).encode())
+    key.update(f"\0{row}\0{extendable}".encode())
+    kept = _REFERENCES / f"{key.hexdigest()[:32]}.bin"
+    size = info.vocab_size
+    try:
+        data = kept.read_bytes()
+        if len(data) == (size + 7) // 8 + 1:
+            allowed = np.unpackbits(np.frombuffer(data[1:], np.uint8), count=size).astype(bool)
+            return allowed, data[0] == 1
+    except OSError:
+        pass
+    allowed, ends = _encoded_definition(tokenizer, info, row, extendable=extendable)
+    with contextlib.suppress(OSError):
+        _REFERENCES.mkdir(parents=True, exist_ok=True)
+        temporary = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(bytes([int(ends)]) + np.packbits(allowed).tobytes())
+        os.replace(temporary, kept)  # whole or absent: two workers may write it at once
+        _prune(_REFERENCES, 4000)
+    return allowed, ends
+
+
+_REFERENCES = cache_dir() / "test-references"
+_WRITES: list[int] = []
+_TOKENIZER_KEYS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def _tokenizer_key(tokenizer: Any, info: TokenizerInfo) -> str:
+    """What decides a reference besides the row (see :func:`_definition`), once per object."""
+    known = _TOKENIZER_KEYS.get(tokenizer)
+    if known is None:
+        digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
+        digest.update(b"\0".join(token or b"" for token in info.token_bytes))
+        digest.update(f"\0{version('tokenizers')}\0{PROBES}".encode())
+        for helper in (_encoded_definition, _added):
+            digest.update(inspect.getsource(helper).encode())
+        known = _TOKENIZER_KEYS[tokenizer] = digest.hexdigest()
+    return known
+
+
+def _prune(folder: Path, keep: int) -> None:
+    """Drop the oldest files of ``folder`` past its newest ``keep`` (checked every 64 writes)."""
+    _WRITES.append(1)
+    if len(_WRITES) % 64:
+        return
+    files = sorted(folder.glob("*.bin"), key=lambda p: p.stat().st_mtime)
+    for stale in files[: max(len(files) - keep, 0)]:
+        stale.unlink(missing_ok=True)
+
+
+def _encoded_definition(
     tokenizer: Any, info: TokenizerInfo, row: list[int], *, extendable: bool = True
 ) -> tuple[np.ndarray, bool]:
     """(bool `(vocab,)`, bool): the candidates ``c`` for which some text ``w`` makes ``row +
