@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from bloom_builder.errors import BuildError
 from bloom_builder.executors.markers import (
@@ -79,6 +79,7 @@ class StoreWork:
         self.url = url.rstrip("/")
         self.fs, self.root = filesystem(self.url)
         self.local = mirror_folder(self.url)
+        self._lock: StoreLock | None = None  # held while a build runs (:meth:`locked`)
         self._local_text = json.dumps(str(self.local))[1:-1]
 
     # -- names --------------------------------------------------------------------------------
@@ -340,6 +341,8 @@ class StoreWork:
     def publish(self, task: MarkedTask, result: Any, uploaded: bool = False) -> None:
         """Upload a finished task's outputs (unless the task has: ``uploaded``), then its
         marker (paths written relative)."""
+        if self._lock is not None:
+            self._lock.check()  # a build whose lock was taken over writes nothing more
         outputs = _outputs(task, result)
         if outputs is None:
             return  # a task that never reuses its work (it writes the final file in place)
@@ -367,9 +370,11 @@ class StoreWork:
         """Hold the work directory's lock on the store for the block (see :class:`StoreLock`)."""
         lock = StoreLock(self)
         lock.acquire()
+        self._lock = lock
         try:
             yield
         finally:
+            self._lock = None
             lock.release()
 
 
@@ -383,9 +388,16 @@ class StoreLock:
     """The lock of the build that uses a work directory on the store: ``lock.json`` names its
     holder and a heartbeat it refreshes every :data:`HEARTBEAT_S` seconds. A second build is
     refused while the heartbeat is fresh; a lock not refreshed for :data:`STALE_S` seconds (its
-    build was killed) is taken over. Object stores have no lock of their own: two builds that
-    start within a second of each other both write it, and the one that reads back another's
-    lock stops."""
+    build was killed) is taken over.
+
+    On S3 (and stores that speak its API) every write of the lock is conditional, so the lock
+    is exact: it is created only where no lock is (``If-None-Match: *``), taken over and
+    refreshed only if it is still the object read (``If-Match`` its ETag). Of two builds that
+    start at once, one write fails and that build stops; a build whose lock was taken over (it
+    stalled past :data:`STALE_S`) finds out at its next heartbeat and stops before it writes
+    another task. Other stores have no conditional write: there two builds that write the lock
+    within the same fraction of a second may both go on (each reads the lock back after 0.2 s,
+    and the one that reads another's token stops)."""
 
     def __init__(self, work: StoreWork) -> None:
         self.work = work
@@ -393,6 +405,9 @@ class StoreLock:
         self.token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._conditional = hasattr(work.fs, "call_s3")  # s3fs: S3's conditional writes
+        self._etag = ""  # of the lock this build wrote last (conditional stores)
+        self.lost: dict[str, Any] | None = None  # the build that took the lock over, if one did
 
     def _payload(self) -> bytes:
         return json.dumps(
@@ -405,12 +420,22 @@ class StoreLock:
         ).encode()
 
     def _holder(self) -> dict[str, Any] | None:
+        return self._read()[0]
+
+    def _read(self) -> tuple[dict[str, Any] | None, str]:
+        """The lock's holder (None: no lock, or one that is not JSON) and the ETag of the object
+        read ("" where none is, or the store gives none)."""
+        fs = self.work.fs
         try:
-            held = json.loads(self.work.fs.cat_file(self.key))
+            tag = ""
+            if self._conditional:
+                fs.invalidate_cache(self.key)
+                tag = str(fs.info(self.key).get("ETag") or "")
+            held = json.loads(fs.cat_file(self.key))
         except FileNotFoundError:
-            return None
+            return None, ""
         except ValueError:
-            return None
+            return None, tag
         except Exception as error:  # a store's own errors are not all OSErrors
             if is_store_failure(error):
                 raise store_error(self.work.url, "reading its lock", error) from None
@@ -419,10 +444,28 @@ class StoreLock:
             raise BuildError(
                 f"{self.work.url}: the store refused reading its lock: {error}"
             ) from None
-        return held if isinstance(held, dict) else None
+        # Read after the ETag: if the object changed between, the write conditioned on the
+        # ETag fails, and this build stops (never the other way round).
+        return (held if isinstance(held, dict) else None), tag
+
+    def _put(self, tag: str | None) -> str | None:
+        """Write the lock: only where none is (``tag`` None), or only over the object whose ETag
+        is ``tag``. Returns the new object's ETag; None where the condition failed."""
+        bucket, key, _ = self.work.fs.split_path(self.key)
+        condition = {"IfNoneMatch": "*"} if tag is None else {"IfMatch": tag}
+        try:
+            answer = self.work.fs.call_s3(
+                "put_object", Bucket=bucket, Key=key, Body=self._payload(), **condition
+            )
+        except Exception as error:  # a store's own errors are not all OSErrors
+            if _precondition_failed(error):
+                return None
+            raise
+        self.work.fs.invalidate_cache(self.key)
+        return str(answer.get("ETag") or "")
 
     def acquire(self) -> None:
-        held = self._holder()
+        held, tag = self._read()
         if held is not None and held.get("token") != self.token:
             age = time.time() - float(held.get("heartbeat") or 0)
             if age < STALE_S:
@@ -432,24 +475,52 @@ class StoreLock:
                     "ago); wait for it to finish, or pass another --work-dir. If that build is "
                     f"dead, its lock goes stale after {STALE_S:.0f} s"
                 )
-        self.work._call(
-            "writing its lock", self.key, lambda: self.work.fs.pipe_file(self.key, self._payload())
-        )
-        time.sleep(0.2)  # two builds that wrote at once: the one that reads another's token stops
-        held = self._holder()
-        if held is None or held.get("token") != self.token:
-            raise BuildError(
-                f"{self.work.url}: another build took this work directory at the same moment "
-                f"(host {held.get('host') if held else '?'}); wait for it to finish, or pass "
-                "another --work-dir"
+        if self._conditional:
+            written = self.work._call("writing its lock", self.key, lambda: self._put(tag or None))
+            if written is None:
+                self._refuse_racing(self._holder())
+            self._etag = written
+        else:
+            self.work._call(
+                "writing its lock",
+                self.key,
+                lambda: self.work.fs.pipe_file(self.key, self._payload()),
             )
+            time.sleep(0.2)  # two builds that wrote at once: the one that reads another's stops
+            held = self._holder()
+            if held is None or held.get("token") != self.token:
+                self._refuse_racing(held)
         self._thread = threading.Thread(target=self._beat, name="memfree-store-lock", daemon=True)
         self._thread.start()
+
+    def _refuse_racing(self, held: dict[str, Any] | None) -> NoReturn:
+        raise BuildError(
+            f"{self.work.url}: another build took this work directory at the same moment "
+            f"(host {held.get('host') if held else '?'}); wait for it to finish, or pass "
+            "another --work-dir"
+        )
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             with contextlib.suppress(Exception):  # a missed beat: the next one may land
-                self.work.fs.pipe_file(self.key, self._payload())
+                if not self._conditional:
+                    self.work.fs.pipe_file(self.key, self._payload())
+                    continue
+                written = self._put(self._etag)
+                if written is None:  # another build took the lock over: this one stops
+                    self.lost = self._holder() or {}
+                    return
+                self._etag = written
+
+    def check(self) -> None:
+        """Raise if another build took the lock over (this build stalled past its staleness)."""
+        if self.lost is not None:
+            raise BuildError(
+                f"{self.work.url}: another build (host {self.lost.get('host', '?')}, process "
+                f"{self.lost.get('pid', '?')}) took this work directory over: this build stalled "
+                f"for more than {STALE_S:.0f} s without its heartbeat. It stops before writing "
+                "another task; the tasks on the store are kept for the build that holds it"
+            )
 
     def release(self) -> None:
         self._stop.set()
@@ -459,6 +530,24 @@ class StoreLock:
             held = self._holder()
             if held is not None and held.get("token") == self.token:
                 self.work.fs.rm(self.key)
+
+
+def _precondition_failed(error: BaseException) -> bool:
+    """Whether a store's error is S3's 412 (a conditional write whose condition failed): s3fs
+    raises FileExistsError for ``If-None-Match`` and an EINVAL OSError for ``If-Match``, the
+    client's own error as the cause."""
+    if isinstance(error, FileExistsError):
+        return True
+    seen: BaseException | None = error
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
+            "PreconditionFailed",
+            "412",
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 __all__ = [

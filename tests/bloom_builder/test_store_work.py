@@ -357,3 +357,61 @@ def test_a_cache_with_no_room_for_the_mirror_stops_the_build_and_loses_nothing(
     again = build_filter([str(tmp_path / "corpus")], output, settings, work_dir=url, progress=False)
     assert again.reused_tasks == first.map_tasks
     assert output.read_bytes() == (tmp_path / "a.memfree").read_bytes()
+
+
+def test_builds_that_take_the_lock_at_once_on_s3_let_exactly_one_through(
+    s3: Any, tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3's conditional writes make the lock exact: of four builds that take it at the same
+    instant (a barrier), exactly one holds it, every round; a build whose stale lock another
+    took over finds out at its next heartbeat and writes no more tasks."""
+    import threading
+
+    import bloom_builder.store_work as store_work
+    from bloom_builder.store_work import StoreLock, StoreWork
+
+    work = StoreWork("s3://corpus/work/raced")
+    for _ in range(6):
+        barrier = threading.Barrier(4)
+        locks = [StoreLock(work) for _ in range(4)]
+        outcomes: list[str] = []
+
+        def take(lock: StoreLock) -> None:
+            barrier.wait()
+            try:
+                lock.acquire()
+                outcomes.append("held")
+            except BuildError as error:
+                outcomes.append(str(error))
+
+        threads = [threading.Thread(target=take, args=(lock,)) for lock in locks]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert outcomes.count("held") == 1, outcomes
+        assert all("another build" in o for o in outcomes if o != "held")
+        for lock in locks:
+            lock.release()
+        assert f"corpus/work/raced/{LOCK_OBJECT}" not in _keys(s3, "corpus/work/raced")
+
+    monkeypatch.setattr(store_work, "HEARTBEAT_S", 0.2)
+    stalled = StoreLock(work)
+    stalled.acquire()
+    held = json.loads(s3.cat_file(f"corpus/work/raced/{LOCK_OBJECT}"))
+    stalled._stop.set()  # the build stalls: its heartbeat stops...
+    stalled._thread.join()  # type: ignore[union-attr]
+    held["heartbeat"] -= STALE_S + 1  # ...for longer than the lock stays fresh
+    s3.pipe_file(f"corpus/work/raced/{LOCK_OBJECT}", json.dumps(held).encode())
+    other = StoreLock(work)
+    other.acquire()  # takes the stale lock over
+    stalled._stop.clear()
+    stalled._thread = threading.Thread(target=stalled._beat, daemon=True)
+    stalled._thread.start()  # the stalled build wakes: its next beat finds the lock taken
+    stalled._thread.join(timeout=10)
+    assert stalled.lost is not None and stalled.lost.get("token") == other.token
+    with pytest.raises(BuildError, match="took this work directory over"):
+        stalled.check()
+    stalled.release()  # leaves the other build's lock alone
+    assert json.loads(s3.cat_file(f"corpus/work/raced/{LOCK_OBJECT}"))["token"] == other.token
+    other.release()
