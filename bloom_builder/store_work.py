@@ -458,8 +458,10 @@ class StoreLock:
                 "put_object", Bucket=bucket, Key=key, Body=self._payload(), **condition
             )
         except Exception as error:  # a store's own errors are not all OSErrors
-            if _precondition_failed(error):
+            if _error_code(error) in _PRECONDITION or isinstance(error, FileExistsError):
                 return None
+            if _error_code(error) in _NO_CONDITIONS:
+                raise _Unconditional from None
             raise
         self.work.fs.invalidate_cache(self.key)
         return str(answer.get("ETag") or "")
@@ -475,8 +477,15 @@ class StoreLock:
                     "ago); wait for it to finish, or pass another --work-dir. If that build is "
                     f"dead, its lock goes stale after {STALE_S:.0f} s"
                 )
+        written: str | None = None
         if self._conditional:
-            written = self.work._call("writing its lock", self.key, lambda: self._put(tag or None))
+            try:
+                written = self.work._call(
+                    "writing its lock", self.key, lambda: self._put(tag or None)
+                )
+            except _Unconditional:  # an S3-like store without conditional writes
+                self._conditional = False
+        if self._conditional:
             if written is None:
                 self._refuse_racing(self._holder())
             self._etag = written
@@ -532,22 +541,25 @@ class StoreLock:
                 self.work.fs.rm(self.key)
 
 
-def _precondition_failed(error: BaseException) -> bool:
-    """Whether a store's error is S3's 412 (a conditional write whose condition failed): s3fs
-    raises FileExistsError for ``If-None-Match`` and an EINVAL OSError for ``If-Match``, the
-    client's own error as the cause."""
-    if isinstance(error, FileExistsError):
-        return True
+class _Unconditional(Exception):
+    """The store refused a conditional write as a request it does not implement."""
+
+
+_PRECONDITION = frozenset({"PreconditionFailed", "412"})
+_NO_CONDITIONS = frozenset({"NotImplemented", "501"})
+
+
+def _error_code(error: BaseException) -> str:
+    """The S3 error code behind a store's error (s3fs raises its own exception, the client's
+    error as the cause: FileExistsError for a failed ``If-None-Match``, EINVAL for a failed
+    ``If-Match``); "" where none is."""
     seen: BaseException | None = error
     while seen is not None:
         response = getattr(seen, "response", None)
-        if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
-            "PreconditionFailed",
-            "412",
-        ):
-            return True
+        if isinstance(response, dict):
+            return str(response.get("Error", {}).get("Code") or "")
         seen = seen.__cause__ or seen.__context__
-    return False
+    return ""
 
 
 __all__ = [
