@@ -553,6 +553,6 @@ def test_a_megatron_dataset_rewritten_after_the_listing_stops_the_build_naming_i
         listed[spec] = units
     write_megatron(str(tmp_path / "mega" / "train_text_document"), [*documents, [7, 8, 9]])
     s3.put_file(str(tmp_path / "mega" / rewritten), f"{prefix}/{rewritten}")
-    for spec, units in listed.items():
+    for units in listed.values():
         with pytest.raises(StorageError, match=rf"s3://{prefix}/{rewritten}: changed since"):
             list(documents_of(units, SourceOptions(), ProblemLog()))

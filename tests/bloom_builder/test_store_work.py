@@ -376,7 +376,7 @@ def test_builds_that_take_the_lock_at_once_on_s3_let_exactly_one_through(
         locks = [StoreLock(work) for _ in range(4)]
         outcomes: list[str] = []
 
-        def take(lock: StoreLock) -> None:
+        def take(lock: StoreLock, barrier: Any, outcomes: list[str]) -> None:
             barrier.wait()
             try:
                 lock.acquire()
@@ -384,7 +384,7 @@ def test_builds_that_take_the_lock_at_once_on_s3_let_exactly_one_through(
             except BuildError as error:
                 outcomes.append(str(error))
 
-        threads = [threading.Thread(target=take, args=(lock,)) for lock in locks]
+        threads = [threading.Thread(target=take, args=(lock, barrier, outcomes)) for lock in locks]
         for thread in threads:
             thread.start()
         for thread in threads:
