@@ -185,6 +185,8 @@ def open_url(url: str, expected: Sequence[Any] = ()) -> Any:
     except Exception as error:
         if is_store_failure(error):
             raise store_error(url, "opening it", error) from None
+        if expected and isinstance(error, FileNotFoundError):
+            refuse_changed(url, expected, [0, "", ""])  # deleted since the build listed it
         raise
     if expected:
         details = getattr(handle, "details", None)
@@ -210,6 +212,12 @@ def refuse_changed(url: str, expected: Sequence[Any], now: Sequence[Any] | None 
         fs, path = filesystem(url)
         fs.invalidate_cache(path)
         now = stamp(url)
+    if list(now) == [0, "", ""] and expected[0]:
+        raise StorageError(
+            errno.ESTALE,
+            f"{url}: deleted since this build listed it (size {expected[0]}); rerun the build: "
+            "it lists the objects as they are now",
+        )
     if now[0] != expected[0] or (expected[1] and now[1] != expected[1]):
         raise StorageError(
             errno.ESTALE,

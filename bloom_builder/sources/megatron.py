@@ -246,6 +246,7 @@ def read_megatron(
     try:
         if listed:
             refuse_changed(unit.path, listed[:3])
+            refuse_changed(where, listed[3:])
         index = read_index(_local_index(unit.path), check_all=False)
         stop = min(unit.stop, index.num_documents)
         boundaries = np.asarray(index.documents[unit.start : stop + 1])

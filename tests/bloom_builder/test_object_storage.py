@@ -506,7 +506,8 @@ def test_an_object_rewritten_after_the_listing_stops_the_build_naming_it(
 ) -> None:
     """Objects listed, one rewritten before its task reads it (text, JSON lines, Parquet): the
     read refuses it (its ETag changed) with a StorageError naming it, instead of a filter built
-    from contents the plan never saw; unchanged objects read as listed."""
+    from contents the plan never saw; then deleted: refused as deleted (a filter built without
+    an object its plan counted would be short of it); unchanged objects read as listed."""
     from bloom_builder.sources import ProblemLog, SourceOptions, discover, documents_of
     from memfree.errors import StorageError
 
@@ -524,6 +525,9 @@ def test_an_object_rewritten_after_the_listing_stops_the_build_naming_it(
         s3.pipe_file(key, s3.cat_file(key) + b"\n")  # another ETag, another size
         chosen = [unit for unit in units if unit.path.endswith("/" + name)]
         with pytest.raises(StorageError, match=rf"s3://corpus/rewritten/{name}: changed since"):
+            list(documents_of(chosen, SourceOptions(), ProblemLog()))
+        s3.rm(key)  # and deleted: refused as such, not read as an unreadable document
+        with pytest.raises(StorageError, match=rf"s3://corpus/rewritten/{name}: deleted since"):
             list(documents_of(chosen, SourceOptions(), ProblemLog()))
 
 
@@ -555,4 +559,8 @@ def test_a_megatron_dataset_rewritten_after_the_listing_stops_the_build_naming_i
     s3.put_file(str(tmp_path / "mega" / rewritten), f"{prefix}/{rewritten}")
     for units in listed.values():
         with pytest.raises(StorageError, match=rf"s3://{prefix}/{rewritten}: changed since"):
+            list(documents_of(units, SourceOptions(), ProblemLog()))
+    s3.rm(f"{prefix}/{rewritten}")
+    for units in listed.values():
+        with pytest.raises(StorageError, match=rf"s3://{prefix}/{rewritten}: deleted since"):
             list(documents_of(units, SourceOptions(), ProblemLog()))
