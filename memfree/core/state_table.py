@@ -14,7 +14,7 @@ indexes and the new states' packed rows (:attr:`StateTable.sent` counts the byte
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,8 @@ class StateTable:
 
     Args:
         fill: ``fill(row, key, width)`` writes the banned candidates of state ``key`` into the
-            bool array ``row`` (``width`` long); called once per state while it stays.
+            bool array ``row`` (``width`` long), or returns them already packed (np.packbits'
+            order, ``(width + 7) // 8`` bytes); called once per state while it stays.
         capacity: rows past which the least recently used state gives its row up.
 
     Attributes:
@@ -38,7 +39,7 @@ class StateTable:
     """
 
     def __init__(
-        self, fill: Callable[[np.ndarray, Any, int], None], capacity: int = _SLOTS
+        self, fill: Callable[[np.ndarray, Any, int], np.ndarray | None], capacity: int = _SLOTS
     ) -> None:
         self._fill = fill
         # The banned candidates of the states seen lately, packed (np.packbits), and the width
@@ -58,6 +59,7 @@ class StateTable:
         self.mirror_always = False  # tests: use the copy on the CPU too
         self.sent = 0  # bytes the latest step sent to the scores' device (0 on the CPU)
         self._steps = 0
+        self._eviction: tuple[int, Iterator[int]] | None = None  # see _least_recent
         self.capacity = capacity  # rows past which the least recently used state is dropped
         self._lock = threading.Lock()
 
@@ -125,8 +127,8 @@ class StateTable:
             slot = self._filled
             self._filled += 1
         else:
-            oldest = int(np.argmin(self._used)) if len(self._used) else -1
-            if len(self._table) < self.capacity or oldest < 0 or self._used[oldest] == self._steps:
+            oldest = self._least_recent() if len(self._table) >= self.capacity else -1
+            if oldest < 0:
                 slot = self._filled
                 size = 2 * slot or min(64, self.capacity)
                 grown = np.zeros((size, self._table.shape[1]), dtype=np.uint8)
@@ -140,12 +142,24 @@ class StateTable:
                 slot = oldest
                 if self._key_of_slot[slot] >= 0:
                     self._slot_of[self._key_of_slot[slot]] = -1
-        self._fill(self._scratch, key, self._width)
-        self._table[slot] = np.packbits(self._scratch)
+        packed = self._fill(self._scratch, key, self._width)
+        self._table[slot] = np.packbits(self._scratch) if packed is None else packed
         self._versions[slot] = self._steps  # copies on other devices: this row is new
         self._used[slot] = self._steps
         self._slot_of[key_id] = slot
         self._key_of_slot[slot] = key_id
+
+    def _least_recent(self) -> int:
+        """The table row used least recently, not by this step (-1: none). The rows by last
+        use are sorted once a step (then taken in turn, skipping those this step has used
+        since), not searched once per new state."""
+        if self._eviction is None or self._eviction[0] != self._steps:
+            order = np.argsort(self._used, kind="stable").tolist()
+            self._eviction = (self._steps, iter(order))
+        for slot in self._eviction[1]:
+            if self._used[slot] != self._steps:
+                return int(slot)
+        return -1
 
     def _mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
         """The rows ``slots`` gathered from the table's copy on ``device`` (under the lock). The
