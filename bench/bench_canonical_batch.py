@@ -48,11 +48,22 @@ def modules(skip: int, count: int | None = None) -> list[Path]:
     return paths[:count] if count is not None else paths
 
 
-def module_ids(tokenizer: Any, skip: int) -> list[list[int]]:
+def package_modules() -> list[Path]:
+    """The standard library's packages' ASCII modules (``email/``, ``json/``, ...): text of
+    the same kind as :func:`modules`, none of it the same."""
+    return [
+        p
+        for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*/*.py"))
+        if "test" not in p.parts[-2] and p.read_text(errors="ignore").isascii()
+    ]
+
+
+def module_ids(tokenizer: Any, skip: int, paths: list[Path] | None = None) -> list[list[int]]:
     """Each module's ids from the first line that starts at column 0 after a blank line (a
-    window starts where a prompt cut from the text would), a different slice per ``skip``."""
+    window starts where a prompt cut from the text would), a different slice per ``skip``
+    (``paths``: these modules instead)."""
     found = []
-    for path in modules(skip):
+    for path in modules(skip) if paths is None else paths:
         text = path.read_text(errors="ignore")
         at = text.find("\n\n", 200)
         if at >= 0:
@@ -74,9 +85,15 @@ def windows(ids: list[list[int]], count: int, length: int) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def step_time(guard: Any, rows: torch.Tensor, prompt: int, width: int) -> float:
+def step_time(
+    guard: Any, rows: torch.Tensor, prompt: int, width: int, warm: torch.Tensor | None = None
+) -> float:
     """Seconds per step over the second half of the steps (the first half fills the caches); on
-    a GPU each step waits for the device (the mask is ready when the step is timed)."""
+    a GPU each step waits for the device (the mask is ready when the step is timed). ``warm``:
+    rows of other text the guard steps through first, as a server that has been running."""
+    if warm is not None:
+        for length in range(prompt, warm.shape[1]):
+            guard.blocked_mask(warm[:, :length], width)
     steps = rows.shape[1] - prompt
     for length in range(prompt, prompt + steps // 2):
         guard.blocked_mask(rows[:, :length], width)
@@ -138,12 +155,18 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
         if led:  # as the tokenizer gives a prompt: Llama 2's windows begin mid-text after <s>
             rows = torch.cat([torch.full((size, 1), bos), rows[:, :-1]], dim=1)
         rows = rows.to(args.device)
+        warm = None
+        if args.warm:  # a running server: other text first (the same rows' count and length)
+            warm = windows(
+                module_ids(tokenizer, 0, package_modules()), size, args.prompt + args.warm
+            )
+            warm = warm.to(args.device)
         base = cost = float("inf")
         for _ in range(args.repeats):  # interleaved, best of each; a fresh guard each time
             plain = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
-            base = min(base, step_time(plain, rows, args.prompt, width))
+            base = min(base, step_time(plain, rows, args.prompt, width, warm))
             guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
-            cost = min(cost, step_time(guard, rows, args.prompt, width))
+            cost = min(cost, step_time(guard, rows, args.prompt, width, warm))
         sent = device_bytes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), rows, args, width)
         print(
             f"  {size:4d} | {base * 1e3:16.2f} | {cost * 1e3:17.2f} | {cost / base:4.1f}x | "
@@ -165,6 +188,13 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--steps", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--warm",
+        type=int,
+        default=0,
+        help="steps over other text (the stdlib's packages) each guard takes before the timed "
+        "rows, as a server that has been running (default 0: a fresh guard)",
+    )
     parser.add_argument("--device", default="cpu", help="where the rows and masks live: cpu, cuda")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="rows per step")
     parser.add_argument(
