@@ -109,6 +109,7 @@ class RowStates:
         self._cuts = cuts
         self._is_cut = np.zeros(bpe.vocab_size + 1, dtype=bool)  # the last: ids past the end
         self._is_cut[[t for t in cuts if t < bpe.vocab_size]] = True
+        self._lists()
         # Text as decode writes it: special and added tokens as their content.
         self._text_bytes = list(token_bytes)
         for content, token in bpe.added.items():
@@ -130,9 +131,20 @@ class RowStates:
         self._warned = False
         self.rows = 0
 
+    def _lists(self) -> None:
+        """The per-token columns an advancing step reads one entry at a time, as lists (a
+        list's entry costs a third of a numpy array's); made again for a copy."""
+        bpe = self.bpe
+        self._cut_of: list[bool] = self._is_cut.tolist()
+        self._self_ok: list[bool] = bpe.self_ok.tolist()
+        self._run_of: list[int] = bpe.run.tolist()
+        self._first_of: list[int] = bpe.first.tolist()
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_lock")
+        for name in ("_cut_of", "_self_ok", "_run_of", "_first_of"):
+            state.pop(name, None)
         state["_prefix_checks"] = OrderedDict()
         state["_advances"] = OrderedDict()
         return state
@@ -140,6 +152,7 @@ class RowStates:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._lists()
 
     def state(self, ids: list[int], array: np.ndarray | None = None) -> tuple[Any, ...]:
         """What the answer depends on: the kind of the row's last chunk, its last token, and
@@ -209,7 +222,7 @@ class RowStates:
         if (
             tail is None
             or key[0] not in _ADVANCING
-            or self._is_cut[min(token, self.bpe.vocab_size)]
+            or self._cut_of[min(token, self.bpe.vocab_size)]
         ):
             return None
         if key[0] == "run" and not key[-1] and tail.last is not None and self.split is None:
@@ -257,13 +270,13 @@ class RowStates:
         (read the tail instead)."""
         run = RUN_OF_CLASS.get(cls)
         text = self.bpe.texts[token]
-        if run is None or text is None or not self.bpe.self_ok[token] or self._begins_added(token):
+        if run is None or text is None or not self._self_ok[token] or self._begins_added(token):
             return None
-        if int(self.bpe.run[token]) == run:  # the same chunk goes on
+        if self._run_of[token] == run:  # the same chunk goes on
             if not self._pair(a, token):
                 return None
             return ("run", cls, token, ()), Tail(tail.text + text, (*tail.tokens, token), tail.last)
-        first = int(self.bpe.first[token])
+        first = self._first_of[token]
         if first == cls or (cls == PUNCT and first == APOSTROPHE):
             return None  # goes on with the run but is not all of it: crosses a chunk boundary
         assert tail.last is not None  # read by GPT-2's rules

@@ -71,8 +71,8 @@ class RowAutomaton:
         self._ids: dict[Any, int] = {}
         self._key_ids: dict[Hashable, int] = {}
         self._next: dict[int, int] = {}  # state id * stride + token -> state id
-        self._kid = np.zeros(64, dtype=np.int64)  # state id -> key id
-        self._flags = np.zeros(64, dtype=bool)
+        self._kid: list[int] = []  # state id -> key id
+        self._flags: list[bool] = []  # state id -> flag
         self.past = self._intern(self._past)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -133,27 +133,26 @@ class RowAutomaton:
 
     def key_ids(self, ids: np.ndarray) -> np.ndarray:
         """The state table's key id of each state id."""
-        return self._kid[ids]
+        kid = self._kid
+        return np.array([kid[sid] for sid in ids.tolist()], dtype=np.int64)
 
     def flags(self, ids: np.ndarray) -> np.ndarray:
         """``flag`` of each state id's read."""
-        return self._flags[ids]
+        flags = self._flags
+        return np.array([flags[sid] for sid in ids.tolist()], dtype=bool)
 
     def _intern(self, read: Any) -> int:
         sid = self._ids.get(read)
         if sid is None:
             sid = self._ids[read] = len(self.reads)
             self.reads.append(read)
-            if sid >= len(self._kid):
-                self._kid = np.concatenate([self._kid, np.zeros_like(self._kid)])
-                self._flags = np.concatenate([self._flags, np.zeros_like(self._flags)])
             key = self._key_of(read)
             kid = self._key_ids.get(key)
             if kid is None:
                 kid = self._key_ids[key] = len(self.keys)
                 self.keys.append(key)
-            self._kid[sid] = kid
-            self._flags[sid] = self._flag is not None and self._flag(read)
+            self._kid.append(kid)
+            self._flags.append(self._flag is not None and self._flag(read))
         return sid
 
 
