@@ -74,10 +74,6 @@ from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.sentencepiece import is_sentencepiece
 
 _CACHE = 256
-# A run state's row is written packed where the merge-tree test bans at most this many
-# candidates (a scatter of bits); a longer list is written as a bool row and packed.
-_PACKED_JOINS = 4096
-_BIT = np.array([128, 64, 32, 16, 8, 4, 2, 1], dtype=np.uint8)  # np.packbits' order
 _BIGRAMS = 64  # merge tests kept, per last token
 
 
@@ -96,7 +92,7 @@ class CanonicalMasker(TableMasker):
 
     UNPICKLED = (
         *("_lock", "_masks", "_bigrams", "_readings", "_pseudos"),
-        *("_columns", "_pseudo_columns", "_pseudo_runs", "_runs", "_packed_runs"),
+        *("_columns", "_pseudo_columns", "_pseudo_runs", "_runs"),
         *("table", "automaton"),
     )
 
@@ -141,7 +137,6 @@ class CanonicalMasker(TableMasker):
         masker's caches: made anew for a copy)."""
         v = self._vocabulary
         self._runs: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # see _run_parts
-        self._packed_runs: dict[tuple[int, int], np.ndarray] = {}  # see _packed_run
         self._columns = Columns(
             True, v.new, v.added, v.first_letter, v.first_number, v.first_punct, v.first_space,
             self.bpe.self_ok, self.bpe.run, v.runs, v.word_run, v.split_enter, v.after_apostrophe,
@@ -221,51 +216,28 @@ class CanonicalMasker(TableMasker):
         active = torch.ones(count, dtype=torch.bool, device=device)
         return banned, active, pending
 
-    def _fill(self, row: np.ndarray, key: tuple[Any, ...], width: int) -> np.ndarray | None:
+    def _fill(self, row: np.ndarray, key: tuple[Any, ...], width: int) -> None:
         """``row``: the candidates a state bans (ids past the vocabulary always; end of
-        sequence where the state may not end); a run's row is returned packed instead."""
+        sequence where the state may not end)."""
+        row[:] = True
         ends = [token for token in self.end_token_ids if token < width]
         size = min(width, self.bpe.vocab_size)
         if key[0] == "run" and not key[-1] and self.fast_runs:
             parts = self._run_parts(key[1])
             if parts is not None:  # the run's row before the merge-tree test, then the test
                 banned, tested = parts
+                row[:size] = banned[:size]
                 joined = self.bpe.joined(key[2])
                 joined = joined[tested[joined]]
-                joined = joined[joined < size]
-                if joined.size <= _PACKED_JOINS:  # the packed row, then the test's bits
-                    packed = self._packed_run(key[1], width, ends).copy()
-                    np.bitwise_or.at(packed, joined >> 3, _BIT[joined & 7])
-                    for token in ends:  # a run may end: its text, ended here, is its ids
-                        packed[token >> 3] &= ~_BIT[token & 7]
-                    return packed
-                row[:] = True
-                row[:size] = banned[:size]
-                row[joined] = True
-                row[ends] = False
-                return None
-        row[:] = True
+                row[joined[joined < size]] = True
+                row[ends] = False  # a run may end: its text, ended here, is its ids
+                return
         if key[0] != "past":
             allowed = self._allowed(key, keep=False)
             np.logical_not(allowed[:size], out=row[:size])
             if not _may_end(key, allowed):
-                return None
+                return
         row[ends] = False
-        return None
-
-    def _packed_run(self, cls: int, width: int, ends: list[int]) -> np.ndarray:
-        """A run's banned row before the merge-tree test (:meth:`_run_parts`), packed for
-        ``width`` (ids past the vocabulary banned, end of sequence allowed); kept per class."""
-        known = self._packed_runs.get((cls, width))
-        if known is None:
-            parts = self._run_parts(cls)
-            assert parts is not None
-            size = min(width, self.bpe.vocab_size)
-            row = np.ones(width, dtype=bool)
-            row[:size] = parts[0][:size]
-            row[ends] = False
-            known = self._packed_runs[(cls, width)] = np.packbits(row)
-        return known
 
     def _run_parts(self, cls: int) -> tuple[np.ndarray, np.ndarray] | None:
         """GPT-2's rules after a run of class ``cls`` (letters, digits or punctuation; no

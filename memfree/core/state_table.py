@@ -29,8 +29,7 @@ class StateTable:
 
     Args:
         fill: ``fill(row, key, width)`` writes the banned candidates of state ``key`` into the
-            bool array ``row`` (``width`` long), or returns them already packed (np.packbits'
-            order, ``(width + 7) // 8`` bytes); called once per state while it stays.
+            bool array ``row`` (``width`` long); called once per state while it stays.
         capacity: rows past which the least recently used state gives its row up.
 
     Attributes:
@@ -39,7 +38,7 @@ class StateTable:
     """
 
     def __init__(
-        self, fill: Callable[[np.ndarray, Any, int], np.ndarray | None], capacity: int = _SLOTS
+        self, fill: Callable[[np.ndarray, Any, int], None], capacity: int = _SLOTS
     ) -> None:
         self._fill = fill
         # The banned candidates of the states seen lately, packed (np.packbits), and the width
@@ -142,8 +141,8 @@ class StateTable:
                 slot = oldest
                 if self._key_of_slot[slot] >= 0:
                     self._slot_of[self._key_of_slot[slot]] = -1
-        packed = self._fill(self._scratch, key, self._width)
-        self._table[slot] = np.packbits(self._scratch) if packed is None else packed
+        self._fill(self._scratch, key, self._width)
+        self._table[slot] = np.packbits(self._scratch)
         self._versions[slot] = self._steps  # copies on other devices: this row is new
         self._used[slot] = self._steps
         self._slot_of[key_id] = slot

@@ -42,10 +42,10 @@ def _row(masker: CanonicalMasker, key: tuple[Any, ...], width: int, fast: bool) 
     row = np.empty(width, dtype=bool)
     masker.fast_runs = fast
     try:
-        packed = masker._fill(row, key, width)  # a run's row may come packed
+        masker._fill(row, key, width)
     finally:
         masker.fast_runs = True
-    return row if packed is None else np.unpackbits(packed, count=width).astype(bool)
+    return row
 
 
 @settings(
