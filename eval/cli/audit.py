@@ -18,7 +18,7 @@ from eval.cli.audit_options import (
     settings_from_args,
 )
 from eval.cli.flags import in_flags
-from memfree.cli.common import disable_download_bars, fail, warnings_to_stderr
+from memfree.cli.common import disable_download_bars, fail, no_room, warnings_to_stderr
 
 # The name it had here before the options moved to eval.cli.audit_options (tests import it).
 _OPTION_FIELDS = OPTION_FIELDS
@@ -177,6 +177,9 @@ def _said(error: BaseException) -> str:
     setting out of range named by its flag (:func:`eval.cli.flags.in_flags`)."""
     from memfree.errors import os_problem
 
+    room = no_room(error, "the folder written", "free space there, or write to a disk with room")
+    if room is not None:
+        return room
     if isinstance(error, OSError) and error.filename is not None:
         return f"{error.filename}: {os_problem(error)}"
     return in_flags(error, old_names=True)
@@ -220,7 +223,8 @@ def _insert(args: argparse.Namespace) -> int:
             overwrite=args.force,
         )
     except (ValueError, OSError) as error:
-        return fail(_said(error))
+        room = no_room(error, str(args.output), "free space there, or pass -o on a disk with room")
+        return fail(room or _said(error))
     print(
         f"planted {len(manifest['canaries'])} canaries (|R| = {manifest['space_size']:,}) in "
         f"{manifest['documents']:,} documents: {args.output}/corpus.jsonl, manifest.json"

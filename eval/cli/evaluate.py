@@ -24,7 +24,13 @@ from eval.cli.evaluate_options import (
     settings_from_args,
 )
 from eval.cli.flags import in_flags
-from memfree.cli.common import disable_download_bars, fail, interrupted, warnings_to_stderr
+from memfree.cli.common import (
+    disable_download_bars,
+    fail,
+    interrupted,
+    no_room,
+    warnings_to_stderr,
+)
 
 
 def _needing_word_filter(settings: Any) -> str | None:
@@ -97,7 +103,11 @@ def _run_in(args: argparse.Namespace, settings: Any, out: Path) -> int:
         # Among them the library's refusals: a filter of the wrong unit or tokenizer, results
         # of other settings in --out, a damaged, duplicate or another run's record; a setting
         # out of range is named by its flag.
-        return fail(in_flags(error))
+        room = no_room(
+            error, str(out), "free space there, or pass --out on a disk with room; the same "
+            "command with the same --out resumes from the records kept"
+        )  # fmt: skip
+        return fail(room or in_flags(error))
     except KeyboardInterrupt:
         return interrupted()
     from eval.report import write_summary
@@ -106,7 +116,10 @@ def _run_in(args: argparse.Namespace, settings: Any, out: Path) -> int:
     try:
         summary = write_summary(out, records, settings.to_dict(), title)
     except (OSError, ImportError) as error:
-        return fail(f"the records are in {out}/records.jsonl, but the report failed: {error}")
+        room = no_room(error, str(out), "free space there and rerun the same command")
+        return fail(
+            f"the records are in {out}/records.jsonl, but the report failed: {room or error}"
+        )
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
         return 0

@@ -40,6 +40,24 @@ DECODING_FLAGS = {
 }
 
 
+def no_room(error: BaseException, where: str, fix: str) -> str | None:
+    """The message for a write the local disk refused for lack of room (full: ENOSPC; over a
+    quota: EDQUOT; past the file-size limit: EFBIG), naming ``where`` the command writes and
+    ``fix``; None for any other error.
+
+    Example:
+        >>> import errno
+        >>> no_room(OSError(errno.ENOSPC, "No space left on device"), "out/eval", "free some")
+        'no room to write in out/eval (No space left on device): free some'
+    """
+    from memfree.storage import NO_ROOM
+
+    if not isinstance(error, OSError) or error.errno not in NO_ROOM:
+        return None
+    named = f" ({error.filename})" if error.filename else ""
+    return f"no room to write in {where}{named} ({error.strerror}): {fix}"
+
+
 def fail(message: str) -> int:
     """Print ``memfree: error: MESSAGE`` on stderr and return the usage-error status, 2.
 

@@ -125,3 +125,26 @@ def test_insertion_never_replaces_a_manifest_or_a_corpus_unless_asked(tmp_path: 
     (out / "manifest.json").unlink()
     with pytest.raises(ValueError, match=r"already holds corpus\.jsonl"):
         insert_canaries([str(out / "corpus.jsonl")], out, pin)
+
+
+def test_a_disk_with_no_room_is_named_with_the_fix_and_leaves_no_half_corpus(
+    tmp_path: Path,
+) -> None:
+    """``memfree audit insert`` where writes fail for lack of room (the kernel's file-size
+    limit, EFBIG, as a full disk fails with ENOSPC): exit 2 naming the output folder and the
+    fix, no traceback, and no half-written corpus or manifest left to be read as a planted one."""
+    from tests.conftest import run_with_file_limit
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = [json.dumps({"text": f"a document of some words, number {i}"}) for i in range(300)]
+    (corpus / "a.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "planted"
+    argv = ["audit", "insert", str(corpus), "-o", str(out)]
+    code = f"from memfree.cli import main\nraise SystemExit(main({argv!r}))\n"
+    done = run_with_file_limit(code, 1024, {})
+    assert done.returncode == 2, done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"memfree: error: no room to write in {out} (File too large)"), error
+    assert "-o on a disk with room" in error and "Traceback" not in done.stderr
+    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
