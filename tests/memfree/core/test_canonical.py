@@ -120,7 +120,8 @@ def _definition(
     bytes each id writes, the reference's own source, the row and ``extendable``. A row's
     reference encodes every candidate's text with the real tokenizer (2 s for 151k ids): the
     parametrized tests check the same rows on every run. A kept answer that does not read back
-    is computed again; the folder keeps its newest 4,000 answers."""
+    is computed again; the folder keeps the 4,000 answers used last (the parametrized rows, read
+    on every run, stay; Hypothesis's rows, new each run, make way)."""
     key = hashlib.sha256(_tokenizer_key(tokenizer, info).encode())
     key.update(f"\0{row}\0{extendable}".encode())
     kept = _REFERENCES / f"{key.hexdigest()[:32]}.bin"
@@ -129,6 +130,8 @@ def _definition(
         data = kept.read_bytes()
         if len(data) == (size + 7) // 8 + 1:
             allowed = np.unpackbits(np.frombuffer(data[1:], np.uint8), count=size).astype(bool)
+            with contextlib.suppress(OSError):
+                os.utime(kept)  # used now: the folder keeps its most recently used answers
             return allowed, data[0] == 1
     except OSError:
         pass
