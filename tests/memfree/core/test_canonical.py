@@ -120,7 +120,7 @@ def _definition(
     bytes each id writes, the reference's own source, the row and ``extendable``. A row's
     reference encodes every candidate's text with the real tokenizer (2 s for 151k ids): the
     parametrized tests check the same rows on every run. A kept answer that does not read back
-    is computed again; the folder keeps the 4,000 answers used last (the parametrized rows, read
+    is computed again; the folder keeps the 8,000 answers used last (the parametrized rows, read
     on every run, stay; Hypothesis's rows, new each run, make way)."""
     key = hashlib.sha256(_tokenizer_key(tokenizer, info).encode())
     key.update(f"\0{row}\0{extendable}".encode())
@@ -141,7 +141,7 @@ def _definition(
         temporary = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
         temporary.write_bytes(bytes([int(ends)]) + np.packbits(allowed).tobytes())
         os.replace(temporary, kept)  # whole or absent: two workers may write it at once
-        _prune(_REFERENCES, 4000)
+        _prune(_REFERENCES, 8000)
     return allowed, ends
 
 
@@ -164,7 +164,8 @@ def _tokenizer_key(tokenizer: Any, info: TokenizerInfo) -> str:
 
 
 def _prune(folder: Path, keep: int) -> None:
-    """Drop the oldest files of ``folder`` past its newest ``keep`` (checked every 64 writes)."""
+    """Drop the files of ``folder`` used least recently past the ``keep`` used last (checked
+    every 64 writes)."""
     _WRITES.append(1)
     if len(_WRITES) % 64:
         return
