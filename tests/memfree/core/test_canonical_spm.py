@@ -102,17 +102,18 @@ def family(request: pytest.FixtureRequest) -> tuple[Any, SentencePieceMasker]:
 
 def _normalized(
     masker: SentencePieceMasker, ids: list[int], added: dict[int, str] | None = None
-) -> str | None:
+) -> tuple[str, ...] | None:
     """The pieces of ``ids`` joined, bytes spelled as their characters and an added token as its
     content (``added``: id -> content; decode writes it so, and the tokenizer cuts its text
-    there, as Phi-3's ``</s>``, an added token that is not special); None where the bytes are
-    not whole UTF-8 characters."""
+    there, as Phi-3's ``</s>``, an added token that is not special), cut into segments after
+    each added token; None where the bytes are not whole UTF-8 characters."""
     bpe = masker.bpe
     added = added or {}
+    segments: list[str] = []
     parts: list[str] = []
     raw = b""
     for token in ids:
-        if token in added and bpe.pieces[token] is None:
+        if token in added and bpe.pieces[token] is None and bpe.byte_of[token] < 0:
             if raw:
                 try:
                     parts.append(raw.decode("utf-8"))
@@ -121,6 +122,8 @@ def _normalized(
                 raw = b""
             assert SPACE not in added[token]  # written as it is: no "▁" to read back as " "
             parts.append(added[token])
+            segments.append("".join(parts))
+            parts = []
             continue
         if bpe.byte_of[token] >= 0:
             raw += bytes([int(bpe.byte_of[token])])
@@ -137,15 +140,19 @@ def _normalized(
             parts.append(raw.decode("utf-8"))
         except UnicodeDecodeError:
             return None
-    return "".join(parts)
+    return (*segments, "".join(parts))
 
 
-def _texts(normalized: str) -> list[str]:
-    """The texts that may normalize to ``normalized``: with or without the "▁" put first."""
-    texts = [normalized.replace(SPACE, " ")]
-    if normalized.startswith(SPACE):
-        texts.append(normalized[1:].replace(SPACE, " "))
-    return texts
+def _texts(normalized: tuple[str, ...]) -> list[str]:
+    """The texts that may normalize to ``normalized`` (its segments, each but the last ending
+    in an added token's content): each segment with or without its first "▁" (the normalizer
+    puts one first, and one after an added token under ``Prepend``; elsewhere it is the text's
+    space)."""
+    variants = [""]
+    for part in normalized:
+        options = [part, part[1:]] if part.startswith(SPACE) else [part]
+        variants = [v + o for v in variants for o in options]
+    return [v.replace(SPACE, " ") for v in variants]
 
 
 def _verdicts(
