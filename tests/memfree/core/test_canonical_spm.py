@@ -112,21 +112,10 @@ def _normalized(
     segments: list[str] = []
     parts: list[str] = []
     raw = b""
-    for token in ids:
-        if token in added and bpe.pieces[token] is None and bpe.byte_of[token] < 0:
-            if raw:
-                try:
-                    parts.append(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    return None
-                raw = b""
-            assert SPACE not in added[token]  # written as it is: no "▁" to read back as " "
-            parts.append(added[token])
-            segments.append("".join(parts))
-            parts = []
-            continue
-        if bpe.byte_of[token] >= 0:
-            raw += bytes([int(bpe.byte_of[token])])
+    for token in [*ids, None]:  # None: the end, where bytes begun must be whole too
+        byte = -1 if token is None else int(bpe.byte_of[token])
+        if byte >= 0:
+            raw += bytes([byte])
             continue
         if raw:
             try:
@@ -134,12 +123,14 @@ def _normalized(
             except UnicodeDecodeError:
                 return None
             raw = b""
-        parts.append(bpe.pieces[token] or "")
-    if raw:
-        try:
-            parts.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            return None
+        if token is None:
+            break
+        if token in added and bpe.pieces[token] is None:
+            assert SPACE not in added[token]  # written as it is: no "▁" to read back as " "
+            segments.append("".join([*parts, added[token]]))
+            parts = []
+        else:
+            parts.append(bpe.pieces[token] or "")
     return (*segments, "".join(parts))
 
 
