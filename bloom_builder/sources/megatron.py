@@ -256,8 +256,9 @@ def read_megatron(
             or boundaries[-1] > len(index.lengths)
         ):
             raise ValueError("damaged .idx: document boundaries are not increasing")
-        if boundaries.size:
-            _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), _data_bytes(where))
+        if boundaries.size:  # the .bin's size: as listed (checked above), else asked
+            size = int(listed[3]) if listed else _data_bytes(where)
+            _check_sequences(index, int(boundaries[0]), int(boundaries[-1]), size)
         handle: Any = open_url(where, listed[3:]) if remote else os.open(where, os.O_RDONLY)
     except StorageError:
         raise  # the store failed: not an answer about the dataset

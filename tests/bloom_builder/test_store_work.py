@@ -35,6 +35,19 @@ def _keys(s3: Any, prefix: str) -> list[str]:
         return []
 
 
+def _kept_build(tmp_path: Path, tokenizer_dir: Path, name: str) -> tuple[Any, str, Any]:
+    """A build of 8 documents whose work is kept on the bucket at ``s3://corpus/work/NAME``
+    (its filter: ``a.memfree``): its settings, the work directory's URL and its summary."""
+    write_corpus(tmp_path / "corpus", 8)
+    settings = settings_for(tokenizer_dir, output_format="memfree")
+    url = f"s3://corpus/work/{name}"
+    first = build_filter(
+        [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings, work_dir=url,
+        keep_work=True, progress=False,
+    )  # fmt: skip
+    return settings, url, first
+
+
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MEMFREE_CACHE", str(tmp_path / "cache"))
@@ -85,13 +98,7 @@ def test_a_damaged_object_on_the_store_reruns_its_task(
 ) -> None:
     """An output object rewritten with other bytes of its size (and one deleted): their tasks run
     again from an empty cache; the others are reused; the same bytes."""
-    write_corpus(tmp_path / "corpus", 8)
-    settings = settings_for(tokenizer_dir, output_format="memfree")
-    url = "s3://corpus/work/damaged"
-    first = build_filter(
-        [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings, work_dir=url,
-        keep_work=True, progress=False,
-    )  # fmt: skip
+    settings, url, first = _kept_build(tmp_path, tokenizer_dir, "damaged")
     runs = [k for k in _keys(s3, "corpus/work/damaged/map") if k.endswith(".keys")]
     data = bytearray(s3.cat_file(runs[0]))
     data[0] ^= 0xFF
@@ -329,13 +336,7 @@ def test_a_cache_with_no_room_for_the_mirror_stops_the_build_and_loses_nothing(
     reuses them all and gives the same bytes."""
     from tests.conftest import run_with_file_limit
 
-    write_corpus(tmp_path / "corpus", 8)
-    settings = settings_for(tokenizer_dir, output_format="memfree")
-    url = "s3://corpus/work/roomless"
-    first = build_filter(
-        [str(tmp_path / "corpus")], tmp_path / "a.memfree", settings, work_dir=url,
-        keep_work=True, progress=False,
-    )  # fmt: skip
+    settings, url, first = _kept_build(tmp_path, tokenizer_dir, "roomless")
     kept = _keys(s3, "corpus/work/roomless")
     output = tmp_path / "b.memfree"
     argv = [
