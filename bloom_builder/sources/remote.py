@@ -46,6 +46,9 @@ def listed(spec: str, problems: ProblemLog) -> list[tuple[str, str, int, tuple[A
     fs, path = filesystem(spec)
     found: list[tuple[str, str, int, tuple[Any, ...]]] = []
     try:
+        # The store as it is now, not as this process listed it before (fsspec keeps listings:
+        # a second build in one process would key its reuse on the first one's sizes and ETags).
+        fs.invalidate_cache()
         if any(char in path for char in "*?["):
             matches = fs.glob(path, detail=True)
             base = path.split("*", 1)[0].split("?", 1)[0].split("[", 1)[0].rsplit("/", 1)[0]
