@@ -56,6 +56,7 @@ RULE_KINDS = frozenset(
 )
 _ADVANCING = RULE_KINDS | {"split"}
 _MISSING = object()
+_SHORT = object()  # see RowStates._advance_tail
 RUN_OF_CLASS = {LETTER: RUN_LETTERS, NUMBER: RUN_NUMBERS, PUNCT: RUN_PUNCT}  # runs that go on
 
 
@@ -229,13 +230,33 @@ class RowStates:
             stepped = self._run_step(key[1], key[2], tail, token)
             if stepped is not None:
                 return stepped
+        if key[0] in ("space", "space_split") and not key[-1] and self.split is None:
+            stepped = self._space_step(key, tail, token)
+            if stepped is not None:
+                return stepped
         pending = _pending_of(key)
+        if key[0] == "space" and tail.last is not None and self.split is None:
+            # GPT-2's pattern: no text after a whitespace run moves the run's start (the
+            # chunk before it ends in a character that is not whitespace, and no chunk takes
+            # whitespace after it), so where the run and the token make two chunks or more,
+            # they are the row's last two: read from the run alone (rows that repeat a run
+            # before a token share the answer, whatever came before the run).
+            chars, count = tail.last
+            found = self._advance_tail(Tail(tail.text[chars:], tail.tokens[count:]), pending, token)
+            if found is not _SHORT:
+                return found
+        found = self._advance_tail(tail, pending, token)
+        return None if found is _SHORT else found
+
+    def _advance_tail(self, tail: Tail, pending: tuple[str, ...], token: int) -> Any:
+        """:meth:`advance` read from ``tail``'s text and ``token``'s; ``_SHORT`` where they
+        make fewer than two chunks (the row's last two chunks reach before ``tail``)."""
         memo = (tail.tokens, pending, token)
         with self._lock:
             known = self._advances.get(memo, _MISSING)
         if known is not _MISSING:
-            return known  # type: ignore[return-value]
-        found: Read | None = None
+            return known
+        found: Any = None
         try:
             appended = self._bytes[token].decode("utf-8")
         except UnicodeDecodeError:
@@ -247,7 +268,9 @@ class RowStates:
             chunks = self.bpe.chunks(text)
             # Fewer than two chunks: the token joined the tail's chunks, and the row's last two
             # chunks reach before the tail (a full read sees them).
-            if len(chunks) >= _TAIL_CHUNKS:
+            if len(chunks) < _TAIL_CHUNKS:
+                found = _SHORT
+            else:
                 rests = self._advance_pending(pending, appended)
                 read = self._finish(
                     segment, 0, self._hashes(array), segment, chunks, rests, quiet=True
@@ -288,6 +311,46 @@ class RowStates:
         return (*kind, ()), Tail(
             last + text, (*tail.tokens[tokens:], token), (len(last), len(tail.tokens) - tokens)
         )
+
+    def _space_step(self, key: tuple[Any, ...], tail: Tail, token: int) -> Read | None:
+        """GPT-2's pattern, a row ending in a whitespace run ``W`` (its last chunk), without
+        reading text: a token that comes back alone and starts a chunk of its own after the
+        run. Two cases. The token is a space then a character that is not whitespace (``"
+        def"``): ``W`` stays one chunk (``\\s+(?!\\S)`` stops before that space), and a
+        ``space`` state holds ``W``'s tokenization as one chunk. Or the token starts with a
+        character that is not whitespace, and the run's last character is not a space (no
+        chunk takes it with that character): ``W`` splits into its last character and the rest
+        (one character: no split), as ``space_split`` states and ``space`` states with the
+        flag hold it. The new state is the token's alone (what came before it matters only
+        after an apostrophe); the tail keeps the run, whose start no appended text moves. None
+        otherwise (read the tail instead)."""
+        text = self.bpe.texts[token]
+        if text is None or not self._self_ok[token] or self._begins_added(token):
+            return None
+        first = self._first_of[token]
+        if first == SP:
+            if key[0] != "space" or len(text) < 2 or self.bpe.char_class(text[1]) in (SP, WS):
+                return None
+        elif (
+            first in (WS, NONE)
+            or key[1 if key[0] == "space_split" else 2] == " "
+            or (key[0] == "space" and not key[3])
+        ):
+            return None
+        kind = self._lone_kinds.get(token)
+        if kind is None:
+            kind = self._lone_kinds[token] = self._kind(text, [token], None)
+        if first == SP:  # the row's last two chunks: the run, the token
+            if tail.last is None:
+                return None
+            chars, count = tail.last
+            run, tokens = tail.text[chars:], tail.tokens[count:]
+        else:  # the run's last character, the token
+            run = tail.text[-1]
+            tokens = tuple(_tokens_of_tail(list(tail.tokens), self._bytes, len(run.encode())))
+            if not tokens:
+                return None
+        return (*kind, ()), Tail(run + text, (*tokens, token), (len(run), len(tokens)))
 
     def _finish(
         self,

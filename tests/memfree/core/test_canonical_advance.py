@@ -11,7 +11,9 @@ get reordered or replaced between steps, against a fresh masker's step.
 from __future__ import annotations
 
 import random
+import sysconfig
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,6 +108,36 @@ def test_rows_of_ordinary_text_advance_without_reading_the_row(
     text = "def f(x, y):\n    return x + y  # sum\n\n\nprint(f(1, 2))\nIt's done.\n"
     ids = _split(tokenizer, text, 0, 0)
     assert _check_prefixes(masker.states, ids) >= 0.9 * len(ids)
+
+
+def test_rows_after_a_whitespace_run_advance_without_reading_text(
+    smol_masker: CanonicalMasker,
+    default_tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPT-2's pattern, a row ending in a whitespace run: a token that starts a chunk after it
+    (``"\\n" + "def"``, ``"    " + " return"``, ``"\\n\\n" + "class"``) is read from the
+    per-token tables, and a token that does neither from the run alone. Along real code (the
+    standard library's first modules, blank lines written both ways), every prefix advanced
+    equals its full read, and the step without text is taken."""
+    states = smol_masker.states
+    taken = []
+    space_step = states._space_step
+
+    def counted(key: Any, tail: Any, token: int) -> Any:
+        found = space_step(key, tail, token)
+        taken.append(found is not None)
+        return found
+
+    monkeypatch.setattr(states, "_space_step", counted)
+    paths = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]
+    texts = [path.read_text(errors="ignore")[:1500] for path in paths]
+    texts.append('class A:\n\n\n    def f(self):\n\treturn 1\n \nx = "a"\n\n"""s"""\n  \'t\n')
+    for text in texts:
+        ids = default_tokenizer(text, add_special_tokens=False)["input_ids"]
+        _check_prefixes(states, ids)
+        _check_prefixes(states, _split(default_tokenizer, text, 1, 7))
+    assert sum(taken) >= 100, (sum(taken), len(taken))
 
 
 def _expected(masker: CanonicalMasker, row: list[int], width: int) -> np.ndarray:
