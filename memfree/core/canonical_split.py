@@ -140,6 +140,7 @@ class SplitChunks:
         self._groups: OrderedDict[tuple[int, ...], _Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
+        self._nfc_breaking: OrderedDict[tuple[str, bool], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         empty = np.zeros(0, dtype=bool)
         self.pseudo_shape = np.zeros(0, dtype=np.int64)
@@ -189,6 +190,7 @@ class SplitChunks:
         state = self.__dict__.copy()
         for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
             state.pop(name)
+        state.pop("_nfc_breaking", None)
         for name in ("_model", "_merges", "_strings"):
             state.pop(name)
         return state
@@ -205,6 +207,7 @@ class SplitChunks:
         self._groups = OrderedDict()
         self._bpe_cache = {}
         self._completions = OrderedDict()
+        self._nfc_breaking = OrderedDict()
         self._lock = threading.Lock()
         self._class_lock = threading.RLock()
 
@@ -317,13 +320,15 @@ class SplitChunks:
         into ``after`` (None: it crosses a boundary, or goes on from a chunk before it)."""
         size, end = len(row), len(row) + len(candidate)
         starts = [span[0] for _, span in self._pre.pre_tokenize_str(row + candidate + after)]
-        if any(size < s < end for s in starts):
+        # The starts increase: those up to the row's end, then the first one after it.
+        at = bisect.bisect_right(starts, size)
+        if at < len(starts) and starts[at] < end:
             return None  # crosses a chunk boundary: one token is never two chunks
-        start = max(s for s in starts if s <= size)
+        start = starts[at - 1]
         goes_on = bool(after) and end not in starts
         if goes_on and start < size:
             return None
-        return start, tuple(s for s in starts if 0 < s < start), goes_on
+        return start, tuple(starts[1 if starts[0] == 0 else 0 : at - 1]), goes_on
 
     def _spaces(self, shape: int, after: str) -> list[int]:
         """The whitespace tokens of a candidate shape that may start a chunk on their own
@@ -464,10 +469,8 @@ class SplitChunks:
         banned: list[int] = []
         for number, text in fixes:
             if number < 0:
-                for index in np.flatnonzero(self._pseudo_risky & allowed).tolist():
-                    joined = text + self._pseudo_texts[index]
-                    if unicodedata.normalize("NFC", joined) != joined:
-                        banned.append(index)
+                breaking = self._breaking_nfc(text, pseudo=True)
+                banned.extend(breaking[allowed[breaking]].tolist())
                 continue
             completing = np.asarray(self._completing(text, True), dtype=np.int64)
             banned.extend(completing[groups.of_pseudo[completing] == number].tolist())
@@ -492,10 +495,8 @@ class SplitChunks:
         }
         for number, text in fixes:
             if number < 0:
-                for token in np.flatnonzero(self._nfc_risky & mask):
-                    joined = text + (self.bpe.texts[token] or "")
-                    if unicodedata.normalize("NFC", joined) != joined:
-                        banned.append(int(token))
+                breaking = self._breaking_nfc(text, pseudo=False)
+                banned.extend(breaking[mask[breaking]].tolist())
                 continue
             completing = np.asarray(self._completing(text), dtype=np.int64)
             if not completing.size:
@@ -512,6 +513,27 @@ class SplitChunks:
         mask = mask.copy()
         mask[banned] = False
         return mask
+
+    def _breaking_nfc(self, context: str, pseudo: bool) -> np.ndarray:
+        """int64: the candidates (``pseudo``: the pseudo candidates) whose text, appended to a
+        row whose NFC context (:func:`nfc_context`) is ``context``, leaves the text not NFC.
+        Kept per context: rows that end alike share it."""
+        with self._lock:
+            known = self._nfc_breaking.get((context, pseudo))
+        if known is None:
+            risky = self._pseudo_risky if pseudo else self._nfc_risky
+            texts = self._pseudo_texts if pseudo else self.bpe.texts
+            found = []
+            for index in np.flatnonzero(risky).tolist():
+                joined = context + (texts[index] or "")
+                if unicodedata.normalize("NFC", joined) != joined:
+                    found.append(index)
+            known = np.array(found, dtype=np.int64)
+            with self._lock:
+                self._nfc_breaking[(context, pseudo)] = known
+                if len(self._nfc_breaking) > 4 * _CACHE:
+                    self._nfc_breaking.popitem(last=False)
+        return known
 
     def _completing(self, text: str, pseudo: bool = False) -> tuple[int, ...]:
         """The candidates ``c`` such that ``text + text(c)`` is a token; ``pseudo``: the pseudo
