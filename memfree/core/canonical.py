@@ -219,9 +219,9 @@ class CanonicalMasker(TableMasker):
     def _fill(self, row: np.ndarray, key: tuple[Any, ...], width: int) -> None:
         """``row``: the candidates a state bans (ids past the vocabulary always; end of
         sequence where the state may not end)."""
-        row[:] = True
         ends = [token for token in self.end_token_ids if token < width]
         size = min(width, self.bpe.vocab_size)
+        row[size:] = True  # ids past the vocabulary
         if key[0] == "run" and not key[-1] and self.fast_runs:
             parts = self._run_parts(key[1])
             if parts is not None:  # the run's row before the merge-tree test, then the test
@@ -232,7 +232,9 @@ class CanonicalMasker(TableMasker):
                 row[joined[joined < size]] = True
                 row[ends] = False  # a run may end: its text, ended here, is its ids
                 return
-        if key[0] != "past":
+        if key[0] == "past":
+            row[:size] = True
+        else:
             allowed = self._allowed(key, keep=False)
             np.logical_not(allowed[:size], out=row[:size])
             if not _may_end(key, allowed):

@@ -107,7 +107,7 @@ class TextPromiseMasker:
             row = history[item.row, base:].tolist()
             reading = [*row[: item.at - base], *item.tokens]
             written = [*row, item.token]
-            same = 0
+            same = item.at - base  # both begin with the row up to the replaced tokens
             while same < min(len(reading), len(written)) and reading[same] == written[same]:
                 same += 1
             for end in range(max(same, n - 1), len(reading)):
