@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from memfree.vocab.merge_tree import distinct
+
 _SLOTS = 4096  # states whose banned rows a table keeps (more while one step needs more)
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)  # np.packbits' order
 
@@ -108,7 +110,7 @@ class StateTable:
             missing = slots < 0
             self._used[slots[~missing]] = self._steps  # rows this step uses stay
             if missing.any():
-                for key_id in np.unique(key_ids[missing]).tolist():
+                for key_id in distinct(key_ids[missing]).tolist():
                     self._add(key_id, keys[key_id])
                 slots = self._slot_of[key_ids]
             host = {index: self._table[slots[index]].copy() for index in wanted}
@@ -177,7 +179,7 @@ class StateTable:
                 grown[: tensor.shape[0]] = tensor
             tensor = grown
             seen = np.concatenate([seen, np.full(size - len(seen), -1, dtype=np.int64)])
-        used = np.unique(slots)
+        used = distinct(slots)
         stale = used[seen[used] != self._versions[used]]
         if stale.size:
             rows = torch.from_numpy(self._table[stale]).to(device)

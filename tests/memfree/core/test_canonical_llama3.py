@@ -196,8 +196,8 @@ def test_the_runs_written_ahead_are_the_per_token_reading(
     merges: tuple[ByteLevelBpe, Any, np.ndarray], seed: int, late: bool
 ) -> None:
     """The merge-tree test read from the runs written down ahead
-    (:mod:`memfree.vocab.pair_ranges`) is the per-token reading of the merges, row and single
-    pair, for tokens with a late node on their left spine among the others; a token with a late
+    (:mod:`memfree.vocab.pair_ranges`) is the per-token reading of the merges, row, failures
+    alone and single pair, for tokens with a late node on their left spine among the others; a token with a late
     node on its right spine is read from the merges either way."""
     import dataclasses
 
@@ -208,6 +208,8 @@ def test_the_runs_written_ahead_are_the_per_token_reading(
     a = int(rng.choice(np.flatnonzero(tree.late[0]) if late else made))
     row = tree.bigram_allowed(a)
     assert np.array_equal(row, dataclasses.replace(tree, ranges=None).bigram_allowed(a))
+    # The failures alone (what the split reading takes out of a continued chunk): the row's.
+    assert np.array_equal(np.sort(tree.joined(a)), np.flatnonzero(~row))
     if not tree.late[0][a]:
         assert np.array_equal(
             np.sort(tree.ranges.conflicts(a)), np.flatnonzero(tree.conflicts_by_spine(a))
