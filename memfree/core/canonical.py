@@ -321,6 +321,8 @@ class CanonicalMasker(TableMasker):
         run, run_tokens = tail.text[chars:], tail.tokens[count:]
         with self._lock:
             known = self._readings.get(run_tokens)
+            if known is not None:
+                self._readings.move_to_end(run_tokens)
         if known is not None:
             return len(run_tokens), known
         found = []

@@ -540,6 +540,8 @@ class SplitChunks:
         candidates ``j`` such that ``text`` and their witness's text is one (kept per text)."""
         with self._lock:
             known = self._completions.get((text, pseudo))
+            if known is not None:  # kept by last use: a short text (" ") walks thousands
+                self._completions.move_to_end((text, pseudo))
         if known is None:
             found: list[int] = []
             index = bisect.bisect_left(self._sorted, (text, -1))
