@@ -247,11 +247,20 @@ class SplitChunks:
     def _shape(self, text: str, token: bool) -> tuple[tuple[int, ...], list[int]]:
         """The text's shape and, for each of its characters and its end, the index in the
         text it stands for (runs cut short stand for their first and last characters)."""
-        classes = [self.char_class(c) for c in text]
-        for index, cls in enumerate(classes):
-            after_apostrophe = self._apostrophe in classes[max(0, index - 2) : index]
-            if not after_apostrophe and not (token and index < 2):
-                classes[index] = self._generic_class(cls)
+        known = self._classes
+        if all(c in known for c in text):  # every character met before: no probe
+            classes = [known[c] for c in text]
+        else:
+            classes = [self.char_class(c) for c in text]
+        apostrophe, generic = self._apostrophe, self._generic
+        for index, cls in enumerate(classes):  # after an apostrophe, or a token's first two
+            if (index and classes[index - 1] == apostrophe) or (
+                index > 1 and classes[index - 2] == apostrophe
+            ):
+                continue
+            if not (token and index < 2):
+                found = generic.get(cls)
+                classes[index] = found if found is not None else self._generic_class(cls)
         shape: list[int] = []
         where: list[int] = []
         index = 0
