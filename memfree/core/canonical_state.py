@@ -11,7 +11,8 @@ definition itself.
 
 A row one token longer than a row already read is advanced from that read
 (:meth:`RowStates.advance`): from its last two chunks alone, or for GPT-2's pattern after a run
-of letters, digits or punctuation without reading text at all.
+of letters, digits or punctuation, or a whitespace run before a token that starts a chunk,
+without reading text at all (after a whitespace run otherwise, from the run alone).
 """
 
 from __future__ import annotations
