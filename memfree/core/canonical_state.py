@@ -323,8 +323,8 @@ class RowStates:
         chunk takes it with that character): ``W`` splits into its last character and the rest
         (one character: no split), as ``space_split`` states and ``space`` states with the
         flag hold it. The new state is the token's alone (what came before it matters only
-        after an apostrophe); the tail keeps the run, whose start no appended text moves. None
-        otherwise (read the tail instead)."""
+        after an apostrophe); the tail is the row's last two chunks: the run (in the second
+        case its last character) and the token. None otherwise (read the tail instead)."""
         text = self.bpe.texts[token]
         if text is None or not self._self_ok[token] or self._begins_added(token):
             return None
