@@ -306,12 +306,17 @@ class RowStates:
         assert tail.last is not None  # read by GPT-2's rules
         chars, tokens = tail.last
         last = tail.text[chars:]
-        kind = self._lone_kinds.get(token)  # the previous chunk matters after "'" only
-        if kind is None:
-            kind = self._lone_kinds[token] = self._kind(text, [token], None)
+        kind = self._lone_kind(token, text)  # the previous chunk matters after "'" only
         return (*kind, ()), Tail(
             last + text, (*tail.tokens[tokens:], token), (len(last), len(tail.tokens) - tokens)
         )
+
+    def _lone_kind(self, token: int, text: str) -> tuple[Any, ...]:
+        """The kind of a chunk that is ``token`` alone (its text ``text``), kept per token."""
+        kind = self._lone_kinds.get(token)
+        if kind is None:
+            kind = self._lone_kinds[token] = self._kind(text, [token], None)
+        return kind
 
     def _space_step(self, key: tuple[Any, ...], tail: Tail, token: int) -> Read | None:
         """GPT-2's pattern, a row ending in a whitespace run ``W`` (its last chunk), without
@@ -338,9 +343,7 @@ class RowStates:
             or (key[0] == "space" and not key[3])
         ):
             return None
-        kind = self._lone_kinds.get(token)
-        if kind is None:
-            kind = self._lone_kinds[token] = self._kind(text, [token], None)
+        kind = self._lone_kind(token, text)
         if first == SP:  # the row's last two chunks: the run, the token
             if tail.last is None:
                 return None
