@@ -52,8 +52,9 @@ from memfree.core.canonical_rules import (
 )
 from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_spm import SentencePieceMasker
-from memfree.core.canonical_state import RUN_OF_CLASS, Read, RowStates, Tail
+from memfree.core.canonical_state import RUN_OF_CLASS, RowStates, Tail, in_space_run
 from memfree.core.row_automaton import RowAutomaton
+from memfree.core.rule_automaton import RuleAutomaton
 from memfree.core.state_table import StateTable, TableMasker, is_banned, row_bounds
 from memfree.core.table_cache import cached_tables
 from memfree.vocab.bpe import (
@@ -169,16 +170,20 @@ class CanonicalMasker(TableMasker):
         self.table = StateTable(self._fill)
         self.automaton = self._automaton()
 
-    def _automaton(self) -> RowAutomaton:
-        """Rows to state ids: a state id is a row's read (its state and last chunks)."""
+    def _automaton(self) -> RowAutomaton | RuleAutomaton:
+        """Rows to states. GPT-2's pattern read by rules: rows kept as integers and advanced as
+        arrays (:class:`RuleAutomaton`). Split patterns: a state id is a row's read (its state
+        and last chunks; :class:`RowAutomaton`)."""
         states = self.states
+        if self.split is None:
+            return RuleAutomaton(states)
         return RowAutomaton(
             read=states.read,
             advance=lambda read, token: states.advance(read[0], read[1], token),
             key_of=lambda read: read[0],
             past=(("past",), None),
             vocab_size=self.bpe.vocab_size,
-            flag=_in_space_run,
+            flag=lambda read: read[1] is not None and in_space_run(read[0], read[1].text),
         )
 
     # -- the step -------------------------------------------------------------------------------
@@ -198,17 +203,32 @@ class CanonicalMasker(TableMasker):
         for _ in range(sum(past)):  # an id no text gives: not canonical
             self.states.note(" (it holds an id past the tokenizer's vocabulary)")
         pending: list[Pending] = []
-        automaton = self.automaton
+        automaton, states = self.automaton, self.states
         with automaton.lock:
-            ids = automaton.step(arrays, firsts, past)
-            # Rows in a whitespace run: their other reading, from their last chunks.
-            wanted = np.flatnonzero(automaton.flags(ids)).tolist()
-            spaces = [(index, automaton.reads[ids[index]][1]) for index in wanted]
+            # Each row's key id; the rows in a whitespace run, with their last chunks.
+            if isinstance(automaton, RuleAutomaton):
+                fields = automaton.step(arrays, firsts, past)
+                kids = fields[:, 0]
+                wanted = np.flatnonzero(automaton.spaces(kids)).tolist()
+                spaces = [
+                    (
+                        index,
+                        states.tail_of(
+                            automaton.spot(fields[index]), arrays[index, firsts[index] :]
+                        ),
+                    )
+                    for index in wanted
+                ]
+            else:
+                ids = automaton.step(arrays, firsts, past)
+                kids = automaton.key_ids(ids)
+                wanted = np.flatnonzero(automaton.flags(ids)).tolist()
+                spaces = [(index, automaton.reads[ids[index]][1]) for index in wanted]
             banned, host = self.table.gather(
-                automaton.key_ids(ids), automaton.keys, automaton.generation, vocab_width,
-                device, wanted,
-            )  # fmt: skip
+                kids, automaton.keys, automaton.generation, vocab_width, device, wanted
+            )
         for index, tail in spaces:
+            assert tail is not None  # a row in a whitespace run is canonical
             replaced, readings = self._other_readings(tail)
             for token, tokens in readings:
                 if token < vocab_width and not is_banned(host[index], token):
@@ -552,15 +572,6 @@ def _lone_spaces(bpe: ByteLevelBpe, new: np.ndarray) -> np.ndarray:
 def _written(bpe: ByteLevelBpe, cut: np.ndarray) -> np.ndarray:
     """The tokens that write text of their own: whole characters, not special or added."""
     return np.array([text is not None for text in bpe.texts]) & ~cut
-
-
-def _in_space_run(read: Read) -> bool:
-    """Whether a row read as ``read`` ends in a whitespace run whose split waits on the next
-    character (a candidate may enter its other reading)."""
-    key, tail = read
-    return tail is not None and (
-        key[0] == "space" or (key[0] == "split" and tail.text[-1:].isspace())
-    )
 
 
 def _may_end(key: tuple[Any, ...], allowed: np.ndarray) -> bool:

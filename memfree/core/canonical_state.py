@@ -73,6 +73,24 @@ class Tail(NamedTuple):
 Read = tuple[tuple[Any, ...], "Tail | None"]  # a row's state, and its last chunks if canonical
 
 
+class Spot(NamedTuple):
+    """A read without its text: its state ``key``; where the row's last two chunks lie (its
+    last ``tokens`` ids, ``chars`` characters; ``tokens`` -1 where the row is not canonical);
+    where the last chunk starts in them (``last``, as :attr:`Tail.last`); how many of the
+    row's last tokens hold its last character exactly (``end``, 0 where no token boundary falls
+    there); and whether the row ends in a whitespace run whose split waits on the next
+    character (``space``: a candidate may enter its other reading). Rows read alike up to their
+    last chunks' text share a spot, and :meth:`RowStates.move` advances a spot by a token
+    without that text."""
+
+    key: tuple[Any, ...]
+    tokens: int
+    chars: int
+    last: tuple[int, int] | None
+    end: int
+    space: bool
+
+
 def _pending_of(key: tuple[Any, ...]) -> tuple[str, ...]:
     """The added-token rests a state carries (its last field; the third of a split state)."""
     rests: tuple[str, ...] = key[2] if key[0] == "split" else key[-1]
@@ -220,21 +238,60 @@ class RowStates:
         before it was checked), so a step costs the row's last chunks, not its length. Kept per
         tail, added-token progress and token: rows that repeat a tail share the answer. None
         where only a full read can say (a row that is not canonical, a special or added token,
-        a token that is not whole characters): read the row instead."""
+        a token that is not whole characters): read the row instead. First by :meth:`move`
+        (no text read), then by :meth:`advance_text`."""
+        if tail is None:
+            return None
+        moved = self.move(self.spot((key, tail)), token)
+        if moved is not None:
+            tokens = (*tail.tokens, token)[len(tail.tokens) + 1 - moved.tokens :]
+            text = tail.text + (self.bpe.texts[token] or "")
+            return moved.key, Tail(text[len(text) - moved.chars :], tokens, moved.last)
+        return self.advance_text(key, tail, token)
+
+    def spot(self, read: Read) -> Spot:
+        """A read without its text (:class:`Spot`)."""
+        key, tail = read
+        if tail is None:
+            return Spot(key, -1, 0, None, 0, False)
+        end = 0
+        if tail.text:
+            end = len(_tokens_of_tail(list(tail.tokens), self._bytes, len(tail.text[-1].encode())))
+        space = in_space_run(key, tail.text)
+        return Spot(key, len(tail.tokens), len(tail.text), tail.last, end, space)
+
+    def tail_of(self, spot: Spot, ids: np.ndarray) -> Tail | None:
+        """The last chunks of a row whose ids end in ``ids``, read as ``spot`` (None: not
+        canonical)."""
+        if spot.tokens < 0:
+            return None
+        tokens = tuple(ids[len(ids) - spot.tokens :].tolist()) if spot.tokens else ()
+        text = b"".join(self._bytes[t] for t in tokens).decode("utf-8")
+        return Tail(text, tokens, spot.last)
+
+    def move(self, spot: Spot, token: int) -> Spot | None:
+        """:meth:`advance` where no text need be read (GPT-2's pattern after a run of letters,
+        digits or punctuation, or a whitespace run before a token that starts a chunk): the
+        next read's spot from ``spot`` and ``token`` alone, so a transition kept is valid for
+        every row in ``spot``. None where the text must be read (:meth:`advance_text`)."""
+        key = spot.key
         if (
-            tail is None
-            or key[0] not in _ADVANCING
+            spot.tokens < 0
+            or self.split is not None
+            or key[-1]
             or self._cut_of[min(token, self.bpe.vocab_size)]
         ):
             return None
-        if key[0] == "run" and not key[-1] and tail.last is not None and self.split is None:
-            stepped = self._run_step(key[1], key[2], tail, token)
-            if stepped is not None:
-                return stepped
-        if key[0] in ("space", "space_split") and not key[-1] and self.split is None:
-            stepped = self._space_step(key, tail, token)
-            if stepped is not None:
-                return stepped
+        if key[0] == "run" and spot.last is not None:
+            return self._run_move(key[1], key[2], spot, token)
+        if key[0] in ("space", "space_split"):
+            return self._space_move(key, spot, token)
+        return None
+
+    def advance_text(self, key: tuple[Any, ...], tail: Tail, token: int) -> Read | None:
+        """:meth:`advance` from the tail's text (where :meth:`move` returns None)."""
+        if key[0] not in _ADVANCING or self._cut_of[min(token, self.bpe.vocab_size)]:
+            return None
         pending = _pending_of(key)
         if key[0] == "space" and tail.last is not None and self.split is None:
             # GPT-2's pattern: no text after a whitespace run moves the run's start (the
@@ -284,7 +341,7 @@ class RowStates:
                 self._advances.popitem(last=False)
         return found
 
-    def _run_step(self, cls: int, a: int, tail: Tail, token: int) -> Read | None:
+    def _run_move(self, cls: int, a: int, spot: Spot, token: int) -> Spot | None:
         """GPT-2's pattern, a row ending in a run of letters, digits or punctuation (last token
         ``a``), without reading text: ``token`` either goes on with the run (its whole text is
         of the run's class: the chunk goes on, canonical iff no merge joins it to ``a``, the
@@ -294,31 +351,42 @@ class RowStates:
         (read the tail instead)."""
         run = RUN_OF_CLASS.get(cls)
         text = self.bpe.texts[token]
-        if run is None or text is None or not self._self_ok[token] or self._begins_added(token):
+        if run is None or text is None or not self._self_ok[token] or self.begins_added(token):
             return None
+        end = self._lone_end(token, text)
         if self._run_of[token] == run:  # the same chunk goes on
             if not self._pair(a, token):
                 return None
-            return ("run", cls, token, ()), Tail(tail.text + text, (*tail.tokens, token), tail.last)
+            return Spot(
+                ("run", cls, token, ()),
+                spot.tokens + 1,
+                spot.chars + len(text),
+                spot.last,
+                end,
+                False,
+            )
         first = self._first_of[token]
         if first == cls or (cls == PUNCT and first == APOSTROPHE):
             return None  # goes on with the run but is not all of it: crosses a chunk boundary
-        assert tail.last is not None  # read by GPT-2's rules
-        chars, tokens = tail.last
-        last = tail.text[chars:]
-        kind = self._lone_kind(token, text)  # the previous chunk matters after "'" only
-        return (*kind, ()), Tail(
-            last + text, (*tail.tokens[tokens:], token), (len(last), len(tail.tokens) - tokens)
-        )
+        assert spot.last is not None  # read by GPT-2's rules
+        chars, tokens = spot.last
+        kept, count = spot.chars - chars, spot.tokens - tokens  # the run's chunk
+        key = (*self.lone_kind(token, text), ())  # the previous chunk matters after "'" only
+        return Spot(key, count + 1, kept + len(text), (kept, count), end, key[0] == "space")
 
-    def _lone_kind(self, token: int, text: str) -> tuple[Any, ...]:
+    def lone_kind(self, token: int, text: str) -> tuple[Any, ...]:
         """The kind of a chunk that is ``token`` alone (its text ``text``), kept per token."""
         kind = self._lone_kinds.get(token)
         if kind is None:
             kind = self._lone_kinds[token] = self._kind(text, [token], None)
         return kind
 
-    def _space_step(self, key: tuple[Any, ...], tail: Tail, token: int) -> Read | None:
+    def _lone_end(self, token: int, text: str) -> int:
+        """:attr:`Spot.end` of a row that ends in ``token`` (its text ``text``): 1 where the
+        token is its last character's bytes, else 0."""
+        return int(len(self._bytes[token]) == len(text[-1].encode()))
+
+    def _space_move(self, key: tuple[Any, ...], spot: Spot, token: int) -> Spot | None:
         """GPT-2's pattern, a row ending in a whitespace run ``W`` (its last chunk), without
         reading text: a token that comes back alone and starts a chunk of its own after the
         run. Two cases. The token is a space then a character that is not whitespace (``"
@@ -328,10 +396,11 @@ class RowStates:
         chunk takes it with that character): ``W`` splits into its last character and the rest
         (one character: no split), as ``space_split`` states and ``space`` states with the
         flag hold it. The new state is the token's alone (what came before it matters only
-        after an apostrophe); the tail is the row's last two chunks: the run (in the second
-        case its last character) and the token. None otherwise (read the tail instead)."""
+        after an apostrophe); the row's last two chunks are the run (in the second case its
+        last character, the spot's last ``end`` tokens) and the token. None otherwise (read
+        the tail instead)."""
         text = self.bpe.texts[token]
-        if text is None or not self._self_ok[token] or self._begins_added(token):
+        if text is None or not self._self_ok[token] or self.begins_added(token):
             return None
         first = self._first_of[token]
         if first == SP:
@@ -343,18 +412,24 @@ class RowStates:
             or (key[0] == "space" and not key[3])
         ):
             return None
-        kind = self._lone_kind(token, text)
         if first == SP:  # the row's last two chunks: the run, the token
-            if tail.last is None:
+            if spot.last is None:
                 return None
-            chars, count = tail.last
-            run, tokens = tail.text[chars:], tail.tokens[count:]
+            chars, tokens = spot.last
+            kept, count = spot.chars - chars, spot.tokens - tokens
         else:  # the run's last character, the token
-            run = tail.text[-1]
-            tokens = tuple(_tokens_of_tail(list(tail.tokens), self._bytes, len(run.encode())))
-            if not tokens:
+            kept, count = 1, spot.end
+            if not count:
                 return None
-        return (*kind, ()), Tail(run + text, (*tokens, token), (len(run), len(tokens)))
+        key = (*self.lone_kind(token, text), ())
+        return Spot(
+            key,
+            count + 1,
+            kept + len(text),
+            (kept, count),
+            self._lone_end(token, text),
+            key[0] == "space",
+        )
 
     def _finish(
         self,
@@ -556,7 +631,7 @@ class RowStates:
             return ("open", a, completion, merged)
         return ("run", kind, a)
 
-    def _begins_added(self, token: int) -> bool:
+    def begins_added(self, token: int) -> bool:
         """Whether a token's text alone ends in the beginning of an added token's content
         (:meth:`_pending_added` of its text), kept per token."""
         known = self._lone_begins.get(token)
@@ -591,6 +666,13 @@ class RowStates:
             )
 
 
+def in_space_run(key: tuple[Any, ...], text: str) -> bool:
+    """Whether a canonical row in state ``key`` whose last chunks are ``text`` ends in a
+    whitespace run whose split waits on the next character (a candidate may enter its other
+    reading)."""
+    return key[0] == "space" or (key[0] == "split" and text[-1:].isspace())
+
+
 def _decode_tail(data: bytes, whole: bool) -> str | None:
     """The text of a row's last tokens, or None if it is not whole UTF-8 characters (the row
     ends inside one). A window that does not reach the segment's start may begin inside a
@@ -617,4 +699,13 @@ def _tokens_of_tail(window: list[int], token_bytes: list[bytes], length: int) ->
     return []
 
 
-__all__ = ["CONTRACTIONS", "RULE_KINDS", "RUN_OF_CLASS", "Read", "RowStates", "Tail"]
+__all__ = [
+    "CONTRACTIONS",
+    "RULE_KINDS",
+    "RUN_OF_CLASS",
+    "Read",
+    "RowStates",
+    "Spot",
+    "Tail",
+    "in_space_run",
+]

@@ -217,6 +217,23 @@ class ByteLevelBpe:
         return ids_starting_with(texts, ids, prefix, self.vocab_size)
 
     @functools.cached_property
+    def text_lengths(self) -> np.ndarray:
+        """int64 `(vocab_size,)`: each id's text's length in characters (0: no text)."""
+        return np.array([len(text) if text else 0 for text in self.texts], dtype=np.int64)
+
+    @functools.cached_property
+    def whole_last(self) -> np.ndarray:
+        """int64 `(vocab_size,)`: 1 where the id's bytes are exactly its text's last character
+        (a row that ends in it holds that character in one token), else 0."""
+        return np.array(
+            [
+                int(text is not None and text != "" and len(raw) == len(text[-1].encode()))
+                for text, raw in zip(self.texts, self.token_bytes, strict=True)
+            ],
+            dtype=np.int64,
+        )
+
+    @functools.cached_property
     def _sorted_texts(self) -> tuple[list[str], np.ndarray]:
         pairs = sorted((text, token) for token, text in enumerate(self.texts) if text is not None)
         return [text for text, _ in pairs], np.array([t for _, t in pairs], dtype=np.int64)

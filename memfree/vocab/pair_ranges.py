@@ -59,7 +59,8 @@ class PairRanges:
     skipped: np.ndarray
 
     def __getstate__(self) -> dict[str, Any]:
-        return narrowed_state(self.__dict__, ("offsets",))
+        state = {k: v for k, v in self.__dict__.items() if k != "_keys"}
+        return narrowed_state(state, ("offsets",))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(widened_state(state))
@@ -92,6 +93,18 @@ class PairRanges:
         # bisect over the array itself: a third of np.searchsorted's cost on a few runs
         run = bisect.bisect_right(self.starts, at, lo, hi) - 1
         return run >= lo and at < int(self.ends[run])
+
+    def joins_many(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """bool: :meth:`joins` for each pair ``(a[i], b[i])`` at once (int64 arrays), by one
+        binary search over every token's runs, keyed by token then start."""
+        keys = self.__dict__.get("_keys")
+        if keys is None:  # kept on the object (frozen: written to its dict), not pickled
+            owners = np.repeat(np.arange(len(self.offsets) - 1), np.diff(self.offsets))
+            keys = self.__dict__["_keys"] = owners * (len(self.position) + 1) + self.starts
+        at = self.position[b].astype(np.int64)
+        run = np.searchsorted(keys, a * (len(self.position) + 1) + at, side="right") - 1
+        inside = run >= self.offsets[a]  # the run found is one of a's (else a has none there)
+        return inside & (at < self.ends[np.maximum(run, 0)])
 
 
 _FEW_RUNS = 32  # runs of a token read as slices (more: one index array, _expand)

@@ -122,14 +122,14 @@ def test_rows_after_a_whitespace_run_advance_without_reading_text(
     equals its full read, and the step without text is taken."""
     states = smol_masker.states
     taken = []
-    space_step = states._space_step
+    space_move = states._space_move
 
-    def counted(key: Any, tail: Any, token: int) -> Any:
-        found = space_step(key, tail, token)
+    def counted(key: Any, spot: Any, token: int) -> Any:
+        found = space_move(key, spot, token)
         taken.append(found is not None)
         return found
 
-    monkeypatch.setattr(states, "_space_step", counted)
+    monkeypatch.setattr(states, "_space_move", counted)
     paths = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]
     texts = [path.read_text(errors="ignore")[:1500] for path in paths]
     texts.append('class A:\n\n\n    def f(self):\n\treturn 1\n \nx = "a"\n\n"""s"""\n  \'t\n')

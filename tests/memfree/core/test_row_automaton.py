@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.core import row_automaton
+from memfree.core import row_automaton, rule_automaton
 from memfree.core.canonical import CanonicalMasker
 from memfree.core.text_promise import union
 from memfree.vocab.bpe import LETTER, NUMBER, PUNCT
@@ -97,16 +97,19 @@ def _walk(masker: CanonicalMasker, tokenizer: Any, steps: int) -> list[np.ndarra
     return found
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["rules-arrays", "split-reads"])
 def test_an_automaton_that_starts_afresh_answers_the_same(
-    default_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+    default_tokenizer: Any, monkeypatch: pytest.MonkeyPatch, split: bool
 ) -> None:
     """Past its bound the automaton forgets every state id at a step's start (the rows are read
     again, the table's rows found again by key): every step's rows are the same as with no
-    bound, and it did start afresh."""
+    bound, and it did start afresh. Both automata: GPT-2's rules' (rows as arrays) and the
+    split patterns' (GPT-2's pattern read as one)."""
     info = TokenizerInfo.of(default_tokenizer)
-    kept = _walk(CanonicalMasker(info, [info.eos_token_id]), default_tokenizer, 20)
+    kept = _walk(CanonicalMasker(info, [info.eos_token_id], _split=split), default_tokenizer, 20)
     monkeypatch.setattr(row_automaton, "_LIMIT", 3)
-    masker = CanonicalMasker(info, [info.eos_token_id])
+    monkeypatch.setattr(rule_automaton, "_LIMIT", 3)
+    masker = CanonicalMasker(info, [info.eos_token_id], _split=split)
     masker.table.capacity = 4
     afresh = _walk(masker, default_tokenizer, 20)
     assert masker.automaton.generation > 10
@@ -116,9 +119,10 @@ def test_an_automaton_that_starts_afresh_answers_the_same(
 
 def test_a_transition_kept_is_taken_again(default_tokenizer: Any) -> None:
     """Two rows that repeat a read and a token share the transition: the second is not
-    advanced again (the states' advance is called once per new transition)."""
+    advanced again (the states' advance is called once per new transition). The split
+    patterns' automaton (GPT-2's pattern read as one)."""
     info = TokenizerInfo.of(default_tokenizer)
-    masker = CanonicalMasker(info, [info.eos_token_id])
+    masker = CanonicalMasker(info, [info.eos_token_id], _split=True)
     ids = _split(default_tokenizer, "    return x\n    return y\n", 0, 0)
     calls = []
     advance = masker.states.advance

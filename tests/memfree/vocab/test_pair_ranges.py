@@ -40,6 +40,11 @@ def _check_token(tree: MergeTree, a: int, others: np.ndarray) -> None:
     assert np.array_equal(row, slow), a
     for b in others.tolist():
         assert tree.pair_allowed(a, b) == bool(row[b]), (a, b)
+    # The vectorized search over every token's runs: the same for these pairs (where both
+    # spines are early: the late ones are read from the merges).
+    early = others[~tree.late[1][others]] if not tree.late[0][a] else others[:0]
+    many = tree.ranges.joins_many(np.full(early.size, a, dtype=np.int64), early)
+    assert np.array_equal(many, ~row[early]), a
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama3", "sentencepiece"])
