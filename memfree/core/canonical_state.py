@@ -146,6 +146,9 @@ class RowStates:
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
         self._lone_begins: dict[int, bool] = {}  # a token's text begins an added token's content
+        # "x" alone, where the tokenizer writes it so: a chunk before a whitespace run whose own
+        # state does not depend on it (see advance_text); -1: none.
+        self._neutral = bpe.ids_of.get("x", -1) if bpe.encode("x") == [bpe.ids_of.get("x")] else -1
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
@@ -242,7 +245,7 @@ class RowStates:
         (no text read), then by :meth:`advance_text`."""
         if tail is None:
             return None
-        moved = self.move(self.spot((key, tail)), token)
+        moved = None if self.split is not None else self.move(self.spot((key, tail)), token)
         if moved is not None:
             tokens = (*tail.tokens, token)[len(tail.tokens) + 1 - moved.tokens :]
             text = tail.text + (self.bpe.texts[token] or "")
@@ -300,9 +303,25 @@ class RowStates:
             # they are the row's last two: read from the run alone (rows that repeat a run
             # before a token share the answer, whatever came before the run).
             chars, count = tail.last
-            found = self._advance_tail(Tail(tail.text[chars:], tail.tokens[count:]), pending, token)
+            run = Tail(tail.text[chars:], tail.tokens[count:])
+            found = self._advance_tail(run, pending, token)
             if found is not _SHORT:
                 return found
+            if chars and self._neutral >= 0:
+                # The token goes on with the run (one chunk). The chunk before the run stays
+                # as it is, so the state is that of the run and the token after any chunk
+                # that ends in a character that is not whitespace: read after "x" (the state
+                # of a whitespace chunk does not depend on the chunk before it), kept per run.
+                found = self._advance_tail(
+                    Tail("x" + run.text, (self._neutral, *run.tokens), (1, 1)), pending, token
+                )
+                if found is None or found is _SHORT:
+                    return None
+                last = found[1].last  # after "x": one character, one token before the run
+                if last is not None:
+                    last = (last[0] - 1 + chars, last[1] - 1 + count)
+                text = tail.text + (self.bpe.texts[token] or "")
+                return found[0], Tail(text, (*tail.tokens, token), last)
         found = self._advance_tail(tail, pending, token)
         return None if found is _SHORT else found
 

@@ -117,19 +117,27 @@ def test_rows_after_a_whitespace_run_advance_without_reading_text(
 ) -> None:
     """GPT-2's pattern, a row ending in a whitespace run: a token that starts a chunk after it
     (``"\\n" + "def"``, ``"    " + " return"``, ``"\\n\\n" + "class"``) is read from the
-    per-token tables, and a token that does neither from the run alone. Along real code (the
-    standard library's first modules, blank lines written both ways), every prefix advanced
-    equals its full read, and the step without text is taken."""
+    per-token tables, and a token that does neither from the run alone (a whitespace token
+    that goes on with the run: from the run after "x", whatever chunk came before it). Along
+    real code (the standard library's first modules, blank lines written both ways), every
+    prefix advanced equals its full read, and both shortcuts are taken."""
     states = smol_masker.states
     taken = []
     space_move = states._space_move
+    neutral = []
+    advance_tail = states._advance_tail
 
     def counted(key: Any, spot: Any, token: int) -> Any:
         found = space_move(key, spot, token)
         taken.append(found is not None)
         return found
 
+    def after_x(tail: Any, pending: Any, token: int) -> Any:
+        neutral.append(tail.tokens[:1] == (states._neutral,) and tail.text[:1] == "x")
+        return advance_tail(tail, pending, token)
+
     monkeypatch.setattr(states, "_space_move", counted)
+    monkeypatch.setattr(states, "_advance_tail", after_x)
     paths = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:12]
     texts = [path.read_text(errors="ignore")[:1500] for path in paths]
     texts.append('class A:\n\n\n    def f(self):\n\treturn 1\n \nx = "a"\n\n"""s"""\n  \'t\n')
@@ -138,6 +146,7 @@ def test_rows_after_a_whitespace_run_advance_without_reading_text(
         _check_prefixes(states, ids)
         _check_prefixes(states, _split(default_tokenizer, text, 1, 7))
     assert sum(taken) >= 100, (sum(taken), len(taken))
+    assert sum(neutral) >= 20, sum(neutral)
 
 
 def _expected(masker: CanonicalMasker, row: list[int], width: int) -> np.ndarray:
