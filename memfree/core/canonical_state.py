@@ -12,7 +12,9 @@ definition itself.
 A row one token longer than a row already read is advanced from that read
 (:meth:`RowStates.advance`): from its last two chunks alone, or for GPT-2's pattern after a run
 of letters, digits or punctuation, or a whitespace run before a token that starts a chunk,
-without reading text at all (after a whitespace run otherwise, from the run alone).
+without reading text at all (:meth:`RowStates.move`, from the row's :class:`Spot`: its state and
+where its last chunks lie, not their text); after a whitespace run otherwise, from the run alone
+(a whitespace token that goes on with the run: from the run after a neutral chunk).
 """
 
 from __future__ import annotations
