@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from memfree.core.canonical_state import RUN_OF_CLASS, RowStates, Spot
-from memfree.vocab.bpe import APOSTROPHE, PUNCT, ByteLevelBpe
+from memfree.vocab.bpe import APOSTROPHE, NONE, PUNCT, SP, WS, ByteLevelBpe
 
 _LIMIT = 1 << 16  # keys past which the automaton starts afresh (at a step's start)
 # A row's spot as integers, one column each: its state's key id, its last chunks' tokens and
@@ -37,7 +37,10 @@ _FIELDS = 6
 # Below this many rows a step advances them one by one: the arrays' fixed cost (about 0.1 ms)
 # is more than a few rows' Python (measured: bench/bench_canonical_batch.py, docs/benchmarks.md).
 _ARRAYS_FROM = 16
-_RUN, _CLASSES = 0, 8  # key kinds: a run that moves by arrays; run classes kept per key
+# What the arrays move a key by (0: nothing, one by one): a run, a whitespace run (with the
+# flag that it splits before its last character: Spot.key[3]), a whitespace run split so.
+_RUN, _SPACE, _SPACE_FLAGGED, _SPACE_SPLIT = 1, 2, 3, 4
+_CLASSES = 8  # run classes kept per key (character classes: memfree.vocab.bpe)
 
 
 class RuleAutomaton:
@@ -62,6 +65,7 @@ class RuleAutomaton:
         written = np.array([text is not None for text in bpe.texts], dtype=bool)
         self._movable = written & bpe.self_ok & ~states._is_cut[:size]
         self._begins = np.full(size, -1, dtype=np.int8)  # its text begins an added token's
+        self._space_word = np.full(size, -1, dtype=np.int8)  # a space, then no whitespace
         self._run = bpe.run.astype(np.int64)
         self._first = bpe.first.astype(np.int64)
         self._length = bpe.text_lengths
@@ -83,10 +87,11 @@ class RuleAutomaton:
         self.generation += 1
         self.keys: list[Hashable] = []
         self._key_ids: dict[Hashable, int] = {}
-        self._moves = np.zeros(64, dtype=bool)  # per key id: a run whose moves arrays take
-        self._class = np.zeros(64, dtype=np.int64)  # ... its class
-        self._last = np.zeros(64, dtype=np.int64)  # ... its last token
-        self._space = np.zeros(64, dtype=bool)  # per key id: a whitespace run (Spot.space)
+        self._kind = np.zeros(64, dtype=np.int64)  # per key id: what moves arrays take (_RUN...)
+        self._class = np.zeros(64, dtype=np.int64)  # a run's class
+        self._last = np.zeros(64, dtype=np.int64)  # a run's last token
+        self._space = np.zeros(64, dtype=bool)  # a whitespace run (Spot.space)
+        self._space_last = np.zeros(64, dtype=bool)  # a whitespace run whose last character is " "
         self._lone = np.full(self._size, -1, dtype=np.int64)  # a token's chunk alone: key id
         self._runs = np.full((_CLASSES, self._size), -1, dtype=np.int64)  # ("run", cls, t, ())
         self._past = self._fields(self.states.spot((("past",), None)))  # an id past the vocabulary
@@ -97,17 +102,30 @@ class RuleAutomaton:
         if kid is None:
             kid = self._key_ids[key] = len(self.keys)
             self.keys.append(key)
-            if kid >= len(self._moves):
-                grown = 2 * len(self._moves)
-                self._moves = np.resize(self._moves, grown)
+            if kid >= len(self._kind):
+                grown = 2 * len(self._kind)
+                self._kind = np.resize(self._kind, grown)
                 self._class = np.resize(self._class, grown)
                 self._last = np.resize(self._last, grown)
                 self._space = np.resize(self._space, grown)
+                self._space_last = np.resize(self._space_last, grown)
             assert isinstance(key, tuple)
-            self._moves[kid] = key[0] == "run" and not key[-1] and key[1] in RUN_OF_CLASS
-            self._class[kid] = key[1] if self._moves[kid] else 0
-            self._last[kid] = key[2] if self._moves[kid] else 0
+            kind = 0
+            if key[-1]:  # an added token's content begun: read one by one
+                pass
+            elif key[0] == "run" and key[1] in RUN_OF_CLASS:
+                kind = _RUN
+            elif key[0] == "space":
+                kind = _SPACE_FLAGGED if key[3] else _SPACE
+            elif key[0] == "space_split":
+                kind = _SPACE_SPLIT
+            self._kind[kid] = kind
+            self._class[kid] = key[1] if kind == _RUN else 0
+            self._last[kid] = key[2] if kind == _RUN else 0
             self._space[kid] = key[0] == "space"
+            # a whitespace run's last character is a space
+            self._space_last[kid] = kind in (_SPACE, _SPACE_FLAGGED) and key[2] == " "
+            self._space_last[kid] |= kind == _SPACE_SPLIT and key[1] == " "
         return kid
 
     def spaces(self, kids: np.ndarray) -> np.ndarray:
@@ -196,22 +214,42 @@ class RuleAutomaton:
     def _move(
         self, arrays: np.ndarray, previous: np.ndarray, spots: np.ndarray, fields: np.ndarray
     ) -> np.ndarray:
-        """The rows after a run that a token goes on with or follows with a chunk of its own
-        (``RowStates._run_move``), all at once: their fields written; bool `(rows,)`,
-        which."""
+        """The rows :meth:`RowStates.move <memfree.core.canonical_state.RowStates.move>` takes
+        without text, all at once: after a run, a token that goes on with it or starts a chunk
+        of its own (``_run_move``); after a whitespace run, a token that starts a chunk of its
+        own after it (``_space_move``). Their fields written; bool `(rows,)`, which."""
         done = np.zeros(len(arrays), dtype=bool)
         rows = np.flatnonzero(previous >= 0)
         old = spots[previous[rows]]
-        keep = self._moves[old[:, KID]] & (old[:, LAST_CHARS] >= 0)
-        rows, old = rows[keep], old[keep]
+        kinds = self._kind[old[:, KID]]
+        keep = (kinds > 0) & (old[:, TOKENS] >= 0)
+        rows, old, kinds = rows[keep], old[keep], kinds[keep]
         if not rows.size:
             return done
         tokens = arrays[rows, -1]
         unknown = tokens[self._begins[tokens] < 0]
         for token in np.unique(unknown).tolist():
             self._begins[token] = self.states.begins_added(token)
-        cls, a = self._class[old[:, KID]], self._last[old[:, KID]]
         movable = self._movable[tokens] & (self._begins[tokens] == 0)
+        runs = kinds == _RUN
+        self._run_moves(rows[runs], old[runs], tokens[runs], movable[runs], fields, done)
+        self._space_moves(
+            rows[~runs], old[~runs], kinds[~runs], tokens[~runs], movable[~runs], fields, done
+        )
+        return done
+
+    def _run_moves(
+        self,
+        rows: np.ndarray,
+        old: np.ndarray,
+        tokens: np.ndarray,
+        movable: np.ndarray,
+        fields: np.ndarray,
+        done: np.ndarray,
+    ) -> None:
+        """``RowStates._run_move`` for rows after a run (their old fields ``old``)."""
+        cls, a = self._class[old[:, KID]], self._last[old[:, KID]]
+        movable = movable & (old[:, LAST_CHARS] >= 0)
         goes = movable & (self._run[tokens] == self._run_of_class[cls])
         if self._ranges is None:
             goes[:] = False  # the merge-tree test read per token: one by one
@@ -226,7 +264,6 @@ class RuleAutomaton:
             & (first != cls)
             & ~((cls == PUNCT) & (first == APOSTROPHE))
         )
-        length, end = self._length[tokens], self._end[tokens]
         if goes.any():  # the chunk goes on: ("run", cls, token, ())
             at, t, c = rows[goes], tokens[goes], cls[goes]
             kids = self._runs[c, t]
@@ -234,34 +271,115 @@ class RuleAutomaton:
                 kid = self.intern(("run", int(c[index]), int(t[index]), ()))
                 self._runs[c[index], t[index]] = kids[index] = kid
             o = old[goes]
-            fields[at, KID] = kids
-            fields[at, TOKENS] = o[:, TOKENS] + 1
-            fields[at, CHARS] = o[:, CHARS] + length[goes]
-            fields[at, LAST_CHARS] = o[:, LAST_CHARS]
-            fields[at, LAST_TOKENS] = o[:, LAST_TOKENS]
-            fields[at, END] = end[goes]
-            done[at] = True
+            self._write(
+                fields,
+                done,
+                at,
+                kids,
+                t,
+                o[:, TOKENS],
+                o[:, CHARS],
+                o[:, LAST_CHARS],
+                o[:, LAST_TOKENS],
+            )
         if starts.any():  # a chunk of the token alone after the run's
-            at, t = rows[starts], tokens[starts]
-            kids = self._lone[t]
-            texts = self.states.bpe.texts
-            for index in np.flatnonzero(kids < 0).tolist():
-                token = int(t[index])
-                text = texts[token]
-                assert text is not None
-                kid = self.intern((*self.states.lone_kind(token, text), ()))
-                self._lone[token] = kids[index] = kid
             o = old[starts]
             kept = o[:, CHARS] - o[:, LAST_CHARS]  # the run's chunk
             count = o[:, TOKENS] - o[:, LAST_TOKENS]
-            fields[at, KID] = kids
-            fields[at, TOKENS] = count + 1
-            fields[at, CHARS] = kept + length[starts]
-            fields[at, LAST_CHARS] = kept
-            fields[at, LAST_TOKENS] = count
-            fields[at, END] = end[starts]
-            done[at] = True
-        return done
+            self._chunk_after(fields, done, rows[starts], tokens[starts], kept, count)
+
+    def _space_moves(
+        self,
+        rows: np.ndarray,
+        old: np.ndarray,
+        kinds: np.ndarray,
+        tokens: np.ndarray,
+        movable: np.ndarray,
+        fields: np.ndarray,
+        done: np.ndarray,
+    ) -> None:
+        """``RowStates._space_move`` for rows after a whitespace run: a space then a character
+        that is not whitespace, after a run read as one chunk (the run and the token); or a
+        token that starts with a character that is not whitespace, after a run whose last
+        character is not a space and splits before it (that character and the token)."""
+        if not rows.size:
+            return
+        unknown = tokens[self._space_word[tokens] < 0]
+        for token in np.unique(unknown).tolist():
+            text = self.states.bpe.texts[token] or ""
+            self._space_word[token] = len(text) >= 2 and self.states.bpe.char_class(
+                text[1]
+            ) not in (SP, WS)
+        first = self._first[tokens]
+        kid = old[:, KID]
+        word = (
+            movable
+            & (first == SP)
+            & (kinds != _SPACE_SPLIT)
+            & (self._space_word[tokens] == 1)
+            & (old[:, LAST_CHARS] >= 0)
+        )
+        split = (kinds == _SPACE_SPLIT) | (kinds == _SPACE_FLAGGED)
+        after = (
+            movable
+            & (first != SP)
+            & (first != WS)
+            & (first != NONE)
+            & split
+            & ~self._space_last[kid]
+            & (old[:, END] > 0)
+        )
+        if word.any():  # the run, the token
+            o = old[word]
+            kept, count = o[:, CHARS] - o[:, LAST_CHARS], o[:, TOKENS] - o[:, LAST_TOKENS]
+            self._chunk_after(fields, done, rows[word], tokens[word], kept, count)
+        if after.any():  # the run's last character, the token
+            count = old[after, END]
+            self._chunk_after(fields, done, rows[after], tokens[after], np.ones_like(count), count)
+
+    def _chunk_after(
+        self,
+        fields: np.ndarray,
+        done: np.ndarray,
+        at: np.ndarray,
+        tokens: np.ndarray,
+        kept: np.ndarray,
+        count: np.ndarray,
+    ) -> None:
+        """Rows whose last two chunks are now a chunk of ``kept`` characters in ``count``
+        tokens and the token alone (its kind alone: ``RowStates.lone_kind``)."""
+        kids = self._lone[tokens]
+        texts = self.states.bpe.texts
+        for index in np.flatnonzero(kids < 0).tolist():
+            token = int(tokens[index])
+            text = texts[token]
+            assert text is not None
+            kid = self.intern((*self.states.lone_kind(token, text), ()))
+            self._lone[token] = kids[index] = kid
+        self._write(fields, done, at, kids, tokens, count, kept, kept, count)
+
+    def _write(
+        self,
+        fields: np.ndarray,
+        done: np.ndarray,
+        at: np.ndarray,
+        kids: np.ndarray,
+        tokens: np.ndarray,
+        before_tokens: np.ndarray,
+        before_chars: np.ndarray,
+        last_chars: np.ndarray,
+        last_tokens: np.ndarray,
+    ) -> None:
+        """Rows ``at`` now in state ``kids``, their last chunks those before (``before_tokens``
+        tokens, ``before_chars`` characters) and ``tokens``; the last chunk starting at
+        ``last_chars``, ``last_tokens``."""
+        fields[at, KID] = kids
+        fields[at, TOKENS] = before_tokens + 1
+        fields[at, CHARS] = before_chars + self._length[tokens]
+        fields[at, LAST_CHARS] = last_chars
+        fields[at, LAST_TOKENS] = last_tokens
+        fields[at, END] = self._end[tokens]
+        done[at] = True
 
 
 __all__ = ["RuleAutomaton"]
