@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,9 +22,10 @@ from memfree.core.canonical import CanonicalMasker
 from memfree.core.rule_automaton import RuleAutomaton
 from memfree.core.state_table import row_bounds
 from memfree.vocab.info import TokenizerInfo
-from tests.conftest import llama_cpp_tokenizer
+from tests.conftest import LLAMA_CPP, llama_cpp_tokenizer
 from tests.memfree.core.test_canonical import PIECES, _split, _texts
 from tests.memfree.core.test_canonical_advance import WALK_PIECES
+from tests.memfree.core.test_canonical_chars import _needs
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gpt-2"])
@@ -112,3 +114,45 @@ def test_rows_of_any_text_read_as_their_full_reads(
     tokenizer, masker = rules
     sources = [_split(tokenizer, text, how, cut) or [0] for text in texts]
     _walk(masker, sources, 16, seed, start=1)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in ("gpt-2", "starcoder")])
+def test_llama_cpp_test_texts_in_one_batch_keep_every_next_token(name: str) -> None:
+    """llama.cpp's tokenizer test texts (those its tokenizer and transformers' agree on) as the
+    rows of one batch that grow together, a token a step, as a server's do: the arrays advance
+    the rows, and no row's own next token is ever banned."""
+    tokenizer = llama_cpp_tokenizer(name)
+    texts = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.inp").read_text().split("\n__ggml_vocab_test__\n")
+    lines = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
+    rows = [
+        ids
+        for text, line in zip(texts, lines, strict=False)
+        if (ids := _split(tokenizer, text, 0, 0)) == [int(i) for i in line.split()] and ids
+    ]
+    assert len(rows) >= 38, len(rows)
+    info = TokenizerInfo.of(tokenizer)
+    masker = CanonicalMasker(info, [info.eos_token_id])
+    assert isinstance(masker.automaton, RuleAutomaton)
+    assert len(rows) >= masker.automaton.arrays_from  # the step takes the arrays
+    moved = []
+    take = masker.automaton._move
+
+    def counted(*args: Any) -> Any:
+        done = take(*args)
+        moved.append(int(done.sum()))
+        return done
+
+    masker.automaton._move = counted  # type: ignore[method-assign]
+    longest = max(map(len, rows))
+    steps = 0
+    for end in range(1, longest):
+        batch = torch.tensor([[-1] * (longest - min(end, len(r))) + r[:end] for r in rows])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            banned, _, _ = masker.step(batch, info.vocab_size)
+        for index, row in enumerate(rows):
+            if end < len(row):
+                assert not banned[index, row[end]], (name, row[: end + 1])
+                steps += 1
+    assert steps > 300
+    assert sum(moved) >= 0.5 * steps, (sum(moved), steps)
