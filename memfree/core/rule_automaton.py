@@ -3,13 +3,14 @@ canonical masker's automaton for SmolLM2, GPT-2 and their kin.
 
 :class:`~memfree.core.row_automaton.RowAutomaton` advances a row in Python, a few microseconds
 a row. Most rows of a step are a run of letters, digits or punctuation followed by a token that
-goes on with the run or starts a chunk of its own (:meth:`RowStates.move
-<memfree.core.canonical_state.RowStates.move>`): the next state then follows from the row's
-:class:`~memfree.core.canonical_state.Spot` and the token alone, by per-token columns and the
-merge-tree test. :class:`RuleAutomaton` keeps each row's spot as integers (its state's key id,
-where its last chunks lie) from one step to the next and takes those moves for all rows at
-once with numpy; the other rows (a whitespace run, an apostrophe, a token that begins an added
-token's content, a merge-tree test with a late node, a row seen for the first time) go through
+goes on with the run or starts a chunk of its own, or a whitespace run followed by a token that
+starts a chunk after it (:meth:`RowStates.move <memfree.core.canonical_state.RowStates.move>`):
+the next state then follows from the row's :class:`~memfree.core.canonical_state.Spot` and the
+token alone, by per-token columns and the merge-tree test. :class:`RuleAutomaton` keeps each
+row's spot as integers (its state's key id, where its last chunks lie) from one step to the next
+and takes those moves for all rows at once with numpy; the other rows (a contraction, an
+apostrophe, a whitespace token after a run, a token that begins an added token's content, a
+merge-tree test with a late node, a row seen for the first time) go through
 :class:`~memfree.core.canonical_state.RowStates` one by one, as before. The arrays compute
 :meth:`RowStates.move`'s answer term for term; ``tests/memfree/core/test_rule_automaton.py``
 checks every step's states against the rows read in full.
@@ -34,8 +35,8 @@ _LIMIT = 1 << 16  # keys past which the automaton starts afresh (at a step's sta
 # characters, where the last chunk starts in them (-1: not known), Spot.end.
 KID, TOKENS, CHARS, LAST_CHARS, LAST_TOKENS, END = range(6)
 _FIELDS = 6
-# Below this many rows a step advances them one by one: the arrays' fixed cost (about 0.1 ms)
-# is more than a few rows' Python (measured: bench/bench_canonical_batch.py, docs/benchmarks.md).
+# Below this many rows a step advances them one by one: the arrays' fixed cost (0.1-0.4 ms a
+# step, measured on the bench's rows: equal at 8-16 rows) is more than a few rows' Python.
 _ARRAYS_FROM = 16
 # What the arrays move a key by (0: nothing, one by one): a run, a whitespace run (with the
 # flag that it splits before its last character: Spot.key[3]), a whitespace run split so.

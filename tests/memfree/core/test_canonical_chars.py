@@ -290,6 +290,18 @@ _PARTIAL = {
 }  # fmt: skip
 
 
+def llama_cpp_texts(tokenizer: Any, name: str) -> list[str]:
+    """llama.cpp's tokenizer test texts (the ``.gguf.inp`` beside test vocabulary ``name``) that
+    ``tokenizer`` tokenizes as llama.cpp does (its ids in the ``.gguf.out``)."""
+    texts = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.inp").read_text().split("\n__ggml_vocab_test__\n")
+    lines = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
+    return [
+        text
+        for text, line in zip(texts, lines, strict=False)
+        if _encode(tokenizer, text) == [int(i) for i in line.split()]
+    ]
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in _PARTIAL])
 def test_llama_cpp_test_texts_keep_every_next_token(name: str) -> None:
     """llama.cpp's tokenizer test texts (the ``.gguf.inp`` beside each test vocabulary): the
@@ -299,13 +311,7 @@ def test_llama_cpp_test_texts_keep_every_next_token(name: str) -> None:
     vocabulary) and end of sequence is allowed exactly where the row is its text's
     tokenization. Before issue 35 the guard banned the next token at 116 of GPT-2's 473 steps."""
     tokenizer = llama_cpp_tokenizer(name)
-    texts = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.inp").read_text().split("\n__ggml_vocab_test__\n")
-    lines = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
-    agreed = [
-        text
-        for text, line in zip(texts, lines, strict=False)
-        if _encode(tokenizer, text) == [int(i) for i in line.split()]
-    ]
+    agreed = llama_cpp_texts(tokenizer, name)
     assert len(agreed) >= 38, (name, len(agreed))  # transformers' reading of the GGUF file
     masker = _masker(tokenizer)
     info = masker.info

@@ -22,10 +22,10 @@ from memfree.core.canonical import CanonicalMasker
 from memfree.core.rule_automaton import RuleAutomaton
 from memfree.core.state_table import row_bounds
 from memfree.vocab.info import TokenizerInfo
-from tests.conftest import LLAMA_CPP, llama_cpp_tokenizer
+from tests.conftest import llama_cpp_tokenizer
 from tests.memfree.core.test_canonical import PIECES, _split, _texts
 from tests.memfree.core.test_canonical_advance import WALK_PIECES
-from tests.memfree.core.test_canonical_chars import _needs
+from tests.memfree.core.test_canonical_chars import _needs, llama_cpp_texts
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gpt-2"])
@@ -122,12 +122,8 @@ def test_llama_cpp_test_texts_in_one_batch_keep_every_next_token(name: str) -> N
     rows of one batch that grow together, a token a step, as a server's do: the arrays advance
     the rows, and no row's own next token is ever banned."""
     tokenizer = llama_cpp_tokenizer(name)
-    texts = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.inp").read_text().split("\n__ggml_vocab_test__\n")
-    lines = (LLAMA_CPP / f"ggml-vocab-{name}.gguf.out").read_text().split("\n")
     rows = [
-        ids
-        for text, line in zip(texts, lines, strict=False)
-        if (ids := _split(tokenizer, text, 0, 0)) == [int(i) for i in line.split()] and ids
+        ids for text in llama_cpp_texts(tokenizer, name) if (ids := _split(tokenizer, text, 0, 0))
     ]
     assert len(rows) >= 38, len(rows)
     info = TokenizerInfo.of(tokenizer)
