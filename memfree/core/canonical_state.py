@@ -164,11 +164,12 @@ class RowStates:
         self._self_ok: list[bool] = bpe.self_ok.tolist()
         self._run_of: list[int] = bpe.run.tolist()
         self._first_of: list[int] = bpe.first.tolist()
+        self._whole_last: list[int] = bpe.whole_last.tolist()  # Spot.end of a row ending in it
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_lock")
-        for name in ("_cut_of", "_self_ok", "_run_of", "_first_of"):
+        for name in ("_cut_of", "_self_ok", "_run_of", "_first_of", "_whole_last"):
             state.pop(name, None)
         state["_prefix_checks"] = OrderedDict()
         state["_advances"] = OrderedDict()
@@ -374,7 +375,7 @@ class RowStates:
         text = self.bpe.texts[token]
         if run is None or text is None or not self._self_ok[token] or self.begins_added(token):
             return None
-        end = self._lone_end(token, text)
+        end = self._whole_last[token]
         if self._run_of[token] == run:  # the same chunk goes on
             if not self._pair(a, token):
                 return None
@@ -401,11 +402,6 @@ class RowStates:
         if kind is None:
             kind = self._lone_kinds[token] = self._kind(text, [token], None)
         return kind
-
-    def _lone_end(self, token: int, text: str) -> int:
-        """:attr:`Spot.end` of a row that ends in ``token`` (its text ``text``): 1 where the
-        token is its last character's bytes, else 0."""
-        return int(len(self._bytes[token]) == len(text[-1].encode()))
 
     def _space_move(self, key: tuple[Any, ...], spot: Spot, token: int) -> Spot | None:
         """GPT-2's pattern, a row ending in a whitespace run ``W`` (its last chunk), without
@@ -448,7 +444,7 @@ class RowStates:
             count + 1,
             kept + len(text),
             (kept, count),
-            self._lone_end(token, text),
+            self._whole_last[token],
             key[0] == "space",
         )
 
