@@ -55,6 +55,7 @@ from memfree.core.canonical_spm import SentencePieceMasker
 from memfree.core.canonical_state import RUN_OF_CLASS, RowStates, Tail, in_space_run
 from memfree.core.row_automaton import RowAutomaton
 from memfree.core.rule_automaton import RuleAutomaton
+from memfree.core.split_rows import SplitRows
 from memfree.core.state_table import StateTable, TableMasker, is_banned, row_bounds
 from memfree.core.table_cache import cached_tables
 from memfree.vocab.bpe import (
@@ -93,7 +94,7 @@ class CanonicalMasker(TableMasker):
 
     UNPICKLED = (
         *("_lock", "_masks", "_bigrams", "_readings", "_pseudos"),
-        *("_columns", "_pseudo_columns", "_pseudo_runs", "_runs"),
+        *("_columns", "_pseudo_columns", "_pseudo_runs", "_runs", "_split_rows"),
         *("table", "automaton"),
     )
 
@@ -144,6 +145,11 @@ class CanonicalMasker(TableMasker):
             self._starting_with, self._bigram,
         )  # fmt: skip
         chars = self._chars
+        self._split_rows = (
+            SplitRows(self.bpe, self.split, chars, v.added, self._starting_with)
+            if self.split is not None
+            else None
+        )
         self._pseudo_columns = (
             pseudo_columns(chars, self._bigram, v.runs)
             if chars is not None and chars.size and chars.classify is None
@@ -252,6 +258,11 @@ class CanonicalMasker(TableMasker):
                 row[joined[joined < size]] = True
                 row[ends] = False  # a run may end: its text, ended here, is its ids
                 return
+        if key[0] == "split" and self._split_rows is not None and self.fast_runs:
+            allows = self._split_rows.fill(row, key)  # from parts that states share
+            if key[1][3] or not allows:
+                row[ends] = False
+            return
         if key[0] == "past":
             row[:size] = True
         else:

@@ -45,6 +45,7 @@ import itertools
 import threading
 import unicodedata
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,11 +102,13 @@ class SplitChunks:
         self._merges = bpe.merges_model
         self._strings = bpe.tree.strings
         self._byte_char = byte_level_chars()
+        self._lengths = [len(raw) for raw in bpe.token_bytes]  # each token's bytes
         self._signatures: dict[tuple[Any, ...], int] = {}
         self._classes: dict[str, int] = {}
         self._reps: list[str] = []
         self._letter = self.char_class("a")
         self._generic: dict[int, int] = {}  # a contraction letter's class -> the letter class
+        self._plain: dict[str, int] = {}  # a character -> its class outside contractions
         self._digit = self.char_class("1")
         self._apostrophe = self.char_class("'")
         size = bpe.vocab_size
@@ -191,7 +194,7 @@ class SplitChunks:
         for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
             state.pop(name)
         state.pop("_nfc_breaking", None)
-        for name in ("_model", "_merges", "_strings"):
+        for name in ("_model", "_merges", "_strings", "_lengths"):
             state.pop(name)
         return state
 
@@ -204,6 +207,7 @@ class SplitChunks:
         self._model = models.BPE(tree.vocab, merges, ignore_merges=self.ignore_merges)
         self._merges = self.bpe.merges_model
         self._strings = tree.strings
+        self._lengths = [len(raw) for raw in self.bpe.token_bytes]
         self._groups = OrderedDict()
         self._bpe_cache = {}
         self._completions = OrderedDict()
@@ -253,14 +257,21 @@ class SplitChunks:
         else:
             classes = [self.char_class(c) for c in text]
         apostrophe, generic = self._apostrophe, self._generic
-        for index, cls in enumerate(classes):  # after an apostrophe, or a token's first two
-            if (index and classes[index - 1] == apostrophe) or (
-                index > 1 and classes[index - 2] == apostrophe
-            ):
-                continue
-            if not (token and index < 2):
-                found = generic.get(cls)
-                classes[index] = found if found is not None else self._generic_class(cls)
+        if apostrophe not in classes:  # no contraction: each character's plain class
+            plain, start = self._plain, 2 if token else 0
+            for char in text[start:]:
+                if char not in plain:
+                    plain[char] = self._generic_class(known[char])
+            classes[start:] = [plain[c] for c in text[start:]]
+        else:
+            for index, cls in enumerate(classes):  # after an apostrophe, or a token's first two
+                if (index and classes[index - 1] == apostrophe) or (
+                    index > 1 and classes[index - 2] == apostrophe
+                ):
+                    continue
+                if not (token and index < 2):
+                    found = generic.get(cls)
+                    classes[index] = found if found is not None else self._generic_class(cls)
         shape: list[int] = []
         where: list[int] = []
         index = 0
@@ -378,8 +389,14 @@ class SplitChunks:
         checked per row after the key's mask (``ignore_merges`` and NFC)."""
         shape, where = self._shape(text, token=False)
         groups = self.groups(shape)
-        ends = np.cumsum([len(self.bpe.token_bytes[t]) for t in tokens]).tolist()
-        offsets = [len(text[:i].encode("utf-8")) for i in range(len(text) + 1)]
+        lengths = self._lengths
+        ends = list(itertools.accumulate(lengths[t] for t in tokens))
+        # Each character's byte offset (and the end's).
+        offsets: Sequence[int] = (
+            range(len(text) + 1)
+            if text.isascii()
+            else [0, *itertools.accumulate(len(c.encode("utf-8")) for c in text)]
+        )
         facts = []
         fixes = []
         for number, (start, bounds) in enumerate(groups.groups):
@@ -394,11 +411,11 @@ class SplitChunks:
             facts.append(fact)
         if self.bpe.nfc:
             fixes.append((-1, nfc_context(text)))
-        ends = self.bpe.encode(text) == tokens  # the row's text ending here is its tokens
-        return (shape, tokens[-1], tuple(facts), ends), tuple(fixes)
+        whole = self.bpe.encode(text) == tokens  # the row's text ending here is its tokens
+        return (shape, tokens[-1], tuple(facts), whole), tuple(fixes)
 
     def _chunks_ok(
-        self, text: str, tokens: list[int], ends: list[int], offsets: list[int], cuts: list[int]
+        self, text: str, tokens: list[int], ends: list[int], offsets: Sequence[int], cuts: list[int]
     ) -> bool:
         """Whether the row's chunks between ``cuts`` (character offsets) are their tokens."""
         first = 0
@@ -428,39 +445,56 @@ class SplitChunks:
 
     def mask(self, key: tuple[Any, ...], bigram: np.ndarray) -> np.ndarray:
         """The candidates a key allows (before the per-row fixes)."""
+        alone, merged = self.mask_parts(key)
+        return alone | (merged & bigram)
+
+    def mask_parts(self, key: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`mask` in two parts that do not read the row's last token: the candidates
+        allowed whatever it is (they start a chunk), and those allowed where the merge-tree
+        test after it passes (they go on with the row's last chunk). The mask is
+        ``alone | (merged & bigram)``: a candidate reads the test at its own index only."""
         shape, _, facts, _ = key
         groups = self.groups(shape)
-        allowed = np.zeros(self.bpe.vocab_size, dtype=bool)
+        alone = np.zeros(self.bpe.vocab_size, dtype=bool)
+        merged = np.zeros(self.bpe.vocab_size, dtype=bool)
         for number, ((start, _), fact) in enumerate(zip(groups.groups, facts, strict=True)):
             if not fact:
                 continue
             members = groups.of_token == number
             if start == len(shape):
-                allowed |= members & self.alone
+                alone |= members & self.alone
             else:
-                allowed |= members & self.merged & bigram
+                merged |= members & self.merged
         for number, tokens in groups.extra:
             if facts[number]:
-                start = groups.groups[number][0]
-                ok = self.alone if start == len(shape) else self.merged & bigram
-                allowed[tokens] |= ok[tokens]
-        return allowed
+                if groups.groups[number][0] == len(shape):
+                    alone[tokens] |= self.alone[tokens]
+                else:
+                    merged[tokens] |= self.merged[tokens]
+        return alone, merged
 
     def mask_pseudo(self, key: tuple[Any, ...], bigram: np.ndarray) -> np.ndarray:
         """bool `(K,)`: the pseudo candidates a key allows (before the per-row fixes), as
         :meth:`mask` for tokens; ``bigram``: the merge-tree test after the row's last token,
         at each pseudo candidate's head."""
+        alone, merged = self.mask_pseudo_parts(key)
+        return alone | (merged & bigram)
+
+    def mask_pseudo_parts(self, key: tuple[Any, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`mask_pseudo` in two parts, as :meth:`mask_parts` (the test read at each pseudo
+        candidate's head)."""
         shape, _, facts, _ = key
         groups = self.groups(shape)
-        allowed = np.zeros(len(self.pseudo_shape), dtype=bool)
+        alone = np.zeros(len(self.pseudo_shape), dtype=bool)
+        merged = np.zeros(len(self.pseudo_shape), dtype=bool)
         for number, ((start, _), fact) in enumerate(zip(groups.groups, facts, strict=True)):
             if fact:
                 members = groups.of_pseudo == number
                 if start == len(shape):
-                    allowed |= members & self.pseudo_alone
+                    alone |= members & self.pseudo_alone
                 else:
-                    allowed |= members & self.pseudo_merged & bigram
-        return allowed
+                    merged |= members & self.pseudo_merged
+        return alone, merged
 
     def start_pseudo(self) -> np.ndarray:
         """bool `(K,)`: the pseudo candidates allowed where a text starts (each its own chunk,
@@ -470,30 +504,44 @@ class SplitChunks:
     def fix_pseudo(
         self, key: tuple[Any, ...], fixes: tuple[Any, ...], allowed: np.ndarray
     ) -> np.ndarray:
-        """:meth:`fix` for the pseudo candidates: a witness that would break NFC, or whose
-        text the continued chunk's text makes a token (``ignore_merges``), is banned (another
-        character of its class might not: an over-ban, never an under-ban; a row inside the
-        character is checked with the tokenizer itself)."""
-        groups = self.groups(key[0])
-        banned: list[int] = []
-        for number, text in fixes:
-            if number < 0:
-                breaking = self._breaking_nfc(text, pseudo=True)
-                banned.extend(breaking[allowed[breaking]].tolist())
-                continue
-            completing = np.asarray(self._completing(text, True), dtype=np.int64)
-            banned.extend(completing[groups.of_pseudo[completing] == number].tolist())
-        if not banned:
+        """:meth:`fix` for the pseudo candidates (:meth:`bans_pseudo`)."""
+        banned = self.bans_pseudo(key, fixes)
+        if not banned.size:
             return allowed
         allowed = allowed.copy()
         allowed[banned] = False
         return allowed
 
-    def fix(self, key: tuple[Any, ...], fixes: tuple[Any, ...], mask: np.ndarray) -> np.ndarray:
-        """Bans what the key cannot say: a continued chunk that is itself a token
-        (``ignore_merges`` gives that token instead), a candidate that breaks NFC."""
+    def bans_pseudo(self, key: tuple[Any, ...], fixes: tuple[Any, ...]) -> np.ndarray:
+        """int64: the pseudo candidates a row's fixes ban: a witness that would break NFC, or
+        whose text the continued chunk's text makes a token (``ignore_merges``); another
+        character of its class might not: an over-ban, never an under-ban (a row inside the
+        character is checked with the tokenizer itself)."""
         groups = self.groups(key[0])
-        banned: list[int] = []
+        banned: list[np.ndarray] = []
+        for number, text in fixes:
+            if number < 0:
+                banned.append(self.breaking_nfc(text, pseudo=True))
+                continue
+            completing = np.asarray(self._completing(text, True), dtype=np.int64)
+            banned.append(completing[groups.of_pseudo[completing] == number])
+        return np.concatenate(banned) if banned else np.zeros(0, dtype=np.int64)
+
+    def fix(self, key: tuple[Any, ...], fixes: tuple[Any, ...], mask: np.ndarray) -> np.ndarray:
+        """Bans what the key cannot say (:meth:`bans`)."""
+        banned = self.bans(key, fixes)
+        if not banned.size:
+            return mask
+        mask = mask.copy()
+        mask[banned] = False
+        return mask
+
+    def bans(self, key: tuple[Any, ...], fixes: tuple[Any, ...]) -> np.ndarray:
+        """int64: the candidates a row's fixes ban (whatever the key's mask allows): a
+        continued chunk that is itself a token (``ignore_merges`` gives that token instead), a
+        candidate that breaks NFC."""
+        groups = self.groups(key[0])
+        banned: list[np.ndarray] = []
         # Tokens a split reading allows as a chunk of their own: no continued chunk bans them.
         alone = {
             t
@@ -504,8 +552,7 @@ class SplitChunks:
         }
         for number, text in fixes:
             if number < 0:
-                breaking = self._breaking_nfc(text, pseudo=False)
-                banned.extend(breaking[mask[breaking]].tolist())
+                banned.append(self.breaking_nfc(text, pseudo=False))
                 continue
             completing = np.asarray(self._completing(text), dtype=np.int64)
             if not completing.size:
@@ -516,14 +563,10 @@ class SplitChunks:
                 mine |= np.isin(completing, np.concatenate(members))
             if alone:
                 mine &= ~np.isin(completing, list(alone))
-            banned.extend(completing[mine].tolist())
-        if not banned:
-            return mask
-        mask = mask.copy()
-        mask[banned] = False
-        return mask
+            banned.append(completing[mine])
+        return np.concatenate(banned) if banned else np.zeros(0, dtype=np.int64)
 
-    def _breaking_nfc(self, context: str, pseudo: bool) -> np.ndarray:
+    def breaking_nfc(self, context: str, pseudo: bool) -> np.ndarray:
         """int64: the candidates (``pseudo``: the pseudo candidates) whose text, appended to a
         row whose NFC context (:func:`nfc_context`) is ``context``, leaves the text not NFC.
         Kept per context: rows that end alike share it."""

@@ -23,7 +23,7 @@ import threading
 import unicodedata
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -51,6 +51,8 @@ _TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
 _CHECKS = 8192
 _REACH = 256  # how far back a prefix check looks for a boundary already known canonical
 _BASE = np.uint64(0x9E3779B97F4A7C15)
+_BASE_INT, _MASK = int(_BASE), (1 << 64) - 1
+_HASHED_IN_PYTHON = 32  # rows hashed in Python (numpy's fixed cost is larger)
 _ADVANCES = 1 << 14  # rows advanced by one token, kept per tail, added-token progress and token
 # States GPT-2's rules answer (memfree.core.canonical_rules); a character written with several
 # tokens may follow only these.
@@ -72,7 +74,10 @@ class Tail(NamedTuple):
     last: tuple[int, int] | None = None
 
 
-Read = tuple[tuple[Any, ...], "Tail | None"]  # a row's state, and its last chunks if canonical
+Read = tuple[tuple[Any, ...], "Tail | None"]
+Hashes = (
+    Sequence[int] | np.ndarray
+)  # RowStates._hashes: one per prefix of a row  # a row's state, and its last chunks if canonical
 
 
 class Spot(NamedTuple):
@@ -343,7 +348,6 @@ class RowStates:
             appended = None
         if appended is not None:
             segment = [*tail.tokens, token]
-            array = np.asarray(segment, dtype=np.int64)
             text = tail.text + appended
             chunks = self.bpe.chunks(text)
             # Fewer than two chunks: the token joined the tail's chunks, and the row's last two
@@ -353,7 +357,7 @@ class RowStates:
             else:
                 rests = self._advance_pending(pending, appended)
                 read = self._finish(
-                    segment, 0, self._hashes(array), segment, chunks, rests, quiet=True
+                    segment, 0, self._hashes(segment), segment, chunks, rests, quiet=True
                 )
                 if read[1] is not None:  # canonical: else the full read says why
                     found = read
@@ -452,7 +456,7 @@ class RowStates:
         self,
         segment: list[int],
         start: int,
-        hashes: np.ndarray,
+        hashes: Hashes,
         window: list[int],
         chunks: list[str],
         pending: tuple[str, ...],
@@ -510,7 +514,7 @@ class RowStates:
         before = self.bpe.encode(chunks[-2]) if len(chunks) >= 2 else []
         return tail == before + self.bpe.encode(last[:-1]) + self.bpe.encode(last[-1])
 
-    def _segments_canonical(self, ids: list[int], hashes: np.ndarray) -> bool:
+    def _segments_canonical(self, ids: list[int], hashes: Hashes) -> bool:
         """Whether the segments before the last cut (a prompt's chat template: messages between
         special tokens) are their text's tokenization; kept per prefix."""
         key = ("s", len(ids), int(hashes[len(ids)]), b"")
@@ -525,7 +529,7 @@ class RowStates:
         return known
 
     def _prefix_canonical(
-        self, segment: list[int], length: int, start: int, hashes: np.ndarray
+        self, segment: list[int], length: int, start: int, hashes: Hashes
     ) -> bool:
         """Whether the segment's first ``length`` ids (up to a fixed chunk boundary) are the
         tokenization of their text, as chunked with the rest of the segment after it (a
@@ -554,7 +558,7 @@ class RowStates:
         return known
 
     def _prefix_key(
-        self, segment: list[int], length: int, start: int, hashes: np.ndarray
+        self, segment: list[int], length: int, start: int, hashes: Hashes
     ) -> tuple[str, int, int, Any]:
         # The verdict depends on what follows the prefix: its next character (a token may hold
         # only its first bytes) and the marks after it (NFC composes them with the prefix).
@@ -611,14 +615,26 @@ class RowStates:
             if len(self._prefix_checks) > _CHECKS:
                 self._prefix_checks.popitem(last=False)
 
-    def _hashes(self, ids: np.ndarray) -> np.ndarray:
-        """uint64 `(len(ids) + 1,)`: a hash of each prefix of ``ids`` (wrapping arithmetic)."""
-        if len(self._powers) < len(ids):
-            size = max(len(ids), 2 * len(self._powers))
+    def _hashes(self, ids: np.ndarray | list[int]) -> Hashes:
+        """A hash of each prefix of ``ids`` (``len(ids) + 1`` of them): the sum of ``(id + 1)
+        * BASE ** (i + 1)`` over its ids, modulo 2 ** 64. A short row (an advancing row's last
+        chunks) in Python, a long one with numpy: the same values."""
+        if len(ids) <= _HASHED_IN_PYTHON:
+            values = ids.tolist() if isinstance(ids, np.ndarray) else ids
+            found = [0]
+            total, power = 0, 1
+            for token in values:
+                power = power * _BASE_INT & _MASK
+                total = (total + (token + 1) * power) & _MASK
+                found.append(total)
+            return found
+        array = np.asarray(ids, dtype=np.int64)
+        if len(self._powers) < len(array):
+            size = max(len(array), 2 * len(self._powers))
             self._powers = np.cumprod(np.full(size, _BASE, dtype=np.uint64))
-        hashes = np.zeros(len(ids) + 1, dtype=np.uint64)
-        values = ids.astype(np.uint64) + np.uint64(1)
-        np.cumsum(values * self._powers[: len(ids)], out=hashes[1:])
+        hashes = np.zeros(len(array) + 1, dtype=np.uint64)
+        values = array.astype(np.uint64) + np.uint64(1)
+        np.cumsum(values * self._powers[: len(array)], out=hashes[1:])
         return hashes
 
     def _kind(self, last: str, tokens: list[int], previous: str | None) -> tuple[Any, ...]:

