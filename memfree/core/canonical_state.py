@@ -74,10 +74,8 @@ class Tail(NamedTuple):
     last: tuple[int, int] | None = None
 
 
-Read = tuple[tuple[Any, ...], "Tail | None"]
-Hashes = (
-    Sequence[int] | np.ndarray
-)  # RowStates._hashes: one per prefix of a row  # a row's state, and its last chunks if canonical
+Read = tuple[tuple[Any, ...], "Tail | None"]  # a row's state, and its last chunks if canonical
+Hashes = Sequence[int] | np.ndarray  # RowStates._hashes: one per prefix of a row
 
 
 class Spot(NamedTuple):
