@@ -38,6 +38,8 @@ from memfree.core.canonical_split import SplitChunks
 from memfree.vocab.bpe import ByteLevelBpe
 
 _KEPT = 256  # parts kept (per state without its last token and its fixes)
+_KEPT_SITES = 1024  # where NFC contexts reach, kept (per contexts)
+_FEW_SITES = 16  # indexes past which the merge-tree test is read from its failures
 _BIT = np.array([0x80 >> shift for shift in range(8)], dtype=np.uint8)  # np.packbits' order
 
 
@@ -51,6 +53,17 @@ class _Parts:
     merged: np.ndarray  # the tokens' routes that need it
     pseudo_alone: np.ndarray  # bool (K,): the pseudo candidates' (not packed)
     pseudo_merged: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class _Sites:
+    """Where a row's fixes reach, without its last token: the indexes, and the routes there
+    that do not read the test."""
+
+    at: np.ndarray  # int64, sorted, distinct: the tokens banned and the banned pseudo heads
+    free: np.ndarray  # bool: at each, the token itself is not banned by the fixes
+    pseudo: np.ndarray  # int64: the pseudo candidates not banned whose head is in ``at``
+    owner: np.ndarray  # int64: for each, the index of its head in ``at``
 
 
 class SplitRows:
@@ -82,8 +95,12 @@ class SplitRows:
         self._starting_with = starting_with
         self._parts: OrderedDict[Hashable, _Parts] = OrderedDict()
         self._lock = threading.Lock()
+        self._sites: OrderedDict[Hashable, _Sites | None] = OrderedDict()
         self._fails = np.zeros(self.size, dtype=bool)  # scratch rows (all False between uses)
         self._marked = np.zeros(self.size, dtype=bool)
+        if self.chars is not None:  # the pseudo candidates by head, and the heads sorted
+            order = np.argsort(self.chars.heads, kind="stable")
+            self._by_head = (order, self.chars.heads[order])
 
     def fill(self, row: np.ndarray, key: tuple[Any, ...]) -> bool:
         """Writes the candidates below the vocabulary's size that a split state ``key``
@@ -109,7 +126,12 @@ class SplitRows:
         """The answer again at the indexes a row's fixes reach (:meth:`SplitChunks.bans
         <memfree.core.canonical_split.SplitChunks.bans>`: the tokens they ban, and the heads
         of the pseudo candidates they ban), from the routes: a token's own, unless banned, or
-        one of its pseudo candidates', unless banned."""
+        one of its pseudo candidates', unless banned. Where the fixes are NFC contexts alone
+        (Qwen 2's rows) where they reach is kept per context (:meth:`_fixed_nfc`); a continued
+        chunk's text (``ignore_merges``) seldom repeats, so those are answered afresh."""
+        if fixes and all(number < 0 for number, _ in fixes):
+            self._fixed_nfc(row, state, fixes, parts, joined)
+            return
         tokens = self.split.bans(state, fixes)
         chars = self.chars
         pseudo = self.split.bans_pseudo(state, fixes) if chars is not None else tokens[:0]
@@ -135,6 +157,74 @@ class SplitRows:
                 marked[heads[ok]] = False
             fails[joined] = False
         row[at] = ~allowed
+
+    def _fixed_nfc(
+        self,
+        row: np.ndarray,
+        state: tuple[Any, ...],
+        fixes: tuple[Any, ...],
+        parts: _Parts,
+        joined: np.ndarray,
+    ) -> None:
+        """:meth:`_fixed` where the fixes are NFC contexts alone: where they reach (a few
+        indexes: one to three on the bench's rows) is kept per context, and the merge-tree
+        test is read at those indexes alone."""
+        sites = self._sites_of(fixes)
+        if sites is None:
+            return
+        at = sites.at
+        if at.size <= _FEW_SITES:  # the test at each index: a binary search, no row
+            a, passing = state[1], self.bpe.pair_allowed
+            passes = np.array([passing(a, t) for t in at.tolist()], dtype=bool)
+        else:  # from the test's failures, marked in a scratch row (cleared after use)
+            with self._lock:
+                self._fails[joined] = True
+                passes = ~self._fails[at]
+                self._fails[joined] = False
+        allowed = sites.free & (_bits(parts.alone, at) | (_bits(parts.merged, at) & passes))
+        pseudo = sites.pseudo
+        if pseudo.size:  # a head allowed through one of its pseudo candidates the fixes leave
+            ok = parts.pseudo_alone[pseudo] | (parts.pseudo_merged[pseudo] & passes[sites.owner])
+            allowed[sites.owner[ok]] = True
+        row[at] = ~allowed
+
+    def _sites_of(self, fixes: tuple[Any, ...]) -> _Sites | None:
+        """Where NFC contexts reach (None: nowhere), kept per contexts: what they ban reads
+        neither the state's shape nor its facts."""
+        with self._lock:
+            if fixes in self._sites:
+                self._sites.move_to_end(fixes)
+                return self._sites[fixes]
+        tokens = np.sort(
+            np.concatenate([self.split.breaking_nfc(text, pseudo=False) for _, text in fixes])
+        )
+        chars = self.chars
+        banned = tokens[:0]
+        if chars is not None:
+            banned = np.concatenate([self.split.breaking_nfc(t, pseudo=True) for _, t in fixes])
+        sites = None
+        if tokens.size or banned.size:
+            at = tokens
+            if chars is not None and banned.size:
+                at = np.sort(np.concatenate([tokens, chars.heads[banned]]))
+            if at.size > 1:  # distinct
+                at = at[np.concatenate(([True], at[1:] != at[:-1]))]
+            pseudo = owner = np.zeros(0, dtype=np.int64)
+            if chars is not None:  # the pseudo candidates whose head is in ``at``
+                order, heads = self._by_head
+                lo = np.searchsorted(heads, at, side="left")
+                counts = np.searchsorted(heads, at, side="right") - lo
+                owner = np.repeat(np.arange(len(at)), counts)
+                runs = np.repeat(lo - np.cumsum(counts) + counts, counts)  # each run's start
+                pseudo = order[runs + np.arange(int(counts.sum()))]
+                left = ~_member(np.sort(banned), pseudo)
+                pseudo, owner = pseudo[left], owner[left]
+            sites = _Sites(at, ~_member(tokens, at), pseudo, owner)
+        with self._lock:
+            self._sites[fixes] = sites
+            if len(self._sites) > _KEPT_SITES:
+                self._sites.popitem(last=False)
+        return sites
 
     def _parts_of(self, state: tuple[Any, ...], pending: tuple[str, ...]) -> _Parts:
         shape, _, facts, ends = state
@@ -188,6 +278,14 @@ class SplitRows:
             + p.pseudo_alone.nbytes + p.pseudo_merged.nbytes
             for p in kept
         )  # fmt: skip
+
+
+def _member(values: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """bool: whether each of ``queries`` is in ``values`` (sorted)."""
+    if not values.size:
+        return np.zeros(len(queries), dtype=bool)
+    where = np.minimum(np.searchsorted(values, queries), len(values) - 1)
+    return values[where] == queries
 
 
 def _bits(packed: np.ndarray, indexes: np.ndarray) -> np.ndarray:
