@@ -22,6 +22,7 @@ import numpy as np
 from memfree.vocab.pair_ranges import PairRanges, narrowed_state, pair_ranges, widened_state
 
 _INF = np.iinfo(np.int64).max
+_LATE_PAIRS = 1 << 16  # pairs read from the merges, kept (cleared when full)
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,6 +56,7 @@ class MergeTree:
     ranges: PairRanges | None = None
     _merges_only: list[Any] = field(default_factory=list)  # the model without ignore_merges
     _late_rows: dict[int, np.ndarray] = field(default_factory=dict)  # late tokens' answers
+    _late_pairs: dict[tuple[int, int], bool] = field(default_factory=dict)  # read from merges
 
     @classmethod
     def of(
@@ -233,8 +235,9 @@ class MergeTree:
         self.__dict__.update(widened_state(state))
 
     def caches(self) -> tuple[Any, ...]:
-        """What the tree fills as it is used: the merges-only model, late tokens' answers."""
-        return self._merges_only, self._late_rows
+        """What the tree fills as it is used: the merges-only model, late tokens' answers, the
+        pairs read from the merges."""
+        return self._merges_only, self._late_rows, self._late_pairs
 
     @property
     def merges_model(self) -> Any:
@@ -254,17 +257,25 @@ class MergeTree:
 
     def _bigram_by_merges(self, a: int, others: np.ndarray) -> np.ndarray:
         """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
-        ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say)."""
+        ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say;
+        each pair kept: about a hundred late tokens meet every row's last token, and half of
+        the pairs along real text repeat)."""
         model = self.merges_model
         strings = self.strings
         head = strings.get(a)
         result = np.zeros(len(others), dtype=bool)
         if head is None:
             return result
+        known = self._late_pairs
         for index, b in enumerate(others.tolist()):
-            tail = strings.get(b)
-            if tail is not None:
-                result[index] = [t.id for t in model.tokenize(head + tail)] == [a, b]
+            answer = known.get((a, b))
+            if answer is None:
+                tail = strings.get(b)
+                answer = tail is not None and [t.id for t in model.tokenize(head + tail)] == [a, b]
+                if len(known) >= _LATE_PAIRS:
+                    known.clear()
+                known[(a, b)] = answer
+            result[index] = answer
         return result
 
     def right_spine(self, a: int) -> list[tuple[int, int]]:
