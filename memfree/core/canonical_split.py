@@ -251,6 +251,12 @@ class SplitChunks:
     def _shape(self, text: str, token: bool) -> tuple[tuple[int, ...], list[int]]:
         """The text's shape and, for each of its characters and its end, the index in the
         text it stands for (runs cut short stand for their first and last characters)."""
+        plain = self._plain
+        if not token:
+            try:  # every character's plain class known: none is an apostrophe (see below)
+                return self._runs([plain[c] for c in text], len(text))
+            except KeyError:
+                pass
         known = self._classes
         if all(c in known for c in text):  # every character met before: no probe
             classes = [known[c] for c in text]
@@ -258,9 +264,9 @@ class SplitChunks:
             classes = [self.char_class(c) for c in text]
         apostrophe, generic = self._apostrophe, self._generic
         if apostrophe not in classes:  # no contraction: each character's plain class
-            plain, start = self._plain, 2 if token else 0
+            start = 2 if token else 0
             for char in text[start:]:
-                if char not in plain:
+                if char not in plain:  # only characters of texts without an apostrophe
                     plain[char] = self._generic_class(known[char])
             classes[start:] = [plain[c] for c in text[start:]]
         else:
@@ -272,22 +278,25 @@ class SplitChunks:
                 if not (token and index < 2):
                     found = generic.get(cls)
                     classes[index] = found if found is not None else self._generic_class(cls)
+        return self._runs(classes, len(text))
+
+    def _runs(self, classes: list[int], length: int) -> tuple[tuple[int, ...], list[int]]:
+        """:meth:`_shape` from each character's class: runs longer than ``_CAP`` (but of
+        digits) cut to their first and last characters."""
         shape: list[int] = []
         where: list[int] = []
         index = 0
-        while index < len(classes):
-            end = index
-            while end < len(classes) and classes[end] == classes[index]:
-                end += 1
-            length = end - index
-            if length > _CAP and classes[index] != self._digit:
-                shape.extend([classes[index]] * _CAP)
-                where.extend([index, *range(end - _CAP + 1, end)])
+        for cls, run in itertools.groupby(classes):
+            end = index + len(list(run))
+            if end - index > _CAP and cls != self._digit:
+                shape.extend([cls] * _CAP)
+                where.append(index)
+                where.extend(range(end - _CAP + 1, end))
             else:
-                shape.extend(classes[index:end])
+                shape.extend([cls] * (end - index))
                 where.extend(range(index, end))
             index = end
-        where.append(len(text))
+        where.append(length)
         return tuple(shape), where
 
     # -- groups ---------------------------------------------------------------------------------
