@@ -36,6 +36,7 @@ import numpy as np
 from memfree.core.canonical_chars import Characters
 from memfree.core.canonical_split import SplitChunks
 from memfree.vocab.bpe import ByteLevelBpe
+from memfree.vocab.pair_ranges import expand_runs
 
 _KEPT = 256  # parts kept (per state without its last token and its fixes)
 _KEPT_SITES = 1024  # where NFC contexts reach, kept (per contexts)
@@ -215,8 +216,7 @@ class SplitRows:
                 lo = np.searchsorted(heads, at, side="left")
                 counts = np.searchsorted(heads, at, side="right") - lo
                 owner = np.repeat(np.arange(len(at)), counts)
-                runs = np.repeat(lo - np.cumsum(counts) + counts, counts)  # each run's start
-                pseudo = order[runs + np.arange(int(counts.sum()))]
+                pseudo = order[expand_runs(lo, counts)]
                 left = ~_member(np.sort(banned), pseudo)
                 pseudo, owner = pseudo[left], owner[left]
             sites = _Sites(at, ~_member(tokens, at), pseudo, owner)

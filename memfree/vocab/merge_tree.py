@@ -19,7 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from memfree.vocab.pair_ranges import PairRanges, narrowed_state, pair_ranges, widened_state
+from memfree.vocab.pair_ranges import (
+    PairRanges,
+    expand_runs,
+    narrowed_state,
+    pair_ranges,
+    widened_state,
+)
 
 _INF = np.iinfo(np.int64).max
 _LATE_PAIRS = 1 << 16  # pairs read from the merges, kept (cleared when full)
@@ -179,12 +185,9 @@ class MergeTree:
                 continue
             starts, ends = member_offsets[ys], member_offsets[ys + 1]
             lengths = ends - starts
-            total = int(lengths.sum())
-            if not total:
+            if not lengths.any():
                 continue
-            # The concatenated ranges [starts[i], ends[i]) as one index array.
-            shifts = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
-            index = np.arange(total) + shifts
+            index = expand_runs(starts, lengths)  # the ranges [starts[i], ends[i])
             hit = rho[index] >= np.repeat(np.maximum(ranks, formed[x]), lengths)
             conflict[member[index[hit]]] = True
         return conflict

@@ -81,7 +81,7 @@ class PairRanges:
             return np.concatenate([order[start:end] for start, end in spans])
         starts = self.starts[lo:hi].astype(np.int64)
         lengths = self.ends[lo:hi].astype(np.int64) - starts
-        return self.order[_expand(starts, lengths)]
+        return self.order[expand_runs(starts, lengths)]
 
     def joins(self, a: int, b: int) -> bool:
         """Whether a merge would join ``b`` to ``a`` (``b`` among :meth:`conflicts`), by a
@@ -107,7 +107,7 @@ class PairRanges:
         return inside & (at < self.ends[np.maximum(run, 0)])
 
 
-_FEW_RUNS = 32  # runs of a token read as slices (more: one index array, _expand)
+_FEW_RUNS = 32  # runs of a token read as slices (more: one index array, expand_runs)
 
 
 def narrowed_state(state: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -202,7 +202,7 @@ def pair_ranges(
         hi = max(int(np.searchsorted(before, before[lo] + _CHUNK, side="right")) - 1, lo + 1)
         part = slice(lo, hi)
         lengths = counts_below[part]
-        index = _expand(firsts[part], lengths)
+        index = expand_runs(firsts[part], lengths)
         y = partner[index]
         r = rank[index]
         o = np.repeat(owner[part], lengths)
@@ -300,11 +300,11 @@ def _segment_max(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(values + shift) - shift
 
 
-def _expand(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def expand_runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The runs ``[starts[i], starts[i] + lengths[i])`` one after another, as one index array."""
     total = int(lengths.sum())
     shifts = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
     return np.arange(total, dtype=np.int64) + shifts
 
 
-__all__ = ["PairRanges", "narrowed_state", "pair_ranges", "widened_state"]
+__all__ = ["PairRanges", "expand_runs", "narrowed_state", "pair_ranges", "widened_state"]
