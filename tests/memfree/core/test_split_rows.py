@@ -112,6 +112,59 @@ def test_the_states_of_real_text_share_parts_and_get_their_own_rows(
         assert any(fresh.split.breaking_nfc(text, pseudo=False).size for text in contexts)
 
 
+@pytest.mark.parametrize("context", ["a", "x\u0301", "\uac00", "u\u0308", "\u2126"])
+def test_an_nfc_contexts_answer_follows_the_routes_whatever_the_merge_test_says(
+    split_masker: tuple[Any, CanonicalMasker], context: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a row's fixes are NFC contexts alone, the indexes they reach are answered from
+    the routes (a token's own unless the context bans it, or one of its pseudo candidates'
+    unless banned; each route that goes on with the chunk needs the merge-tree test after the
+    row's last token to pass there). Checked against that rule written out here, with random
+    routes and the test failing at random indexes (real text seldom makes the test fail at a
+    head whose pseudo candidates the context bans), both ways of reading the test."""
+    _, masker = split_masker
+    if not masker.bpe.nfc:
+        pytest.skip("no NFC normalizer: rows carry no NFC context")
+    rows, split = masker._split_rows, masker.split
+    assert rows is not None and rows.chars is not None and split is not None
+    heads, size = rows.chars.heads, rows.size
+    banned = set(split.breaking_nfc(context, pseudo=False).tolist())
+    banned_pseudo = set(split.breaking_nfc(context, pseudo=True).tolist())
+    assert banned_pseudo  # the contexts chosen ban some pseudo candidates
+    at = sorted(banned | {int(heads[j]) for j in banned_pseudo})
+    by_head: dict[int, list[int]] = {}
+    for j, head in enumerate(heads.tolist()):
+        by_head.setdefault(head, []).append(j)
+    rng = np.random.default_rng(len(context))
+    for _ in range(8):
+        alone, merged = rng.random(size) < 0.5, rng.random(size) < 0.5
+        pseudo_alone = rng.random(len(heads)) < 0.3
+        pseudo_merged = rng.random(len(heads)) < 0.5
+        fails = {t for t in at if rng.random() < 0.5}
+        empty = np.packbits(np.zeros(size, dtype=bool))
+        parts = split_rows._Parts(
+            empty, empty, np.packbits(alone), np.packbits(merged), pseudo_alone, pseudo_merged
+        )
+        expected = np.zeros(size, dtype=bool)
+        for t in at:
+            passes = t not in fails
+            own = t not in banned and (alone[t] or (merged[t] and passes))
+            through = any(
+                j not in banned_pseudo and (pseudo_alone[j] or (pseudo_merged[j] and passes))
+                for j in by_head.get(t, [])
+            )
+            expected[t] = not (own or through)
+        monkeypatch.setattr(  # the tables are frozen: their class answers the test here
+            type(rows.bpe), "pair_allowed", lambda self, a, t, fails=fails: t not in fails
+        )
+        joined = np.array(sorted(fails), dtype=np.int64)
+        for few in (0, 1 << 20):
+            monkeypatch.setattr(split_rows, "_FEW_SITES", few)
+            row = np.zeros(size, dtype=bool)
+            rows._fixed(row, ((), 0, (), False), ((-1, context),), parts, joined)
+            assert np.array_equal(row, expected), (few, np.flatnonzero(row != expected)[:8])
+
+
 @given(ids=st.lists(st.integers(0, 2**20), max_size=40))
 def test_a_short_rows_prefix_hashes_in_python_are_numpys(ids: list[int]) -> None:
     """Rows up to 32 ids are hashed in Python: the same values as numpy's wrapping sums (the
