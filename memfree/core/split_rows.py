@@ -127,9 +127,9 @@ class SplitRows:
         """The answer again at the indexes a row's fixes reach (:meth:`SplitChunks.bans
         <memfree.core.canonical_split.SplitChunks.bans>`: the tokens they ban, and the heads
         of the pseudo candidates they ban), from the routes: a token's own, unless banned, or
-        one of its pseudo candidates', unless banned. Where the fixes are NFC contexts alone
-        (Qwen 2's rows) where they reach is kept per context (:meth:`_fixed_nfc`); a continued
-        chunk's text (``ignore_merges``) seldom repeats, so those are answered afresh."""
+        one of its pseudo candidates', unless banned. Fixes that are NFC contexts alone (Qwen
+        2's rows) reach indexes kept per context (:meth:`_fixed_nfc`); a continued chunk's
+        text (``ignore_merges``) seldom repeats, so those fixes are answered afresh."""
         if fixes and all(number < 0 for number, _ in fixes):
             self._fixed_nfc(row, state, fixes, parts, joined)
             return

@@ -261,7 +261,7 @@ class MergeTree:
     def _bigram_by_merges(self, a: int, others: np.ndarray) -> np.ndarray:
         """bool `(len(others),)`: whether the merges alone give ``[a, b]`` for the bytes of
         ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say;
-        each pair kept: about a hundred late tokens meet every row's last token, and half of
+        each pair kept: Llama 3's rows meet about nine such tokens a last token, and half of
         the pairs along real text repeat)."""
         model = self.merges_model
         strings = self.strings
