@@ -9,9 +9,10 @@ held-out text that grow one token a step, as in an engine, each row a different 
 module window (text the caches have not seen: the first half of the steps fills them, the second
 half is timed); the ids-only guard (``canonical=False``) against the default guard; the host
 time per row; the bytes the step hands the scores' device; the one-time tables and what the
-masker holds after the run. On a GPU a step sends the scores' device each row's table index
-and the rows of states new to the table's copy there (measured here with that copy kept on the
-CPU), not a dense mask.
+masker holds after the run; and, at the largest size, where the canonical step goes (rows to
+states, new states' banned rows, the table and dense mask, the rest). On a GPU a step sends the
+scores' device each row's table index and the rows of states new to the table's copy there
+(measured here with that copy kept on the CPU), not a dense mask.
 
 The filters (the default layout, the prefix index, token 10-grams): SmolLM2's is the stdlib
 filter (``make demo`` builds it); the others are built here from the first 40 modules as each
@@ -124,6 +125,56 @@ def device_bytes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width
     return sum(sent[steps // 2 :]) / (steps - steps // 2)
 
 
+def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width: int) -> None:
+    """Where the canonical guard's step goes at the largest size, over the timed steps of one
+    more run (a fresh guard, after the runs above: the row shapes' groups, kept per tokenizer,
+    are met before; timers around the masker's parts, one call each a step but one a new
+    state): rows read or advanced to their states, new states' banned rows, the rest of
+    the state table's gather (its bookkeeping, and the dense mask unpacked on the CPU), and
+    the rest of the step (the n-gram index, pending readings, the union)."""
+    masker = guard.masker.canonical
+    spent = {"rows": 0.0, "fills": 0.0, "gather": 0.0}
+    fills = 0
+
+    def timed(name: str, function: Any) -> Any:
+        def call(*given: Any) -> Any:
+            nonlocal fills
+            started = time.perf_counter()
+            try:
+                return function(*given)
+            finally:
+                spent[name] += time.perf_counter() - started
+                fills += name == "fills"
+
+        return call
+
+    automaton, table = masker.automaton, masker.table
+    automaton.step = timed("rows", automaton.step)
+    table._fill = timed("fills", table._fill)
+    table.gather = timed("gather", table.gather)
+    steps = rows.shape[1] - args.prompt
+    for length in range(args.prompt, args.prompt + steps // 2):
+        guard.blocked_mask(rows[:, :length], width)
+    synchronize(rows.device)
+    spent = dict.fromkeys(spent, 0.0)
+    fills = 0
+    started = time.perf_counter()
+    for length in range(args.prompt + steps // 2, rows.shape[1]):
+        guard.blocked_mask(rows[:, :length], width)
+    synchronize(rows.device)
+    timed_steps = steps - steps // 2
+    whole = (time.perf_counter() - started) / timed_steps * 1e3
+    rows_ms, fills_ms = spent["rows"] / timed_steps * 1e3, spent["fills"] / timed_steps * 1e3
+    gather_ms = spent["gather"] / timed_steps * 1e3 - fills_ms
+    print(
+        f"  where a step goes at {rows.shape[0]} rows (one more run after those, row shapes met "
+        f"before; {whole:.2f} ms a step): "
+        f"rows to states {rows_ms:.2f} ms, {fills / timed_steps:.0f} new states' rows "
+        f"{fills_ms:.2f} ms, the table and dense mask {gather_ms:.2f} ms, the rest (n-gram "
+        f"index, pending readings) {whole - rows_ms - fills_ms - gather_ms:.2f} ms"
+    )
+
+
 def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> None:
     from memfree import MemFreeLogitsProcessor
     from memfree.core.canonical import canonical_masker
@@ -173,6 +224,7 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
             f"{(cost - base) / size * 1e6:21.0f} | {sent / 2**20:.2f} MiB "
             f"(a dense mask: {size * width / 2**20:.2f} MiB)"
         )
+    where_it_goes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), rows, args, width)
     masker = guard.masker.canonical
     held = masker.table.nbytes
     for cache in ("_masks", "_bigrams", "_answers"):
