@@ -594,23 +594,32 @@ class SplitChunks:
             if known is not None:  # kept by last use: a short text (" ") walks thousands
                 self._completions.move_to_end((text, pseudo))
         if known is None:
-            found: list[int] = []
-            index = bisect.bisect_left(self._sorted, (text, -1))
-            while index < len(self._sorted) and self._sorted[index][0].startswith(text):
-                rest = self._sorted[index][0][len(text) :]
-                if pseudo:
-                    found.extend(self._pseudo_of_text.get(rest, ()))
-                else:
-                    token = self.bpe.ids_of.get(rest)
-                    if token is not None:
-                        found.append(token)
-                index += 1
+            # The tokens whose text starts with ``text``: one range of the sorted texts.
+            entries, cut = self._sorted, len(text)
+            low = bisect.bisect_left(entries, (text, -1))
+            bound = _past(text)
+            high = len(entries) if bound is None else bisect.bisect_left(entries, (bound, -1), low)
+            if pseudo:
+                of_text = self._pseudo_of_text
+                found = [j for entry, _ in entries[low:high] for j in of_text.get(entry[cut:], ())]
+            else:
+                ids = self.bpe.ids_of
+                rests = (ids.get(entry[cut:]) for entry, _ in entries[low:high])
+                found = [token for token in rests if token is not None]
             known = tuple(found)
             with self._lock:
                 self._completions[(text, pseudo)] = known
                 if len(self._completions) > 4 * _CACHE:
                     self._completions.popitem(last=False)
         return known
+
+
+def _past(prefix: str) -> str | None:
+    """The least text greater than every text that starts with ``prefix`` (None: none is)."""
+    prefix = prefix.rstrip("\U0010ffff")  # the greatest character: what starts with it is past
+    if not prefix:
+        return None
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _without(allowed: np.ndarray, banned: np.ndarray) -> np.ndarray:

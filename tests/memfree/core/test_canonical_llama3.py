@@ -304,3 +304,33 @@ def test_real_texts_advance_as_they_read(llama3: tuple[Any, CanonicalMasker]) ->
     tokenizer, masker = llama3
     for text in (Path(string.__file__).read_text()[:2000], _MULTILINGUAL):
         assert _check_prefixes(masker.states, _encode(tokenizer, text)) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.one_of(
+        st.sampled_from(
+            ["", " ", "s", "self", " def", "ĠĠ", "\n", "  ", "\U0010ffff", "x\U0010ffff"]
+        ),
+        st.text(st.sampled_from("ab eft \n.:_(0\u00e9\u65e5\U0010ffff"), max_size=6),
+    )
+)
+def test_the_completions_a_continued_chunk_reads_are_a_scan_of_the_vocabulary(
+    llama3: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    """``ignore_merges`` gives a continued chunk that is itself a token that token, so a row's
+    fixes ban the candidates whose text completes the chunk's into a token: found by a range
+    of the sorted token texts (bisection), here against a scan of every token's text, for the
+    tokens and for the pseudo candidates."""
+    _, masker = llama3
+    split = masker.split
+    assert split is not None
+    cut = len(text)
+    starting = [entry for entry, _ in split._sorted if entry.startswith(text)]
+    tokens = [
+        split.bpe.ids_of[entry[cut:]] for entry in starting if entry[cut:] in split.bpe.ids_of
+    ]
+    pseudo = [j for entry in starting for j in split._pseudo_of_text.get(entry[cut:], [])]
+    split._completions.clear()
+    assert sorted(split._completing(text)) == sorted(tokens)
+    assert sorted(split._completing(text, True)) == sorted(pseudo)
