@@ -128,10 +128,12 @@ class SplitRows:
         <memfree.core.canonical_split.SplitChunks.bans>`: the tokens they ban, and the heads
         of the pseudo candidates they ban), from the routes: a token's own, unless banned, or
         one of its pseudo candidates', unless banned. Fixes that are NFC contexts alone (Qwen
-        2's rows) reach indexes kept per context (:meth:`_fixed_nfc`); a continued chunk's
+        2's rows) reach indexes kept per context (:meth:`_fixed_at`); a continued chunk's
         text (``ignore_merges``) seldom repeats, so those fixes are answered afresh."""
         if fixes and all(number < 0 for number, _ in fixes):
-            self._fixed_nfc(row, state, fixes, parts, joined)
+            sites = self._sites_of(fixes)
+            if sites is not None:
+                self._fixed_at(row, state[1], sites, parts, joined)
             return
         tokens = self.split.bans(state, fixes)
         chars = self.chars
@@ -159,23 +161,15 @@ class SplitRows:
             fails[joined] = False
         row[at] = ~allowed
 
-    def _fixed_nfc(
-        self,
-        row: np.ndarray,
-        state: tuple[Any, ...],
-        fixes: tuple[Any, ...],
-        parts: _Parts,
-        joined: np.ndarray,
+    def _fixed_at(
+        self, row: np.ndarray, a: int, sites: _Sites, parts: _Parts, joined: np.ndarray
     ) -> None:
-        """:meth:`_fixed` where the fixes are NFC contexts alone: where they reach (a few
-        indexes: one to three on the bench's rows) is kept per context, and the merge-tree
-        test is read at those indexes alone."""
-        sites = self._sites_of(fixes)
-        if sites is None:
-            return
+        """:meth:`_fixed` at the indexes NFC contexts reach (a few: one to three on the bench's
+        rows, kept per context), the merge-tree test after the last token ``a`` read at those
+        indexes alone."""
         at = sites.at
         if at.size <= _FEW_SITES:  # the test at each index: a binary search, no row
-            a, passing = state[1], self.bpe.pair_allowed
+            passing = self.bpe.pair_allowed
             passes = np.array([passing(a, t) for t in at.tolist()], dtype=bool)
         else:  # from the test's failures, marked in a scratch row (cleared after use)
             with self._lock:
