@@ -229,8 +229,13 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
     held = masker.table.nbytes
     for cache in ("_masks", "_bigrams", "_answers"):
         held += sum(m.nbytes for m in getattr(masker, cache, {}).values())
+    split, parts = getattr(masker, "split", None), getattr(masker, "_split_rows", None)
+    shapes = split.nbytes if split is not None else 0  # kept per tokenizer, not per guard
+    held += parts.nbytes if parts is not None else 0
     print(
-        f"  canonical masker's caches after a run: {held / 2**20:.0f} MiB (state rows, masks, merge tests)"
+        f"  canonical masker's caches after a run: {held / 2**20:.0f} MiB (state rows, masks, "
+        f"merge tests, split states' parts); the row shapes' groups, kept per tokenizer: "
+        f"{shapes / 2**20:.1f} MiB"
     )
 
 

@@ -64,23 +64,35 @@ _PROBES = (
     "a'{}", "a'{}e", "a'{}l", "a'r{}", "a'v{}", "a'l{}",
 )  # fmt: skip
 _CAP = 3  # runs of a class the pattern does not count are cut to this length
-_CACHE = 1024  # row shapes whose candidate groups are kept (one int8 per token each)
+_CACHE = 1024  # NFC contexts' and continued chunks' answers kept (four times this)
+_SHAPES = 8192  # row shapes whose candidate groups are kept (one byte per candidate shape each)
 
 
 @dataclass(frozen=True, eq=False)
 class _Groups:
-    """One row shape's candidate groups: ``of_token[c]`` (-1: crosses a boundary or no text)
-    and per group ``(start, bounds)`` in the shape's characters: where the candidate's chunk
-    starts (the shape's length: at the candidate) and the chunk boundaries inside the row's
-    last chunks."""
+    """One row shape's candidate groups: ``of_shape[s]``, the group of candidate shape ``s``
+    (-1: crosses a boundary; the last entry, -1, stands for candidates without a shape, whose
+    shape index is -1), and per group ``(start, bounds)`` in the shape's characters: where the
+    candidate's chunk starts (the shape's length: at the candidate) and the chunk boundaries
+    inside the row's last chunks. Kept per candidate shape, not per token: a few hundred bytes
+    a row shape, not one per token of the vocabulary."""
 
-    of_token: np.ndarray
+    of_shape: np.ndarray
     groups: tuple[tuple[int, tuple[int, ...]], ...]
-    of_pseudo: np.ndarray  # the same for the pseudo candidates (see attach)
     # Groups a candidate is also in only when text follows it (group, tokens): a whitespace
     # character after a whitespace run, the run's split reading (the text ended there is
     # tokenized otherwise: the row is pending).
     extra: tuple[tuple[int, np.ndarray], ...] = ()
+
+    def routes(self, facts: tuple[bool, ...], length: int) -> np.ndarray:
+        """uint8, per candidate shape (and the sentinel): 1 where its group's fact holds and
+        its chunk starts at it, 2 where the fact holds and it goes on with the row's last
+        chunk, 0 otherwise; ``length``: the row shape's."""
+        codes = [
+            (1 if start == length else 2) if fact else 0
+            for (start, _), fact in zip(self.groups, facts, strict=True)
+        ]
+        return np.array([*codes, 0], dtype=np.uint8)[self.of_shape]  # group -1: 0
 
 
 class SplitChunks:
@@ -140,6 +152,8 @@ class SplitChunks:
                     self.alone[token] = self.merged[token] = False
                 elif _may_compose(text[0]):
                     self._nfc_risky[token] = True
+        # Both in one byte a token (mask_parts): 1, the model gives it alone; 2, the merges do.
+        self._routes = self.alone.astype(np.uint8) | (self.merged.astype(np.uint8) << 1)
         self._groups: OrderedDict[tuple[int, ...], _Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
@@ -182,6 +196,13 @@ class SplitChunks:
             self.pseudo_merged[index] = [t.id for t in firsts[1]] == [head]
             self._pseudo_risky[index] = self.bpe.nfc and _may_compose(text[0])
             self._pseudo_of_text.setdefault(text, []).append(index)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the row shapes' kept groups hold (their arrays)."""
+        with self._lock:
+            kept = list(self._groups.values())
+        return sum(g.of_shape.nbytes + sum(t.nbytes for _, t in g.extra) for g in kept)
 
     def class_of(self, char: str) -> int:
         """A character's class outside contractions (what a pseudo candidate is kept per)."""
@@ -327,17 +348,16 @@ class SplitChunks:
                                 self._spaces(index, after if reading[2] else "")
                             )
         narrow = np.int8 if len(found) < 128 else np.int16  # a few groups per shape
-        of_token = np.where(self.shape_of >= 0, of_shape[self.shape_of], -1).astype(narrow)
-        of_pseudo = np.where(self.pseudo_shape >= 0, of_shape[self.pseudo_shape], -1)
         extra = tuple(
             (group, np.array(sorted(tokens), dtype=np.int64))
             for group, tokens in pending.items()
             if tokens
         )
-        groups = _Groups(of_token, tuple(found), of_pseudo.astype(narrow), extra)
+        # The last entry: candidates without a shape (shape index -1) are in no group.
+        groups = _Groups(np.append(of_shape, -1).astype(narrow), tuple(found), extra)
         with self._lock:
             self._groups[shape] = groups
-            if len(self._groups) > _CACHE:
+            if len(self._groups) > _SHAPES:
                 self._groups.popitem(last=False)
         return groups
 
@@ -464,16 +484,10 @@ class SplitChunks:
         ``alone | (merged & bigram)``: a candidate reads the test at its own index only."""
         shape, _, facts, _ = key
         groups = self.groups(shape)
-        alone = np.zeros(self.bpe.vocab_size, dtype=bool)
-        merged = np.zeros(self.bpe.vocab_size, dtype=bool)
-        for number, ((start, _), fact) in enumerate(zip(groups.groups, facts, strict=True)):
-            if not fact:
-                continue
-            members = groups.of_token == number
-            if start == len(shape):
-                alone |= members & self.alone
-            else:
-                merged |= members & self.merged
+        routes = groups.routes(facts, len(shape))[self.shape_of]
+        routes &= self._routes  # the token's own: 1 if the model gives it alone, 2 the merges
+        alone = (routes & 1).view(bool)
+        merged = (routes >> 1).view(bool)
         for number, tokens in groups.extra:
             if facts[number]:
                 if groups.groups[number][0] == len(shape):
@@ -493,22 +507,15 @@ class SplitChunks:
         """:meth:`mask_pseudo` in two parts, as :meth:`mask_parts` (the test read at each pseudo
         candidate's head)."""
         shape, _, facts, _ = key
-        groups = self.groups(shape)
-        alone = np.zeros(len(self.pseudo_shape), dtype=bool)
-        merged = np.zeros(len(self.pseudo_shape), dtype=bool)
-        for number, ((start, _), fact) in enumerate(zip(groups.groups, facts, strict=True)):
-            if fact:
-                members = groups.of_pseudo == number
-                if start == len(shape):
-                    alone |= members & self.pseudo_alone
-                else:
-                    merged |= members & self.pseudo_merged
-        return alone, merged
+        routes = self.groups(shape).routes(facts, len(shape))[self.pseudo_shape]
+        return (routes & 1).view(bool) & self.pseudo_alone, (routes >> 1).view(bool) & (
+            self.pseudo_merged
+        )
 
     def start_pseudo(self) -> np.ndarray:
         """bool `(K,)`: the pseudo candidates allowed where a text starts (each its own chunk,
         its head first)."""
-        return (self.groups(()).of_pseudo >= 0) & self.pseudo_alone
+        return (self.groups(()).of_shape[self.pseudo_shape] >= 0) & self.pseudo_alone
 
     def fix_pseudo(
         self, key: tuple[Any, ...], fixes: tuple[Any, ...], allowed: np.ndarray
@@ -528,7 +535,7 @@ class SplitChunks:
                 banned.append(self.breaking_nfc(text, pseudo=True))
                 continue
             completing = np.asarray(self._completing(text, True), dtype=np.int64)
-            banned.append(completing[groups.of_pseudo[completing] == number])
+            banned.append(completing[groups.of_shape[self.pseudo_shape[completing]] == number])
         return np.concatenate(banned) if banned else np.zeros(0, dtype=np.int64)
 
     def fix(self, key: tuple[Any, ...], fixes: tuple[Any, ...], mask: np.ndarray) -> np.ndarray:
@@ -557,7 +564,7 @@ class SplitChunks:
             if not completing.size:
                 continue
             members = [tokens for group, tokens in groups.extra if group == number]
-            mine = groups.of_token[completing] == number
+            mine = groups.of_shape[self.shape_of[completing]] == number
             if members:
                 mine |= np.isin(completing, np.concatenate(members))
             if alone:
