@@ -7,7 +7,9 @@ SentencePiece-style BPE read pairwise),
 measured in one run: the guard's step (``blocked_mask``: what every engine asks) over rows of
 held-out text that grow one token a step, as in an engine, each row a different standard-library
 module window (text the caches have not seen: the first half of the steps fills them, the second
-half is timed); the ids-only guard (``canonical=False``) against the default guard; the host
+half is timed; each run, repeats included, on windows no run before it met, while what is kept
+per tokenizer, such as the row shapes' groups, holds what earlier runs met, as in a running
+server); the ids-only guard (``canonical=False``) against the default guard; the host
 time per row; the bytes the step hands the scores' device; the one-time tables and what the
 masker holds after the run; and, at the largest size, where the canonical step goes (rows to
 states, new states' banned rows, the table and dense mask, the rest). On a GPU a step sends the
@@ -72,16 +74,24 @@ def module_ids(tokenizer: Any, skip: int, paths: list[Path] | None = None) -> li
     return found
 
 
-def windows(ids: list[list[int]], count: int, length: int) -> torch.Tensor:
-    """``count`` windows of ``length`` ids, taken in turn from the modules (distinct texts)."""
+def windows(ids: list[list[int]], count: int, length: int, skip: int = 0) -> torch.Tensor:
+    """``count`` windows of ``length`` ids, taken in turn from the modules (distinct texts),
+    after the first ``skip`` windows taken so (a run that must not meet text a run before it
+    met: ``skip`` the windows that run took)."""
     rows: list[list[int]] = []
-    at = 0
+    at = taken = 0
     while len(rows) < count:
+        found = False
         for module in ids:
             if len(module) >= at + length:
-                rows.append(module[at : at + length])
-                if len(rows) == count:
-                    break
+                found = True
+                taken += 1
+                if taken > skip:
+                    rows.append(module[at : at + length])
+                    if len(rows) == count:
+                        break
+        if not found:
+            raise SystemExit(f"the modules hold too few windows of {length} ids: use fewer steps")
         at += length
     return torch.tensor(rows)
 
@@ -127,11 +137,13 @@ def device_bytes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width
 
 def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width: int) -> None:
     """Where the canonical guard's step goes at the largest size, over the timed steps of one
-    more run (a fresh guard, after the runs above: the row shapes' groups, kept per tokenizer,
-    are met before; timers around the masker's parts, one call each a step but one a new
-    state): rows read or advanced to their states, new states' banned rows, the rest of
-    the state table's gather (its bookkeeping, and the dense mask unpacked on the CPU), and
-    the rest of the step (the n-gram index, pending readings, the union)."""
+    more run (a fresh guard, on text no run above met; what is kept per tokenizer, such as
+    the row shapes' groups and encodings, holds what they met, as in a running server; timers
+    around the masker's parts, one call each a step but one a new state): rows read or
+    advanced to their states (with the groups of row shapes met for the first time), new
+    states' banned rows, the rest of the state table's gather (its bookkeeping, and the dense
+    mask unpacked on the CPU), and the rest of the step (the n-gram index, pending
+    readings, the union)."""
     masker = guard.masker.canonical
     spent = {"rows": 0.0, "fills": 0.0, "gather": 0.0}
     fills = 0
@@ -152,24 +164,50 @@ def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, widt
     automaton.step = timed("rows", automaton.step)
     table._fill = timed("fills", table._fill)
     table.gather = timed("gather", table.gather)
+    split = getattr(masker, "split", None)  # kept per tokenizer: its groups met for the first time
+    shapes = [0, 0.0]
+    if split is not None:
+        groups = split.groups
+
+        def first_met(shape: tuple[int, ...]) -> Any:
+            if shape in split._groups:
+                return groups(shape)
+            started = time.perf_counter()
+            try:
+                return groups(shape)
+            finally:
+                shapes[0] += 1
+                shapes[1] += time.perf_counter() - started
+
+        split.groups = first_met
     steps = rows.shape[1] - args.prompt
     for length in range(args.prompt, args.prompt + steps // 2):
         guard.blocked_mask(rows[:, :length], width)
     synchronize(rows.device)
     spent = dict.fromkeys(spent, 0.0)
     fills = 0
+    shapes[:] = [0, 0.0]
     started = time.perf_counter()
     for length in range(args.prompt + steps // 2, rows.shape[1]):
         guard.blocked_mask(rows[:, :length], width)
     synchronize(rows.device)
+    if split is not None:
+        del split.groups  # the method again
     timed_steps = steps - steps // 2
     whole = (time.perf_counter() - started) / timed_steps * 1e3
     rows_ms, fills_ms = spent["rows"] / timed_steps * 1e3, spent["fills"] / timed_steps * 1e3
     gather_ms = spent["gather"] / timed_steps * 1e3 - fills_ms
     print(
-        f"  where a step goes at {rows.shape[0]} rows (one more run after those, row shapes met "
-        f"before; {whole:.2f} ms a step): "
-        f"rows to states {rows_ms:.2f} ms, {fills / timed_steps:.0f} new states' rows "
+        f"  where a step goes at {rows.shape[0]} rows (one more run, on text not met before; "
+        f"{whole:.2f} ms a step): "
+        f"rows to states {rows_ms:.2f} ms"
+        + (
+            f" (of which {shapes[0] / timed_steps:.1f} row shapes met for the first time, "
+            f"{shapes[1] / timed_steps * 1e3:.2f} ms)"
+            if split is not None
+            else ""
+        )
+        + f", {fills / timed_steps:.0f} new states' rows "
         f"{fills_ms:.2f} ms, the table and dense mask {gather_ms:.2f} ms, the rest (n-gram "
         f"index, pending readings) {whole - rows_ms - fills_ms - gather_ms:.2f} ms"
     )
@@ -201,11 +239,17 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
     )
     bos = tokenizer.bos_token_id
     led = bos is not None and tokenizer("x")["input_ids"][:1] == [bos]
-    for size in args.sizes:
-        rows = windows(ids, size, args.prompt + args.steps)
+    used = 0  # windows taken: no run meets text a run before it met (caches kept per tokenizer)
+
+    def take(size: int) -> torch.Tensor:
+        nonlocal used
+        rows = windows(ids, size, args.prompt + args.steps, skip=used)
+        used += size
         if led:  # as the tokenizer gives a prompt: Llama 2's windows begin mid-text after <s>
             rows = torch.cat([torch.full((size, 1), bos), rows[:, :-1]], dim=1)
-        rows = rows.to(args.device)
+        return rows.to(args.device)
+
+    for size in args.sizes:
         warm = None
         if args.warm:  # a running server: other text first (the same rows' count and length)
             warm = windows(
@@ -213,7 +257,8 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
             )
             warm = warm.to(args.device)
         base = cost = float("inf")
-        for _ in range(args.repeats):  # interleaved, best of each; a fresh guard each time
+        for _ in range(args.repeats):  # interleaved, best of each; fresh guards, fresh text
+            rows = take(size)
             plain = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
             base = min(base, step_time(plain, rows, args.prompt, width, warm))
             guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
@@ -224,7 +269,7 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
             f"{(cost - base) / size * 1e6:21.0f} | {sent / 2**20:.2f} MiB "
             f"(a dense mask: {size * width / 2**20:.2f} MiB)"
         )
-    where_it_goes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), rows, args, width)
+    where_it_goes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), take(size), args, width)
     masker = guard.masker.canonical
     held = masker.table.nbytes
     for cache in ("_masks", "_bigrams", "_answers"):
