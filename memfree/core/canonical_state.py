@@ -569,18 +569,11 @@ class RowStates:
         first = self._bytes[segment[at]]
         if first.isascii() and len(first) == 1 and not self.bpe.nfc:
             return segment[at]
-        if first[:1].isascii() and first[:1]:
-            # An ASCII character then another (none is a mark), or the text's end: no mark
-            # follows it, so it is all there is to say (the same as below, without decoding).
-            if len(first) > 1:
-                if first[1] < 0x80:
-                    return chr(first[0])
-            elif at + 1 == len(segment):
+        if first[:1].isascii() and first[:1]:  # no mark follows: an ASCII byte (or the end) does
+            ahead = b"." if at + 1 == len(segment) else self._bytes[segment[at + 1]][:1]
+            after = first[1:2] if len(first) > 1 else ahead
+            if after and after.isascii():
                 return chr(first[0])
-            else:
-                after = self._bytes[segment[at + 1]][:1]
-                if after and after.isascii():
-                    return chr(first[0])
         data = b"".join(self._bytes[t] for t in segment[at : at + 8])
         text = data[:32].decode("utf-8", errors="ignore")
         end = 1
