@@ -65,6 +65,7 @@ _PROBES = (
 )  # fmt: skip
 _CAP = 3  # runs of a class the pattern does not count are cut to this length
 _CACHE = 1024  # NFC contexts' and continued chunks' answers kept (four times this)
+_FEW_ENTRIES = 64  # completions read entry by entry below this many, else as arrays
 _SHAPES = 8192  # row shapes whose candidate groups are kept (one byte per candidate shape each)
 
 
@@ -166,6 +167,7 @@ class SplitChunks:
         self._pseudo_of_text: dict[str, list[int]] = {}
         self._goes_on: dict[tuple[int, int], bool] = {}
         self._first_class: np.ndarray | None = None
+        self._index_suffixes()
 
     def attach(self, texts: list[str], heads: np.ndarray) -> None:
         """Reads pseudo candidates (:mod:`memfree.core.canonical_chars`: a head, and a witness
@@ -196,6 +198,7 @@ class SplitChunks:
             self.pseudo_merged[index] = [t.id for t in firsts[1]] == [head]
             self._pseudo_risky[index] = self.bpe.nfc and _may_compose(text[0])
             self._pseudo_of_text.setdefault(text, []).append(index)
+        self._index_suffixes(tokens=False)
 
     @property
     def nbytes(self) -> int:
@@ -203,6 +206,20 @@ class SplitChunks:
         with self._lock:
             kept = list(self._groups.values())
         return sum(g.of_shape.nbytes + sum(t.nbytes for _, t in g.extra) for g in kept)
+
+    def _index_suffixes(self, tokens: bool = True) -> None:
+        """With ``ignore_merges``, for the sorted token texts: each suffix's token id
+        (``tokens``) and the pseudo candidates whose witness it is, what :meth:`_completing`
+        reads as arrays. Made again when unpickled, not kept (4-8 MiB for 128k ids, about
+        half a second each)."""
+        if not self.ignore_merges:
+            return
+        if tokens:
+            self._suffixes = _suffix_ids(self._sorted, self.bpe.ids_of)
+        if self._pseudo_of_text:
+            which = {text: number for number, text in enumerate(self._pseudo_of_text)}
+            lists = list(self._pseudo_of_text.values())
+            self._pseudo_suffixes = (_suffix_ids(self._sorted, which)[1], lists)
 
     def class_of(self, char: str) -> int:
         """A character's class outside contractions (what a pseudo candidate is kept per)."""
@@ -217,6 +234,8 @@ class SplitChunks:
         state.pop("_nfc_breaking", None)
         for name in ("_model", "_merges", "_strings", "_lengths"):
             state.pop(name)
+        for name in ("_suffixes", "_pseudo_suffixes"):  # 4-8 MiB for 128k ids: made again
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -229,6 +248,7 @@ class SplitChunks:
         self._merges = self.bpe.merges_model
         self._strings = tree.strings
         self._lengths = [len(raw) for raw in self.bpe.token_bytes]
+        self._index_suffixes()
         self._groups = OrderedDict()
         self._bpe_cache = {}
         self._completions = OrderedDict()
@@ -606,19 +626,38 @@ class SplitChunks:
             low = bisect.bisect_left(entries, (text, -1))
             bound = _past(text)
             high = len(entries) if bound is None else bisect.bisect_left(entries, (bound, -1), low)
-            if pseudo:
+            if pseudo and (high - low < _FEW_ENTRIES or not self._pseudo_of_text):
                 of_text = self._pseudo_of_text
                 found = [j for entry, _ in entries[low:high] for j in of_text.get(entry[cut:], ())]
-            else:
-                ids = self.bpe.ids_of
-                rests = (ids.get(entry[cut:]) for entry, _ in entries[low:high])
-                found = [token for token in rests if token is not None]
+            elif pseudo:  # the witnesses of each entry's text past the cut, read at once
+                (ids, lists), starts = self._pseudo_suffixes, self._suffixes[0]
+                rests = ids[starts[low:high] + cut]
+                found = [j for number in rests[rests >= 0].tolist() for j in lists[number]]
+            elif high - low < _FEW_ENTRIES:
+                get = self.bpe.ids_of.get
+                rests = (get(entry[cut:], -1) for entry, _ in entries[low:high])
+                found = [token for token in rests if token >= 0]
+            else:  # each entry's text past the cut, as a token's id (-1: none), read at once
+                starts, ids = self._suffixes
+                rests = ids[starts[low:high] + cut]
+                found = rests[rests >= 0].tolist()
             known = tuple(found)
             with self._lock:
                 self._completions[(text, pseudo)] = known
                 if len(self._completions) > 4 * _CACHE:
                     self._completions.popitem(last=False)
         return known
+
+
+def _suffix_ids(entries: list[tuple[str, int]], ids_of: dict[str, int]) -> tuple[np.ndarray, ...]:
+    """For texts sorted (``entries``), the id of each text's every suffix (-1: no token's
+    text): ``ids[starts[i] + k]`` for ``entries[i][0][k:]``, ``k`` from 0 to its length."""
+    lengths = np.array([len(text) + 1 for text, _ in entries], dtype=np.int64)
+    starts = np.zeros(len(entries), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    get = ids_of.get
+    found = [get(text[k:], -1) for text, _ in entries for k in range(len(text) + 1)]
+    return starts, np.array(found, dtype=np.int32)
 
 
 def _past(prefix: str) -> str | None:

@@ -320,8 +320,11 @@ def test_the_completions_a_continued_chunk_reads_are_a_scan_of_the_vocabulary(
 ) -> None:
     """``ignore_merges`` gives a continued chunk that is itself a token that token, so a row's
     fixes ban the candidates whose text completes the chunk's into a token: found by a range
-    of the sorted token texts (bisection), here against a scan of every token's text, for the
-    tokens and for the pseudo candidates."""
+    of the sorted token texts (bisection), each entry's suffix read as arrays made ahead or
+    entry by entry, here against a scan of every token's text, for the tokens and for the
+    pseudo candidates."""
+    from memfree.core import canonical_split
+
     _, masker = llama3
     split = masker.split
     assert split is not None
@@ -331,6 +334,12 @@ def test_the_completions_a_continued_chunk_reads_are_a_scan_of_the_vocabulary(
         split.bpe.ids_of[entry[cut:]] for entry in starting if entry[cut:] in split.bpe.ids_of
     ]
     pseudo = [j for entry in starting for j in split._pseudo_of_text.get(entry[cut:], [])]
-    split._completions.clear()
-    assert sorted(split._completing(text)) == sorted(tokens)
-    assert sorted(split._completing(text, True)) == sorted(pseudo)
+    before = canonical_split._FEW_ENTRIES
+    try:
+        for few in (0, 1 << 30):  # every range read as arrays, and entry by entry
+            canonical_split._FEW_ENTRIES = few
+            split._completions.clear()
+            assert sorted(split._completing(text)) == sorted(tokens)
+            assert sorted(split._completing(text, True)) == sorted(pseudo)
+    finally:
+        canonical_split._FEW_ENTRIES = before
