@@ -181,18 +181,20 @@ def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, widt
 
         split.groups = first_met
     steps = rows.shape[1] - args.prompt
-    for length in range(args.prompt, args.prompt + steps // 2):
-        guard.blocked_mask(rows[:, :length], width)
-    synchronize(rows.device)
-    spent = dict.fromkeys(spent, 0.0)
-    fills = 0
-    shapes[:] = [0, 0.0]
-    started = time.perf_counter()
-    for length in range(args.prompt + steps // 2, rows.shape[1]):
-        guard.blocked_mask(rows[:, :length], width)
-    synchronize(rows.device)
-    if split is not None:
-        del split.groups  # the method again
+    try:
+        for length in range(args.prompt, args.prompt + steps // 2):
+            guard.blocked_mask(rows[:, :length], width)
+        synchronize(rows.device)
+        spent = dict.fromkeys(spent, 0.0)
+        fills = 0
+        shapes[:] = [0, 0.0]
+        started = time.perf_counter()
+        for length in range(args.prompt + steps // 2, rows.shape[1]):
+            guard.blocked_mask(rows[:, :length], width)
+        synchronize(rows.device)
+    finally:
+        if split is not None:
+            del split.groups  # the method again (the split is kept per tokenizer)
     timed_steps = steps - steps // 2
     whole = (time.perf_counter() - started) / timed_steps * 1e3
     rows_ms, fills_ms = spent["rows"] / timed_steps * 1e3, spent["fills"] / timed_steps * 1e3

@@ -343,3 +343,25 @@ def test_the_completions_a_continued_chunk_reads_are_a_scan_of_the_vocabulary(
             assert sorted(split._completing(text, True)) == sorted(pseudo)
     finally:
         canonical_split._FEW_ENTRIES = before
+
+
+def test_the_completions_read_the_same_after_unpickling(
+    llama3: tuple[Any, CanonicalMasker],
+) -> None:
+    """The arrays ``_completing`` reads (each sorted text's suffixes) are not pickled, so not
+    written to the tables' file: an unpickled split makes them again and reads the same
+    completions, for the tokens and for the pseudo candidates."""
+    import pickle
+
+    _, masker = llama3
+    split = masker.split
+    assert split is not None
+    copy = pickle.loads(pickle.dumps(split))
+    assert "_suffixes" not in split.__getstate__()
+    texts = ["", " ", "s", "e", " the", "in", "\n", "x", "'", "\U0010ffff", "ab", "Ġ"]
+    for text in texts:
+        for pseudo in (False, True):
+            split._completions.clear()
+            copy._completions.clear()
+            assert copy._completing(text, pseudo) == split._completing(text, pseudo), text
+    assert all(any(copy._completing(t, pseudo) for t in texts) for pseudo in (False, True))
