@@ -352,11 +352,15 @@ class SplitChunks:
         found: dict[tuple[int, tuple[int, ...]], int] = {}
         of_shape = np.full(len(self._shape_texts), -1, dtype=np.int64)
         pending: dict[int, set[int]] = {}  # group -> tokens in it only when text follows
+        size, spaced, pre = len(row), row[-1:].isspace(), self._pre.pre_tokenize_str
         for index, candidate in enumerate(self._shape_texts):
-            reading = self._reading(row, candidate, "")
-            if reading is not None:
-                of_shape[index] = found.setdefault(reading[:2], len(found))
-            if row[-1:].isspace() and len(candidate) == 1 and candidate.isspace():
+            # _reading(row, candidate, ""), inlined: a new row shape reads every candidate.
+            starts = [span[0] for _, span in pre(row + candidate)]
+            at = bisect.bisect_right(starts, size)
+            if at == len(starts) or starts[at] >= size + len(candidate):  # crosses none
+                own = (starts[at - 1], tuple(starts[1 if starts[0] == 0 else 0 : at - 1]))
+                of_shape[index] = found.setdefault(own, len(found))
+            if spaced and len(candidate) == 1 and candidate.isspace():
                 # A whitespace run may give its last character to what follows: the run as
                 # it stands, then this one alone, before a character that is not whitespace.
                 for after in self._after_space():

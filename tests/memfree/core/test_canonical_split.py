@@ -117,6 +117,34 @@ def assert_cut_like_its_classes(masker: CanonicalMasker, text: str) -> None:
     ], (text, stand_in)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(text=st.text(alphabet=_ALPHABET, max_size=8))
+def test_a_row_shapes_groups_are_each_candidate_shapes_reading(
+    family: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    """A new row shape reads every candidate shape after it (inlined for speed): each
+    candidate's group is its reading's (``_reading``: where its chunk starts, the boundaries in
+    the row; none where it crosses one), numbered in the order first met."""
+    split = family[1].split
+    assert split is not None
+    shape = split._shape(text, token=False)[0]
+    split._groups.pop(shape, None)
+    groups = split.groups(shape)
+    row = "".join(split._reps[c] for c in shape)
+    numbers: dict[Any, int] = {}
+    for index, candidate in enumerate(split._shape_texts):
+        reading = split._reading(row, candidate, "")
+        expected = -1 if reading is None else numbers.setdefault(reading[:2], len(numbers))
+        assert groups.of_shape[index] == expected, (row, candidate)
+        if row[-1:].isspace() and len(candidate) == 1 and candidate.isspace():
+            for after in split._after_space():  # a run's split reading: its groups too
+                other = split._reading(row, candidate, after)
+                if other is not None:
+                    numbers.setdefault(other[:2], len(numbers))
+    assert groups.groups == tuple(numbers)
+    assert groups.of_shape[-1] == -1  # candidates without a shape: in no group
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=st.text(alphabet=_ALPHABET, min_size=1, max_size=12) | _texts(PIECES + SPLIT_PIECES))
 def test_the_chunks_are_read_without_the_byte_mapping_as_with_it(
