@@ -289,6 +289,19 @@ def test_a_step_of_another_width_gets_a_table_of_its_own(
         assert np.array_equal(banned.numpy(), expected), width
 
 
+def follows_by_decoding(token_bytes: Any, segment: Any, at: int) -> str:
+    """What follows ``segment[:at]`` as a prefix check reads it under NFC, by decoding: the next
+    character and the combining marks after it."""
+    import unicodedata
+
+    data = b"".join(token_bytes[t] for t in segment[at : at + 8])
+    text = data[:32].decode("utf-8", errors="ignore")
+    end = 1
+    while end < len(text) and unicodedata.combining(text[end]):
+        end += 1
+    return text[:end]
+
+
 def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
     """A prefix check's key (``_follows``: under NFC, the next character with the combining marks
     after it; an ASCII character followed by another is answered without decoding) over every row of one to three tokens drawn from byte strings no real
@@ -296,7 +309,6 @@ def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
     token, a mark's bytes split over two tokens), NFC on and off: the ASCII path's answer is
     the decoding's."""
     import itertools
-    import unicodedata
     from types import SimpleNamespace
 
     from memfree.core.canonical_state import RowStates
@@ -305,14 +317,6 @@ def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
         b"", b"a", b"ab", b"a ", b"a\xcc\x81", b"a\xcc", b"\xcc\x81", b"\x81", b"\xcc", b"e",
         b"\xc3\xa9", b"\xe6\x97\xa5", b" ", b"\n", b"a\xc3\xa9", b"'",
     ]  # fmt: skip
-
-    def reference(segment: tuple[int, ...], at: int) -> str:
-        data = b"".join(chosen[t] for t in segment[at : at + 8])
-        text = data[:32].decode("utf-8", errors="ignore")
-        end = 1
-        while end < len(text) and unicodedata.combining(text[end]):
-            end += 1
-        return text[:end]
 
     checked = 0
     for nfc in (True, False):
@@ -324,6 +328,6 @@ def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
                     if not nfc and len(chosen[segment[at]]) == 1 and chosen[segment[at]].isascii():
                         assert got == segment[at]  # the token itself, without NFC
                     else:
-                        assert got == reference(segment, at), (segment, at, nfc)
+                        assert got == follows_by_decoding(chosen, segment, at), (segment, at, nfc)
                     checked += 1
     assert checked > 20_000

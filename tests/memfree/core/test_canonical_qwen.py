@@ -165,10 +165,10 @@ def test_what_follows_a_prefix_is_the_next_character_and_its_marks(
     the next character with the combining marks after it. An ASCII character followed by
     another is answered without decoding; checked against the decoding itself over rows of
     Qwen 2's real tokens (ASCII ones, marks, multi-byte ones, a character's first bytes)."""
-    import unicodedata
-
     from hypothesis import given, settings
     from hypothesis import strategies as st
+
+    from tests.memfree.core.test_canonical_advance import follows_by_decoding
 
     tokenizer, masker = qwen
     states, token_bytes = masker.states, masker.states._bytes
@@ -177,18 +177,13 @@ def test_what_follows_a_prefix_is_the_next_character_and_its_marks(
     pool += [t for t, raw in enumerate(token_bytes[:5000]) if raw[:1] and raw[0] >= 0x80][:20]
     assert any(len(token_bytes[t]) == 1 and token_bytes[t][0] >= 0x80 for t in pool)
 
-    def reference(segment: list[int], at: int) -> str:
-        data = b"".join(token_bytes[t] for t in segment[at : at + 8])
-        text = data[:32].decode("utf-8", errors="ignore")
-        end = 1
-        while end < len(text) and unicodedata.combining(text[end]):
-            end += 1
-        return text[:end]
-
     @settings(max_examples=2000, deadline=None)
     @given(st.lists(st.sampled_from(pool), min_size=1, max_size=6), st.data())
     def check(segment: list[int], data: Any) -> None:
         at = data.draw(st.integers(0, len(segment) - 1))
-        assert states._follows(segment, at) == reference(segment, at), (segment, at)
+        assert states._follows(segment, at) == follows_by_decoding(token_bytes, segment, at), (
+            segment,
+            at,
+        )
 
     check()
