@@ -166,16 +166,19 @@ def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, widt
     table.gather = timed("gather", table.gather)
     split = getattr(masker, "split", None)  # kept per tokenizer: its groups met for the first time
     shapes = [0, 0.0]
+    inside = [False]  # a row shape's groups read from its last chunk's: counted once
     if split is not None:
         groups = split.groups
 
         def first_met(shape: tuple[int, ...]) -> Any:
-            if shape in split._groups:
+            if inside[0] or shape in split._groups:
                 return groups(shape)
             started = time.perf_counter()
+            inside[0] = True
             try:
                 return groups(shape)
             finally:
+                inside[0] = False
                 shapes[0] += 1
                 shapes[1] += time.perf_counter() - started
 

@@ -46,11 +46,11 @@ import threading
 import unicodedata
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from memfree.core.split_groups import Groups, SplitReach
 from memfree.vocab.bpe import ByteLevelBpe
 from memfree.vocab.token_bytes import byte_level_chars
 
@@ -69,33 +69,6 @@ _FEW_ENTRIES = 64  # completions read entry by entry below this many, else as ar
 _SHAPES = 8192  # row shapes whose candidate groups are kept (one byte per candidate shape each)
 
 
-@dataclass(frozen=True, eq=False)
-class _Groups:
-    """One row shape's candidate groups: ``of_shape[s]``, the group of candidate shape ``s``
-    (-1: crosses a boundary; the last entry, -1, stands for candidates without a shape, whose
-    shape index is -1), and per group ``(start, bounds)`` in the shape's characters: where the
-    candidate's chunk starts (the shape's length: at the candidate) and the chunk boundaries
-    inside the row's last chunks. Kept per candidate shape, not per token: a few hundred bytes
-    a row shape, not one per token of the vocabulary."""
-
-    of_shape: np.ndarray
-    groups: tuple[tuple[int, tuple[int, ...]], ...]
-    # Groups a candidate is also in only when text follows it (group, tokens): a whitespace
-    # character after a whitespace run, the run's split reading (the text ended there is
-    # tokenized otherwise: the row is pending).
-    extra: tuple[tuple[int, np.ndarray], ...] = ()
-
-    def routes(self, facts: tuple[bool, ...], length: int) -> np.ndarray:
-        """uint8, per candidate shape (and the sentinel): 1 where its group's fact holds and
-        its chunk starts at it, 2 where the fact holds and it goes on with the row's last
-        chunk, 0 otherwise; ``length``: the row shape's."""
-        codes = [
-            (1 if start == length else 2) if fact else 0
-            for (start, _), fact in zip(self.groups, facts, strict=True)
-        ]
-        return np.array([*codes, 0], dtype=np.uint8)[self.of_shape]  # group -1: 0
-
-
 class SplitChunks:
     """The split-pattern rules for one tokenizer: classes, shapes, models (build once)."""
 
@@ -105,6 +78,7 @@ class SplitChunks:
         self.bpe = bpe
         self._class_lock = threading.RLock()
         self._pre = splits_only(bpe.tokenizer_backend.pre_tokenizer)
+        self._reach = SplitReach.of(self._pre)  # None: every row shape read whole
         model = bpe.model
         vocab, merges = (
             model["vocab"],
@@ -155,7 +129,7 @@ class SplitChunks:
                     self._nfc_risky[token] = True
         # Both in one byte a token (mask_parts): 1, the model gives it alone; 2, the merges do.
         self._routes = self.alone.astype(np.uint8) | (self.merged.astype(np.uint8) << 1)
-        self._groups: OrderedDict[tuple[int, ...], _Groups] = OrderedDict()
+        self._groups: OrderedDict[tuple[int, ...], Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._nfc_breaking: OrderedDict[tuple[str, bool], np.ndarray] = OrderedDict()
@@ -205,7 +179,8 @@ class SplitChunks:
         """The bytes the row shapes' kept groups hold (their arrays)."""
         with self._lock:
             kept = list(self._groups.values())
-        return sum(g.of_shape.nbytes + sum(t.nbytes for _, t in g.extra) for g in kept)
+        arrays = {id(a): a for g in kept for a in (g.of_shape, *(t for _, t in g.extra))}
+        return sum(a.nbytes for a in arrays.values())  # a shifted row shape shares its arrays
 
     def _index_suffixes(self, tokens: bool = True) -> None:
         """With ``ignore_merges``, for the sorted token texts: each suffix's token id
@@ -232,6 +207,7 @@ class SplitChunks:
         for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
             state.pop(name)
         state.pop("_nfc_breaking", None)
+        state.pop("_reach", None)  # made again from the pre-tokenizer
         for name in ("_model", "_merges", "_strings", "_lengths"):
             state.pop(name)
         for name in ("_suffixes", "_pseudo_suffixes"):  # 4-8 MiB for 128k ids: made again
@@ -249,6 +225,7 @@ class SplitChunks:
         self._strings = tree.strings
         self._lengths = [len(raw) for raw in self.bpe.token_bytes]
         self._index_suffixes()
+        self._reach = SplitReach.of(self._pre)
         self._groups = OrderedDict()
         self._bpe_cache = {}
         self._completions = OrderedDict()
@@ -342,13 +319,18 @@ class SplitChunks:
 
     # -- groups ---------------------------------------------------------------------------------
 
-    def groups(self, shape: tuple[int, ...]) -> _Groups:
+    def groups(self, shape: tuple[int, ...]) -> Groups:
         with self._lock:
             known = self._groups.get(shape)
             if known is not None:
                 self._groups.move_to_end(shape)
                 return known
         row = "".join(self._reps[c] for c in shape)
+        starts = [span[0] for _, span in self._pre.pre_tokenize_str(row)]
+        if len(starts) > 1 and self._reach is not None and self._reach.settled(row, starts):
+            # No text moves the row's boundaries: its last chunk's groups, shifted (kept too).
+            groups = self.groups(shape[starts[-1] :]).shifted(tuple(starts[1:-1]), starts[-1])
+            return self._kept(shape, groups)
         found: dict[tuple[int, tuple[int, ...]], int] = {}
         of_shape = np.full(len(self._shape_texts), -1, dtype=np.int64)
         pending: dict[int, set[int]] = {}  # group -> tokens in it only when text follows
@@ -378,7 +360,11 @@ class SplitChunks:
             if tokens
         )
         # The last entry: candidates without a shape (shape index -1) are in no group.
-        groups = _Groups(np.append(of_shape, -1).astype(narrow), tuple(found), extra)
+        return self._kept(
+            shape, Groups(np.append(of_shape, -1).astype(narrow), tuple(found), extra)
+        )
+
+    def _kept(self, shape: tuple[int, ...], groups: Groups) -> Groups:
         with self._lock:
             self._groups[shape] = groups
             if len(self._groups) > _SHAPES:
