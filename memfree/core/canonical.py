@@ -93,7 +93,7 @@ class CanonicalMasker(TableMasker):
     """
 
     UNPICKLED = (
-        *("_lock", "_masks", "_bigrams", "_readings", "_pseudos"),
+        *("_lock", "_masks", "_bigrams", "_readings", "_pseudos", "_entering"),
         *("_columns", "_pseudo_columns", "_pseudo_runs", "_runs", "_split_rows"),
         *("table", "automaton"),
     )
@@ -114,7 +114,7 @@ class CanonicalMasker(TableMasker):
         self._chars = None if _split else vocabulary.chars
         self._masks: OrderedDict[tuple[Any, ...], np.ndarray] = OrderedDict()
         self._bigrams: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._readings: OrderedDict[tuple[int, ...], list[tuple[int, tuple[int, ...]]]] = (
+        self._readings: OrderedDict[tuple[int, ...], dict[int, tuple[int, ...] | None]] = (
             OrderedDict()
         )
         self._prefixes: dict[str, np.ndarray] = {}
@@ -125,6 +125,7 @@ class CanonicalMasker(TableMasker):
             self.split = SplitChunks(self.bpe, _written(self.bpe, special | self._added))
         if _split and vocabulary.split is None:  # GPT-2's pattern read as a split one
             self._split_enter = _lone_spaces(self.bpe, self._new)
+        self._entering = np.flatnonzero(self._split_enter).tolist()  # whitespace tokens
         self.states = RowStates(
             self.bpe, self._bytes, self._cuts, self.split, self._pair, self._chars
         )
@@ -171,6 +172,7 @@ class CanonicalMasker(TableMasker):
         self._bigrams = OrderedDict()
         self._readings = OrderedDict()
         self._pseudos = OrderedDict()
+        self._entering = np.flatnonzero(self._split_enter).tolist()  # whitespace tokens
         self._lock = threading.Lock()
         self._make_columns()
         self.table = StateTable(self._fill)
@@ -233,12 +235,12 @@ class CanonicalMasker(TableMasker):
             banned, host = self.table.gather(
                 kids, automaton.keys, automaton.generation, vocab_width, device, wanted
             )
+        entering = self._entering
         for index, tail in spaces:
             assert tail is not None  # a row in a whitespace run is canonical
-            replaced, readings = self._other_readings(tail)
-            for token, tokens in readings:
-                if token < vocab_width and not is_banned(host[index], token):
-                    pending.append(Pending(index, token, width - replaced, tokens))
+            allowed = [t for t in entering if t < vocab_width and not is_banned(host[index], t)]
+            replaced, readings = self._other_readings(tail, allowed)
+            pending.extend(Pending(index, t, width - replaced, tokens) for t, tokens in readings)
         active = torch.ones(count, dtype=torch.bool, device=device)
         return banned, active, pending
 
@@ -342,31 +344,35 @@ class CanonicalMasker(TableMasker):
                     mask[chars.heads[pseudo]] = True
         return mask
 
-    def _other_readings(self, tail: Tail) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
-        """A row that ends in a whitespace run (its last chunks ``tail``): each whitespace
-        character's token that enters the split reading, with the tokens the run and the
+    def _other_readings(
+        self, tail: Tail, entering: list[int]
+    ) -> tuple[int, list[tuple[int, tuple[int, ...]]]]:
+        """A row that ends in a whitespace run (its last chunks ``tail``): of the whitespace
+        characters' tokens that enter the split reading, those in ``entering`` (the ones the
+        row's banned row allows: the others need no reading), with the tokens the run and the
         character would have if the text ended there (one chunk), where they differ; and how
         many of the row's last tokens those replace (the run's). The chunk before the run
-        keeps its tokens (its end is fixed), so this is kept per run."""
+        keeps its tokens (its end is fixed), so this is kept per run and token."""
         chars, count = tail.last if tail.last is not None else (0, 0)
         run, run_tokens = tail.text[chars:], tail.tokens[count:]
         with self._lock:
             known = self._readings.get(run_tokens)
-            if known is not None:
+            if known is None:
+                known = self._readings[run_tokens] = {}
+                if len(self._readings) > _CACHE:
+                    self._readings.popitem(last=False)
+            else:
                 self._readings.move_to_end(run_tokens)
-        if known is not None:
-            return len(run_tokens), known
         found = []
-        for token in np.flatnonzero(self._split_enter):
-            char = self.bpe.texts[int(token)]
-            assert char is not None
-            tokens = tuple(self.bpe.encode(run + char))
-            if tokens != (*run_tokens, int(token)):
-                found.append((int(token), tokens))
-        with self._lock:
-            self._readings[run_tokens] = found
-            if len(self._readings) > _CACHE:
-                self._readings.popitem(last=False)
+        for token in entering:
+            if token not in known:
+                char = self.bpe.texts[token]
+                assert char is not None
+                tokens = tuple(self.bpe.encode(run + char))
+                known[token] = None if tokens == (*run_tokens, token) else tokens
+            reading = known[token]
+            if reading is not None:
+                found.append((token, reading))
         return len(run_tokens), found
 
     def _cached(self, key: tuple[Any, ...]) -> np.ndarray:
