@@ -35,6 +35,8 @@ import numpy as np
 _CHAR, _SPLIT, _PEEK, _MATCH = range(4)
 _LONGEST = 16  # a bounded repetition longer than this is not unrolled (no reach)
 _ESCAPED_CLASSES = frozenset("sSdDwWhH")
+_HEX = frozenset("0123456789abcdefABCDEF")
+_NODES = 4096  # an automaton past this many nodes is not built (no reach)
 _ESCAPED_CHARS = {"r": "\r", "n": "\n", "t": "\t", "f": "\f", "v": "\v", "e": "\x1b", "a": "\x07"}
 
 
@@ -90,6 +92,7 @@ class SplitReach:
         self.pattern = pattern
         self._atoms: list[str] = []  # each atom's regex, as the engine reads it alone
         self._folds: list[str] = []  # case-insensitive literal runs of two characters or more
+        self._folding = False  # a case-insensitive group
         self._kind: list[int] = []
         self._atom: list[int] = []  # a character test's atom; a lookahead's; -1
         self._out: list[int] = []
@@ -103,9 +106,16 @@ class SplitReach:
         if self._nullable():
             raise _Unsupported("a pattern that matches the empty text")
         self._lock = threading.Lock()
-        self._engines: list[Any] = [None] * len(self._atoms)
         self._answers: dict[tuple[int, str], bool] = {}
         self._hazards: dict[str, bool] = {}
+        from tokenizers import Regex, pre_tokenizers
+
+        try:  # each atom alone, as the engine reads it (an atom it refuses: no reach)
+            self._engines = [
+                pre_tokenizers.Split(Regex(atom), behavior="removed") for atom in self._atoms
+            ]
+        except Exception as error:  # the engine's own error type
+            raise _Unsupported(f"an atom the engine does not read alone: {error}") from error
 
     @classmethod
     def of(cls, pre: Any) -> SplitReach | None:
@@ -127,7 +137,7 @@ class SplitReach:
             return None
         try:
             return cls(pattern["Regex"])
-        except _Unsupported:
+        except ValueError:  # _Unsupported, or a number the parser cannot read
             return None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -194,28 +204,21 @@ class SplitReach:
         key = (atom, char)
         known = self._answers.get(key)
         if known is None:
-            known = not self._engine(atom).pre_tokenize_str(char)
+            known = not self._engines[atom].pre_tokenize_str(char)
             with self._lock:
                 self._answers[key] = known
         return known
 
-    def _engine(self, atom: int) -> Any:
-        engine = self._engines[atom]
-        if engine is None:
-            from tokenizers import Regex, pre_tokenizers
-
-            engine = pre_tokenizers.Split(Regex(self._atoms[atom]), behavior="removed")
-            self._engines[atom] = engine
-        return engine
-
     def _hazard(self, char: str) -> bool:
-        """Whether a case-insensitive literal run of the pattern matches ``char`` for two or
-        three of its characters (kept)."""
+        """Whether, under a case-insensitive group of the pattern, ``char`` may match several
+        of its characters: its full case folding is more than one character (``ß``, ``ﬆ``,
+        ``İ``; Oniguruma joins literals across groups, so any fold group counts), or the engine
+        matches it with two or three characters of a literal run (kept)."""
         known = self._hazards.get(char)
         if known is None:
             from tokenizers import Regex, pre_tokenizers
 
-            known = False
+            known = self._folding and len(char.casefold()) > 1
             for run in self._folds:
                 for size in (2, 3):
                     for at in range(len(run) - size + 1):
@@ -281,6 +284,8 @@ class SplitReach:
         follow = self._peek_char()
         if follow == "+":
             raise _Unsupported("possessive repetition")
+        if follow == "?" and char == "{" and low == high_bound:
+            raise _Unsupported("'{n}?' (Oniguruma reads it as optional, not lazy)")
         if follow == "?":
             self._at += 1  # lazy: the same paths, tried in another order
         if item[0] == "peek":
@@ -304,8 +309,8 @@ class SplitReach:
             return ("atom", self._new_atom(text[at:end], fold)), None
         if char == "\\":
             end, literal = _escape_end(text, at)
-            if fold and literal is None:
-                raise _Unsupported("a case-insensitive class")
+            if fold and (literal is None or not literal.isascii()):
+                raise _Unsupported("a case-insensitive class, or character past ASCII")
             self._at = end
             return ("atom", self._new_atom(text[at:end], fold)), literal
         self._at += 1
@@ -329,6 +334,7 @@ class SplitReach:
         else:
             if text.startswith("?", self._at):
                 raise _Unsupported("a group this does not read (flags, lookbehind, atomic)")
+        self._folding = self._folding or kind == "fold"
         body = self._alternation(fold or kind == "fold")
         if self._peek_char() != ")":
             raise _Unsupported("an unclosed group")
@@ -361,6 +367,8 @@ class SplitReach:
         return False
 
     def _node(self, kind: int, atom: int = -1, out: int = -1, alt: int = -1) -> int:
+        if len(self._kind) >= _NODES:
+            raise _Unsupported("a pattern too large to unroll")
         self._kind.append(kind)
         self._atom.append(atom)
         self._out.append(out)
@@ -430,12 +438,10 @@ def _escape_end(text: str, at: int) -> tuple[int, str | None]:
         raise _Unsupported("a trailing backslash")
     char = text[at + 1]
     if char in "pP":
-        if text.startswith("{", at + 2):
-            close = text.find("}", at + 2)
-            if close < 0:
-                raise _Unsupported("an unclosed property")
-            return close + 1, None
-        return at + 3, None
+        close = text.find("}", at + 2)
+        if not text.startswith("{", at + 2) or close < 0:
+            raise _Unsupported("a property without braces")  # Oniguruma: "\\pL" is "pL"
+        return close + 1, None
     if char in _ESCAPED_CLASSES:
         return at + 2, None
     if char in _ESCAPED_CHARS:
@@ -443,10 +449,15 @@ def _escape_end(text: str, at: int) -> tuple[int, str | None]:
     if char == "x":
         if text.startswith("{", at + 2):
             close = text.find("}", at + 2)
-            if close < 0:
-                raise _Unsupported("an unclosed code point")
-            return close + 1, chr(int(text[at + 3 : close], 16))
-        return at + 4, chr(int(text[at + 2 : at + 4], 16))
+            digits, end = text[at + 3 : close] if close > 0 else "", close + 1
+        else:
+            digits = ""
+            while len(digits) < 2 and text[at + 2 + len(digits) : at + 3 + len(digits)] in _HEX:
+                digits += text[at + 2 + len(digits)]
+            end = at + 2 + len(digits)
+        if not digits or any(d not in _HEX for d in digits) or int(digits, 16) > 0x10FFFF:
+            raise _Unsupported("a code point this does not read")
+        return end, chr(int(digits, 16))
     if char.isalnum():
         raise _Unsupported(f"the escape \\{char} (an anchor, a boundary or a reference)")
     return at + 2, char

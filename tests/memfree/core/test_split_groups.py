@@ -149,6 +149,10 @@ def test_unpickled_split_reads_its_reach_again(split: SplitChunks) -> None:
         r"[a[b]]",  # a class inside a class
         r"\s*|\w+",  # an empty match
         r"(?:a|)",
+        r"ya{2}?z?b|.",  # Oniguruma reads "{2}?" as optional, not lazy
+        r"x\pLy|.",  # "\pL" without braces is the letters "pL"
+        r"a(?i:\x{df})|.",  # a case-insensitive character past ASCII, escaped
+        r"(?:(?:(?:a{16}){16}){16}){16}",  # too large to unroll
     ],
 )
 def test_patterns_not_read_get_no_reach(pattern: str) -> None:
@@ -183,6 +187,43 @@ def test_a_character_a_fold_matches_for_two_is_never_settled() -> None:
     assert reach is not None
     assert reach.settled("a.", [0, 1])
     assert not reach.settled("\u00df.", [0, 1])
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text", "after"),
+    [
+        (r"a(?i:(?:s)s)b|.", "a\u00df", "b"),  # Oniguruma joins the literals across groups
+        (r"a(?i:s{1}t)b|.", "a\ufb06", "b"),
+        (r"a(?i:s(?:t))b|.", "a\ufb06", "b"),
+        (r"(?i:'ss)|.", "x\u00df", ""),
+    ],
+)
+def test_a_character_folding_to_several_is_never_settled(
+    pattern: str, text: str, after: str
+) -> None:
+    """Under any case-insensitive group, a character whose full case folding is several
+    characters may match several literals at once (whatever runs the parser recorded)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    pre = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    reach = SplitReach.of(pre)
+    assert reach is not None
+    starts = [span[0] for _, span in pre.pre_tokenize_str(text)]
+    if after:
+        assert [span[0] for _, span in pre.pre_tokenize_str(text + after)] != starts
+    assert not reach.settled(text, starts)
+
+
+def test_escaped_code_points_are_read() -> None:
+    r"""``\x9`` (one hex digit) is a tab, as Oniguruma reads it; the parser reads it, not fails."""
+    from tokenizers import Regex, pre_tokenizers
+
+    pre = pre_tokenizers.Split(Regex(r"\x9+|[^\x9]+"), behavior="isolated")
+    reach = SplitReach.of(pre)
+    assert reach is not None
+    for text in ("a\t", "\ta", "ab\t\tc"):  # each chunk but the last stops inside the text
+        starts = [span[0] for _, span in pre.pre_tokenize_str(text)]
+        assert reach.settled(text, starts), text
 
 
 def test_lookahead_inside_the_text_is_followed_exactly() -> None:
