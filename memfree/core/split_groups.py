@@ -17,10 +17,14 @@ is still alive at the row's end (none tests a character there, none looks ahead 
 path matches, the engine's match there is the same whatever follows the row: the boundaries
 stay. Lookahead is followed exactly inside the row. A pattern with anything this does not read
 (anchors, word boundaries, lookbehind, back references, atomic groups, possessive repetition,
-an inline flag for the rest of the pattern, a case-insensitive class, an empty match, a
-pre-tokenizer other than one isolating split) gets no reach: every row shape is then read
-through the pre-tokenizer as before. Case-insensitive literals may match one character for several
-(``(?i:ss)`` matches ``ß``): a row holding a character that does is not read from its last chunk.
+``{n}?`` (Oniguruma reads it as optional), ``\\pL`` without braces (the letters ``pL``), an
+inline flag for the rest of the pattern, a case-insensitive class or character past ASCII, an
+empty match, an automaton past 4,096 nodes, a pre-tokenizer other than one isolating split) gets
+no reach: every row shape is then read through the pre-tokenizer as before. Case-insensitive
+literals may match one character for several (``(?i:ss)`` matches ``ß``, across groups too):
+under any case-insensitive group, a row holding a character whose full case folding is several
+characters is not read from its last chunk. A review's fuzzing found those cases; over the
+real patterns (about 1.4 million texts) and 79,000 random ones it found no other.
 """
 
 from __future__ import annotations
