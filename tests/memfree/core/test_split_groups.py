@@ -91,14 +91,18 @@ def test_most_row_shapes_are_read_from_their_last_chunk(split: SplitChunks) -> N
         split._groups.clear()
         found = split.groups(shape)
         shifted += len(split._groups) > 1  # the last chunk's groups were kept too
-        reach, split._reach = split._reach, None
-        try:
-            split._groups.clear()
-            whole = split.groups(shape)
-        finally:
-            split._reach = reach
-        _assert_same(found, whole)
+        _assert_same(found, _read_whole(split, shape))
     assert shifted >= 6
+
+
+def _read_whole(split: SplitChunks, shape: tuple[int, ...]) -> Groups:
+    """The shape's groups read through the pre-tokenizer for every candidate (no reach)."""
+    reach, split._reach = split._reach, None
+    try:
+        split._groups.clear()
+        return split.groups(shape)
+    finally:
+        split._reach = reach
 
 
 def _assert_same(one: Groups, other: Groups) -> None:
@@ -117,14 +121,7 @@ def test_shifted_groups_equal_the_groups_read_whole(split: SplitChunks, data: An
     classes = st.integers(0, len(split._reps) - 1)
     shape = tuple(data.draw(st.lists(classes, min_size=1, max_size=9)))
     split._groups.pop(shape, None)
-    found = split.groups(shape)
-    reach, split._reach = split._reach, None
-    try:
-        split._groups.clear()
-        whole = split.groups(shape)
-    finally:
-        split._reach = reach
-    _assert_same(found, whole)
+    _assert_same(split.groups(shape), _read_whole(split, shape))
 
 
 def test_unpickled_split_reads_its_reach_again(split: SplitChunks) -> None:
