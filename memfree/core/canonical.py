@@ -261,7 +261,10 @@ class CanonicalMasker(TableMasker):
                 row[ends] = False  # a run may end: its text, ended here, is its ids
                 return
         if key[0] == "split" and self._split_rows is not None and self.fast_runs:
-            allows = self._split_rows.fill(row, key)  # from parts that states share
+            whole = row if width >= self.bpe.vocab_size else np.empty(self.bpe.vocab_size, bool)
+            allows = self._split_rows.fill(whole, key)  # from parts that states share
+            if whole is not row:  # scores narrower than the vocabulary
+                row[:] = whole[:width]
             if key[1][3] or not allows:
                 row[ends] = False
             return
