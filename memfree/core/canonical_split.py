@@ -435,7 +435,7 @@ class SplitChunks:
             known = self._states.get(memo)
             if known is not None:
                 self._states.move_to_end(memo)
-                return known  # type: ignore[no-any-return]
+                return known
         found = self._state(text, tokens)
         with self._lock:
             self._states[memo] = found
