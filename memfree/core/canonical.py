@@ -52,8 +52,9 @@ from memfree.core.canonical_rules import (
 )
 from memfree.core.canonical_split import SplitChunks
 from memfree.core.canonical_spm import SentencePieceMasker
-from memfree.core.canonical_state import RUN_OF_CLASS, RowStates, Tail, in_space_run
+from memfree.core.canonical_state import RUN_OF_CLASS, RowStates, Tail
 from memfree.core.row_automaton import RowAutomaton
+from memfree.core.row_tail import in_space_run
 from memfree.core.rule_automaton import RuleAutomaton
 from memfree.core.split_rows import SplitRows
 from memfree.core.state_table import StateTable, TableMasker, is_banned, row_bounds
@@ -356,7 +357,8 @@ class CanonicalMasker(TableMasker):
         character would have if the text ended there (one chunk), where they differ; and how
         many of the row's last tokens those replace (the run's). The chunk before the run
         keeps its tokens (its end is fixed), so this is kept per run and token."""
-        chars, count = tail.last if tail.last is not None else (0, 0)
+        # GPT-2's run alone (the chunk before it is fixed); a split row's two chunks.
+        chars, count = tail.last if tail.last is not None and self.split is None else (0, 0)
         run, run_tokens = tail.text[chars:], tail.tokens[count:]
         with self._lock:
             known = self._readings.get(run_tokens)

@@ -14,11 +14,14 @@ A row one token longer than a row already read is advanced from that read
 of letters, digits or punctuation, or a whitespace run before a token that starts a chunk,
 without reading text at all (:meth:`RowStates.move`, from the row's :class:`Spot`: its state and
 where its last chunks lie, not their text); after a whitespace run otherwise, from the run alone
-(a whitespace token that goes on with the run: from the run after a neutral chunk).
+(a whitespace token that goes on with the run: from the run after a neutral chunk). Under a
+split pattern, a token that starts a chunk after the row's last chunk is placed by the state's
+own groups and facts, without the pre-tokenizer (:func:`~memfree.core.row_tail.split_moved`).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import unicodedata
 import warnings
@@ -30,6 +33,7 @@ import numpy as np
 
 from memfree.core.canonical_chars import Characters
 from memfree.core.canonical_split import SplitChunks
+from memfree.core.row_tail import decode_tail, in_space_run, split_moved, tokens_of_tail
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -147,6 +151,8 @@ class RowStates:
                 self._begun.setdefault(content[:cut], []).append(content[cut:])
         self._longest_begun = max(map(len, self._begun), default=0)
         self._first_chars = sorted({content[0] for content in bpe.added if content})
+        contents = sorted((c for c in bpe.added if c), key=len, reverse=True)
+        self._added_in = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
@@ -210,7 +216,7 @@ class RowStates:
             window = segment[-width:]
             whole = len(window) == len(segment)
             data = b"".join(self._bytes[t] for t in window)
-            text = _decode_tail(data, whole)
+            text = decode_tail(data, whole)
             if text is None:
                 return self._inside_character(ids, array, start, segment)
             chunks = self.bpe.chunks(text)
@@ -265,7 +271,7 @@ class RowStates:
             return Spot(key, -1, 0, None, 0, False)
         end = 0
         if tail.text:
-            end = len(_tokens_of_tail(list(tail.tokens), self._bytes, len(tail.text[-1].encode())))
+            end = len(tokens_of_tail(list(tail.tokens), self._bytes, len(tail.text[-1].encode())))
         space = in_space_run(key, tail.text)
         return Spot(key, len(tail.tokens), len(tail.text), tail.last, end, space)
 
@@ -302,6 +308,10 @@ class RowStates:
         if key[0] not in _ADVANCING or self._cut_of[min(token, self.bpe.vocab_size)]:
             return None
         pending = _pending_of(key)
+        if key[0] == "split" and not pending and tail.last is not None:
+            moved = self._split_move(key, tail, token)
+            if moved is not None:
+                return moved
         if key[0] == "space" and tail.last is not None and self.split is None:
             # GPT-2's pattern: no text after a whitespace run moves the run's start (the
             # chunk before it ends in a character that is not whitespace, and no chunk takes
@@ -330,6 +340,27 @@ class RowStates:
                 return found[0], Tail(text, (*tail.tokens, token), last)
         found = self._advance_tail(tail, pending, token)
         return None if found is _SHORT else found
+
+    def _split_move(self, key: tuple[Any, ...], tail: Tail, token: int) -> Read | None:
+        """:meth:`advance_text` by the state's groups (:func:`~memfree.core.row_tail.split_moved`);
+        None where the text must be read (not NFC, or an added token's content written)."""
+        assert self.split is not None and tail.last is not None
+        try:
+            appended = self._bytes[token].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        joined = tail.text + appended
+        if (self.bpe.nfc and not unicodedata.is_normalized("NFC", joined)) or (
+            self._added_in is not None and self._added_in.search(joined)
+        ):
+            return None
+        moved = split_moved(self.split, key[1], tail.text, tail.tokens, tail.last, token)
+        if moved is None:
+            return None
+        text, tokens, last = moved
+        state, fixes = self.split.state(text, list(tokens))
+        rests = self._advance_pending((), appended)
+        return ("split", state, rests, fixes), Tail(text, tokens, last)
 
     def _advance_tail(self, tail: Tail, pending: tuple[str, ...], token: int) -> Any:
         """:meth:`advance` read from ``tail``'s text and ``token``'s; ``_SHORT`` where they
@@ -467,7 +498,7 @@ class RowStates:
         # The last two chunks may change when text is appended (a contraction joins them);
         # the ones before are fixed, so they must be canonical already.
         tail_text = "".join(chunks[-_TAIL_CHUNKS:])
-        tail = _tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
+        tail = tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
         if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
             note()
             return ("dead", ()), None
@@ -476,7 +507,9 @@ class RowStates:
                 note(" (its text is not NFC)")
                 return ("dead", ()), None
             key, fixes = self.split.state(tail_text, tail)
-            return ("split", key, pending, fixes), Tail(tail_text, tuple(tail))
+            own = tokens_of_tail(tail, self._bytes, len(chunks[-1].encode("utf-8")))
+            at = (len(tail_text) - len(chunks[-1]), len(tail) - len(own)) if own else None
+            return ("split", key, pending, fixes), Tail(tail_text, tuple(tail), at)
         last = chunks[-1]
         canonical = self.bpe.encode(last)
         if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:
@@ -702,39 +735,6 @@ class RowStates:
             )
 
 
-def in_space_run(key: tuple[Any, ...], text: str) -> bool:
-    """Whether a canonical row in state ``key`` whose last chunks are ``text`` ends in a
-    whitespace run whose split waits on the next character (a candidate may enter its other
-    reading)."""
-    return key[0] == "space" or (key[0] == "split" and text[-1:].isspace())
-
-
-def _decode_tail(data: bytes, whole: bool) -> str | None:
-    """The text of a row's last tokens, or None if it is not whole UTF-8 characters (the row
-    ends inside one). A window that does not reach the segment's start may begin inside a
-    character: those bytes are skipped."""
-    if not whole:
-        skip = 0
-        while skip < min(3, len(data)) and 0x80 <= data[skip] < 0xC0:
-            skip += 1
-        data = data[skip:]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-
-
-def _tokens_of_tail(window: list[int], token_bytes: list[bytes], length: int) -> list[int]:
-    """The row's last tokens that hold exactly its last ``length`` bytes ([] if no token
-    boundary falls there)."""
-    total = 0
-    for count, token in enumerate(reversed(window), start=1):
-        total += len(token_bytes[token])
-        if total >= length:
-            return window[-count:] if total == length else []
-    return []
-
-
 __all__ = [
     "CONTRACTIONS",
     "RULE_KINDS",
@@ -743,5 +743,4 @@ __all__ = [
     "RowStates",
     "Spot",
     "Tail",
-    "in_space_run",
 ]

@@ -19,6 +19,8 @@ import importlib.resources
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from memfree.core.canonical import CanonicalMasker
 from memfree.vocab.info import TokenizerInfo
@@ -187,3 +189,25 @@ def test_what_follows_a_prefix_is_the_next_character_and_its_marks(
         )
 
     check()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    pieces=st.lists(
+        st.text(st.sampled_from(_NFC_ALPHABET + "x = 1.(\n"), min_size=1, max_size=3),
+        min_size=1,
+        max_size=8,
+    )
+)
+@example(pieces=["x = cafe", "\u0301", " ok"])
+def test_rows_of_nfc_subtle_pieces_advance_as_they_read(
+    qwen: tuple[Any, CanonicalMasker], pieces: list[str]
+) -> None:
+    """Rows whose pieces are tokenized apart (a mark, a jamo or a vowel sign a token of its
+    own after the character it would compose with: the text is then not NFC) advance, by the
+    state's groups where the token starts a chunk or by the text, exactly as they read."""
+    from tests.memfree.core.test_canonical_advance import _check_prefixes
+
+    tokenizer, masker = qwen
+    ids = [t for piece in pieces for t in _encode(tokenizer, piece)]
+    _check_prefixes(masker.states, ids)
