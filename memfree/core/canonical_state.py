@@ -354,7 +354,9 @@ class RowStates:
             self._added_in is not None and self._added_in.search(joined)
         ):
             return None
-        moved = split_moved(self.split, key[1], tail.text, tail.tokens, tail.last, token)
+        moved = split_moved(
+            self.split, key[1], (tail.text, tail.tokens, tail.last), token, appended
+        )
         if moved is None:
             return None
         text, tokens, last = moved

@@ -11,7 +11,8 @@ text, and the row's chunk boundaries then, read by the pre-tokenizer itself) and
 whether the row's chunks before the candidate's are their tokens' BPE (the facts). Where the
 token's group starts a chunk at the token, keeps the tail's own boundary and its fact holds, the
 tail's first chunk is fixed and canonical, and the row's new last chunks are the tail's last
-chunk and the token: no text is read to find them.
+chunk and the token; where it goes on with the tail's last chunk, they are the tail's two,
+the last one longer: no text is read to find them.
 """
 
 from __future__ import annotations
@@ -58,41 +59,49 @@ def in_space_run(key: tuple[Any, ...], text: str) -> bool:
 def split_moved(
     split: SplitChunks,
     state: tuple[Any, ...],
-    text: str,
-    tokens: tuple[int, ...],
-    last: tuple[int, int],
+    tail: tuple[str, tuple[int, ...], tuple[int, int]],
     token: int,
+    appended: str,
 ) -> tuple[str, tuple[int, ...], tuple[int, int]] | None:
-    """The last two chunks of a canonical row after ``token`` (their text, tokens, and where
-    the last starts: characters, tokens), for a row whose split state is ``state`` and whose
-    last chunks are ``text`` with ``tokens``, the last starting at ``last``: the tail's last
-    chunk and the token's text, where the token's group (its shape's reading after the row's
-    shape, the text ending after it) starts a chunk at the token, leaves the row's chunks as
-    they are and holds its fact (the chunks before the token's are their tokens' BPE: the
-    tail's first chunk is then fixed and canonical). None otherwise: read the text. The caller
-    checks what the groups do not say (the text stays NFC, no added token's content is
-    written, no added token's content is begun)."""
+    """The last two chunks of a canonical row after ``token`` (text ``appended``): their text,
+    tokens, and where the last starts (characters, tokens), for a row whose split state is
+    ``state`` and whose last chunks are ``tail`` (text, tokens, where the last starts), from
+    the token's group (its shape's reading after the row's shape, the text ending after it):
+
+    - it starts a chunk at the token and keeps the tail's boundary, and its fact holds (the
+      chunks before the token's are their tokens' BPE, so the tail's first chunk is fixed and
+      canonical): the tail's last chunk, then the token;
+    - it goes on with the tail's last chunk (the first stays, or the tail is one chunk): the
+      tail and the token.
+
+    None otherwise (read the text). The caller checks what the groups do not say: the text
+    stays NFC, no added token's content is written or begun."""
+    text, tokens, (chars, count) = tail
     shape, _, facts, _ = state
     kind = int(split.shape_of[token])
     if kind < 0:
         return None
     groups = split.groups(shape)
     number = int(groups.of_shape[kind])
-    if number < 0 or not facts[number]:
+    if number < 0:
         return None
     start, bounds = groups.groups[number]
-    chars, count = last
-    if start != len(shape) or len(bounds) != (1 if chars else 0):
-        return None
-    if bounds:
-        # The boundary in the shape's characters, in the text's (a run the shape cut short
-        # stands for its first and last characters).
-        where = bounds[0] if len(shape) == len(text) else split._shape(text, False)[1][bounds[0]]
-        if where != chars:
+    if start == len(shape):  # a chunk of its own
+        if not facts[number] or len(bounds) != (1 if chars else 0):
             return None
-    appended = split.bpe.texts[token] or ""
-    kept = text[chars:]
-    return kept + appended, (*tokens[count:], token), (len(kept), len(tokens) - count)
+        if bounds and _in_text(split, shape, text, bounds[0]) != chars:
+            return None
+        kept = text[chars:]
+        return kept + appended, (*tokens[count:], token), (len(kept), len(tokens) - count)
+    if not bounds and _in_text(split, shape, text, start) == chars:  # goes on
+        return text + appended, (*tokens, token), (chars, count)
+    return None
+
+
+def _in_text(split: SplitChunks, shape: tuple[int, ...], text: str, index: int) -> int:
+    """A position in the shape's characters, in the text's (a run the shape cut short stands
+    for its first and last characters)."""
+    return index if len(shape) == len(text) else split._shape(text, False)[1][index]
 
 
 __all__ = ["decode_tail", "in_space_run", "split_moved", "tokens_of_tail"]
