@@ -67,7 +67,6 @@ _CAP = 3  # runs of a class the pattern does not count are cut to this length
 _CACHE = 1024  # NFC contexts' and continued chunks' answers kept (four times this)
 _FEW_ENTRIES = 64  # completions read entry by entry below this many, else as arrays
 _SHAPES = 8192  # row shapes whose candidate groups are kept (one byte per candidate shape each)
-_STATES = 16384  # rows' last chunks whose states are kept (a third repeat on new code)
 
 
 class SplitChunks:
@@ -132,7 +131,6 @@ class SplitChunks:
         self._routes = self.alone.astype(np.uint8) | (self.merged.astype(np.uint8) << 1)
         self._groups: OrderedDict[tuple[int, ...], Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
-        self._states: OrderedDict[tuple[str, tuple[int, ...]], Any] = OrderedDict()
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._nfc_breaking: OrderedDict[tuple[str, bool], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -206,7 +204,7 @@ class SplitChunks:
         """Copies and pickles start with empty caches (and their own lock); the two BPE models
         (5 MiB each for 151k ids) are made again from the merge tree, not pickled."""
         state = self.__dict__.copy()
-        for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_states", "_completions"):
+        for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
             state.pop(name)
         state.pop("_nfc_breaking", None)
         state.pop("_reach", None)  # made again from the pre-tokenizer
@@ -230,7 +228,6 @@ class SplitChunks:
         self._reach = SplitReach.of(self._pre)
         self._groups = OrderedDict()
         self._bpe_cache = {}
-        self._states = OrderedDict()
         self._completions = OrderedDict()
         self._nfc_breaking = OrderedDict()
         self._lock = threading.Lock()
@@ -428,22 +425,7 @@ class SplitChunks:
 
     def state(self, text: str, tokens: list[int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """The key of a row whose last two chunks are ``text`` with ``tokens``, and what is
-        checked per row after the key's mask (``ignore_merges`` and NFC); kept per text and
-        tokens (rows that end in the same two chunks share it)."""
-        memo = (text, tuple(tokens))
-        with self._lock:
-            known = self._states.get(memo)
-            if known is not None:
-                self._states.move_to_end(memo)
-                return known
-        found = self._state(text, tokens)
-        with self._lock:
-            self._states[memo] = found
-            if len(self._states) > _STATES:
-                self._states.popitem(last=False)
-        return found
-
-    def _state(self, text: str, tokens: list[int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        checked per row after the key's mask (``ignore_merges`` and NFC)."""
         shape, where = self._shape(text, token=False)
         groups = self.groups(shape)
         lengths = self._lengths

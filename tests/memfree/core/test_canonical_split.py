@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree.core.canonical import CanonicalMasker
@@ -312,31 +312,3 @@ def test_split_maskers_pickle_with_empty_caches(family: tuple[Any, CanonicalMask
     ids = _encode(tokenizer, "def f(x):\n    return 1234")
     copy = pickle.loads(pickle.dumps(masker))
     assert (copy.allowed(ids) == masker.allowed(ids)).all()
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(text=st.text(alphabet=_ALPHABET, min_size=1, max_size=10), how=st.integers(1, 2))
-@example(text="hello world", how=1)
-def test_a_rows_state_is_kept_per_text_and_tokens(
-    family: tuple[Any, CanonicalMasker], text: str, how: int
-) -> None:
-    """The state of a row's last chunks is kept per their text *and* tokens: the same text
-    tokenized other ways (in two halves, one token spelled as two, character by character)
-    gets its own state, as made afresh, whichever is asked first; and a copy keeps none."""
-    import pickle
-
-    tokenizer, masker = family
-    split = masker.split
-    assert split is not None
-    ways = [
-        _encode(tokenizer, text),
-        _split(tokenizer, text, how, len(text) // 2),
-        [t for char in text for t in _encode(tokenizer, char)],
-    ]
-    for tokens in (*ways, *ways[::-1]):
-        assert split.state(text, tokens) == split._state(text, tokens), (text, tokens)
-    if text == "hello world":  # the last token differs, and the state holds it
-        assert ways[0][-1] != ways[2][-1]
-    if ways[0][-1] != ways[2][-1]:
-        assert split.state(text, ways[0]) != split.state(text, ways[2])
-    assert split._states and not pickle.loads(pickle.dumps(split))._states
