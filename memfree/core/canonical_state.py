@@ -15,8 +15,8 @@ of letters, digits or punctuation, or a whitespace run before a token that start
 without reading text at all (:meth:`RowStates.move`, from the row's :class:`Spot`: its state and
 where its last chunks lie, not their text); after a whitespace run otherwise, from the run alone
 (a whitespace token that goes on with the run: from the run after a neutral chunk). Under a
-split pattern, a token that starts a chunk after the row's last chunk is placed by the state's
-own groups and facts, without the pre-tokenizer (:func:`~memfree.core.row_tail.split_moved`).
+split pattern, a token that starts a chunk after the row's last chunk, or goes on with it, is
+placed by the state's own groups and facts (:func:`~memfree.core.row_tail.split_moved`).
 """
 
 from __future__ import annotations
