@@ -140,9 +140,6 @@ def test_an_appended_text_breaks_nfc_exactly_where_it_breaks_the_rows_nfc_contex
     appended text, the answer is the same as against the whole text."""
     import unicodedata
 
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-
     from memfree.core.canonical_split import nfc_context
 
     chars = st.sampled_from(_NFC_ALPHABET)
@@ -167,8 +164,6 @@ def test_what_follows_a_prefix_is_the_next_character_and_its_marks(
     the next character with the combining marks after it. An ASCII character followed by
     another is answered without decoding; checked against the decoding itself over rows of
     Qwen 2's real tokens (ASCII ones, marks, multi-byte ones, a character's first bytes)."""
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
 
     from tests.memfree.core.test_canonical_advance import follows_by_decoding
 
