@@ -373,7 +373,8 @@ class CanonicalMasker(TableMasker):
             if token not in known:
                 char = self.bpe.texts[token]
                 assert char is not None
-                tokens = tuple(self.bpe.encode(run + char))
+                encode = self.bpe.encode if self.split is None else self.split.encode
+                tokens = tuple(encode(run + char))
                 known[token] = None if tokens == (*run_tokens, token) else tokens
             reading = known[token]
             if reading is not None:

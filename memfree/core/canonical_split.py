@@ -42,6 +42,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import re
 import threading
 import unicodedata
 from collections import OrderedDict
@@ -50,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from memfree.core.split_groups import Groups, SplitReach
+from memfree.core.split_groups import Groups, SplitReach, splits_only
 from memfree.vocab.bpe import ByteLevelBpe
 from memfree.vocab.token_bytes import byte_level_chars
 
@@ -131,6 +132,8 @@ class SplitChunks:
         self._routes = self.alone.astype(np.uint8) | (self.merged.astype(np.uint8) << 1)
         self._groups: OrderedDict[tuple[int, ...], Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
+        contents = sorted((c for c in bpe.added if c), key=len, reverse=True)
+        self._added_in = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._nfc_breaking: OrderedDict[tuple[str, bool], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -450,7 +453,7 @@ class SplitChunks:
             facts.append(fact)
         if self.bpe.nfc:
             fixes.append((-1, nfc_context(text)))
-        whole = self.bpe.encode(text) == tokens  # the row's text ending here is its tokens
+        whole = self.encode(text) == tokens  # the row's text ending here is its tokens
         return (shape, tokens[-1], tuple(facts), whole), tuple(fixes)
 
     def _chunks_ok(
@@ -468,6 +471,32 @@ class SplitChunks:
                 return False
             first = last
         return True
+
+    def encode(self, text: str) -> list[int]:
+        """The tokenizer's ids for ``text`` (:meth:`~memfree.vocab.bpe.ByteLevelBpe.encode`),
+        from its chunks where :meth:`chunk_ids` reads them, else from the tokenizer."""
+        ids = self.chunk_ids(text)
+        return ids if ids is not None else self.bpe.encode(text)
+
+    def chunk_ids(self, text: str) -> list[int] | None:
+        """The tokenizer's ids for ``text`` from its chunks' BPE, each chunk's kept: a row's
+        text is new, its chunks (words, runs) are not. The same ids as the tokenizer's where the
+        text holds no added token's content (the tokenizer cuts those out first) and
+        normalizing leaves it as it is (NFC already, for Qwen 2's normalizer); None for any
+        other text, and where the chunks' spans do not tile it."""
+        added = self._added_in
+        if (added is not None and added.search(text)) or (
+            self.bpe.nfc and not unicodedata.is_normalized("NFC", text)
+        ):
+            return None
+        ids: list[int] = []
+        at = 0
+        for _, (start, end) in self._pre.pre_tokenize_str(text):
+            if start != at:
+                return None
+            ids += self._encode(text[start:end], merges=False)
+            at = end
+        return ids if at == len(text) else None
 
     def _encode(self, text: str, merges: bool) -> list[int]:
         """The model's tokens for one chunk (``merges``: by the merges alone)."""
@@ -677,32 +706,6 @@ def _may_compose(char: str) -> bool:
     or composes), or a character that composes with one before it (Hangul vowels and finals,
     the second half of a canonical pair)."""
     return bool(unicodedata.combining(char)) or char in _second_halves()
-
-
-def splits_only(pre: Any) -> Any:
-    """The pre-tokenizer's chunking without its last step when that is a ``ByteLevel`` that
-    splits nothing (``use_regex`` off, no prefix space): it maps each byte to a character and
-    moves no boundary, so the chunks' spans are the same, read about a third faster (a row shape
-    met for the first time reads hundreds). Any other pre-tokenizer is kept whole."""
-    from tokenizers import pre_tokenizers
-
-    if not isinstance(pre, pre_tokenizers.Sequence):
-        return pre
-    steps: list[Any] = []
-    while True:
-        try:
-            steps.append(pre[len(steps)])
-        except IndexError:
-            break
-    last = steps[-1] if steps else None
-    if (
-        len(steps) < 2
-        or not isinstance(last, pre_tokenizers.ByteLevel)
-        or last.use_regex
-        or last.add_prefix_space
-    ):
-        return pre
-    return steps[0] if len(steps) == 2 else pre_tokenizers.Sequence(steps[:-1])
 
 
 def nfc_context(text: str) -> str:

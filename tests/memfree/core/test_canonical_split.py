@@ -161,6 +161,32 @@ def test_the_chunks_are_read_without_the_byte_mapping_as_with_it(
     ]
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    text=st.text(alphabet=_ALPHABET + "\u0301\u00e9e", min_size=1, max_size=12)
+    | _texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES + ["<|eot_id|>", "<|end_of_text|>"])
+)
+def test_a_texts_ids_read_from_its_chunks_are_the_tokenizers(
+    family: tuple[Any, CanonicalMasker], text: str
+) -> None:
+    """A row's text tokenized from its chunks' BPE (each chunk's kept) is the tokenizer's own
+    tokenization wherever it is read so: wherever the text holds no added token's content and
+    normalizing would not change it. Elsewhere the tokenizer itself reads it."""
+    tokenizer, masker = family
+    split = masker.split
+    assert split is not None
+    expected = _encode(tokenizer, text)
+    ids = split.chunk_ids(text)
+    added = any(content in text for content in masker.bpe.added)
+    changed = tokenizer.backend_tokenizer.normalizer is not None and (
+        tokenizer.backend_tokenizer.normalizer.normalize_str(text) != text
+    )
+    assert (ids is None) == (added or changed)  # read from the chunks wherever it may be
+    assert split.encode(text) == expected
+    if ids is not None:
+        assert ids == expected
+
+
 @pytest.mark.parametrize(
     "text",
     [

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from memfree.core.canonical import CanonicalMasker
-from memfree.core.canonical_split import SplitChunks, splits_only
-from memfree.core.split_groups import Groups, SplitReach
+from memfree.core.canonical_split import SplitChunks
+from memfree.core.split_groups import Groups, SplitReach, splits_only
 from memfree.vocab.info import TokenizerInfo
 from tests.conftest import train_split_bpe
 from tests.memfree.core.test_canonical_split import _ALPHABET
