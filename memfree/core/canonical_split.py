@@ -132,6 +132,7 @@ class SplitChunks:
         self._routes = self.alone.astype(np.uint8) | (self.merged.astype(np.uint8) << 1)
         self._groups: OrderedDict[tuple[int, ...], Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
+        self._row_shapes: dict[str, tuple[tuple[int, ...], list[int]]] = {}
         contents = sorted((c for c in bpe.added if c), key=len, reverse=True)
         self._added_in = re.compile("|".join(map(re.escape, contents))) if contents else None
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
@@ -209,7 +210,8 @@ class SplitChunks:
         state = self.__dict__.copy()
         for name in ("_lock", "_class_lock", "_groups", "_bpe_cache", "_completions"):
             state.pop(name)
-        state.pop("_nfc_breaking", None)
+        for name in ("_nfc_breaking", "_row_shapes"):
+            state.pop(name, None)
         state.pop("_reach", None)  # made again from the pre-tokenizer
         for name in ("_model", "_merges", "_strings", "_lengths"):
             state.pop(name)
@@ -231,6 +233,7 @@ class SplitChunks:
         self._reach = SplitReach.of(self._pre)
         self._groups = OrderedDict()
         self._bpe_cache = {}
+        self._row_shapes = {}
         self._completions = OrderedDict()
         self._nfc_breaking = OrderedDict()
         self._lock = threading.Lock()
@@ -300,6 +303,17 @@ class SplitChunks:
                     found = generic.get(cls)
                     classes[index] = found if found is not None else self._generic_class(cls)
         return self._runs(classes, len(text))
+
+    def row_shape(self, text: str) -> tuple[tuple[int, ...], list[int]]:
+        """:meth:`_shape` of a row's last chunks, the last ones read kept: the next step places
+        the row by them (:func:`~memfree.core.row_tail.split_moved`). Not to be changed."""
+        known = self._row_shapes.get(text)
+        if known is None:
+            known = self._shape(text, token=False)
+            if len(self._row_shapes) >= _SHAPES:
+                self._row_shapes.clear()
+            self._row_shapes[text] = known
+        return known
 
     def _runs(self, classes: list[int], length: int) -> tuple[tuple[int, ...], list[int]]:
         """:meth:`_shape` from each character's class: runs longer than ``_CAP`` (but of
@@ -429,7 +443,7 @@ class SplitChunks:
     def state(self, text: str, tokens: list[int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """The key of a row whose last two chunks are ``text`` with ``tokens``, and what is
         checked per row after the key's mask (``ignore_merges`` and NFC)."""
-        shape, where = self._shape(text, token=False)
+        shape, where = self.row_shape(text)
         groups = self.groups(shape)
         lengths = self._lengths
         ends = list(itertools.accumulate(lengths[t] for t in tokens))

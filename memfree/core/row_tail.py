@@ -101,7 +101,7 @@ def split_moved(
 def _in_text(split: SplitChunks, shape: tuple[int, ...], text: str, index: int) -> int:
     """A position in the shape's characters, in the text's (a run the shape cut short stands
     for its first and last characters)."""
-    return index if len(shape) == len(text) else split._shape(text, False)[1][index]
+    return index if len(shape) == len(text) else split.row_shape(text)[1][index]
 
 
 __all__ = ["decode_tail", "in_space_run", "split_moved", "tokens_of_tail"]
