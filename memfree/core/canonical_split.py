@@ -40,7 +40,6 @@ text is their witness's (:meth:`SplitChunks.attach`).
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import re
 import threading
@@ -52,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from memfree.core.split_groups import Groups, SplitReach, splits_only
+from memfree.core.split_nfc import may_compose, nfc_context
 from memfree.vocab.bpe import ByteLevelBpe
 from memfree.vocab.token_bytes import byte_level_chars
 
@@ -126,7 +126,7 @@ class SplitChunks:
                 text = bpe.texts[token] or ""
                 if unicodedata.normalize("NFC", text) != text:
                     self.alone[token] = self.merged[token] = False
-                elif _may_compose(text[0]):
+                elif may_compose(text[0]):
                     self._nfc_risky[token] = True
         # Both in one byte a token (mask_parts): 1, the model gives it alone; 2, the merges do.
         self._routes = self.alone.astype(np.uint8) | (self.merged.astype(np.uint8) << 1)
@@ -174,7 +174,7 @@ class SplitChunks:
             firsts = [model.tokenize(string)[:1] for model in (self._model, self._merges)]
             self.pseudo_alone[index] = [t.id for t in firsts[0]] == [head]
             self.pseudo_merged[index] = [t.id for t in firsts[1]] == [head]
-            self._pseudo_risky[index] = self.bpe.nfc and _may_compose(text[0])
+            self._pseudo_risky[index] = self.bpe.nfc and may_compose(text[0])
             self._pseudo_of_text.setdefault(text, []).append(index)
         self._index_suffixes(tokens=False)
 
@@ -713,37 +713,6 @@ def _without(allowed: np.ndarray, banned: np.ndarray) -> np.ndarray:
 def _token_index(ends: list[int], offset: int) -> int:
     """How many tokens end at or before byte ``offset``."""
     return bisect.bisect_right(ends, offset)
-
-
-def _may_compose(char: str) -> bool:
-    """Whether ``char`` can change NFC text it is appended to: a combining mark (it reorders
-    or composes), or a character that composes with one before it (Hangul vowels and finals,
-    the second half of a canonical pair)."""
-    return bool(unicodedata.combining(char)) or char in _second_halves()
-
-
-def nfc_context(text: str) -> str:
-    """The end of an NFC ``text`` that decides whether appending text keeps it NFC: from its
-    last starter (canonical combining class 0) on. Canonical reordering moves an appended mark
-    only among the marks after that starter, and composition joins an appended character only to
-    that starter (a starter between blocks it); the text before it is NFC and stays as it is.
-    So ``NFC(text + c) == text + c`` iff ``NFC(ctx + c) == ctx + c`` for every ``c``: rows that
-    end alike share their NFC answers (a row's whole text in its state made every row a state
-    of its own). Tested against the whole text (``test_canonical_qwen.py``)."""
-    for index in range(len(text) - 1, -1, -1):
-        if unicodedata.combining(text[index]) == 0:
-            return text[index:]
-    return text
-
-
-@functools.cache
-def _second_halves() -> frozenset[str]:
-    halves = {chr(c) for c in range(0x1161, 0x1176)} | {chr(c) for c in range(0x11A8, 0x11C3)}
-    for code in range(0x110000):
-        parts = unicodedata.decomposition(chr(code)).split()
-        if len(parts) == 2 and not parts[0].startswith("<"):
-            halves.add(chr(int(parts[1], 16)))
-    return frozenset(halves)
 
 
 __all__ = ["SplitChunks"]

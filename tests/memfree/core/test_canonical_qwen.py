@@ -140,7 +140,7 @@ def test_an_appended_text_breaks_nfc_exactly_where_it_breaks_the_rows_nfc_contex
     appended text, the answer is the same as against the whole text."""
     import unicodedata
 
-    from memfree.core.canonical_split import nfc_context
+    from memfree.core.split_nfc import nfc_context
 
     chars = st.sampled_from(_NFC_ALPHABET)
 
