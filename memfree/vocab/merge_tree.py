@@ -13,6 +13,7 @@ both read their pairs here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from memfree.vocab.pair_ranges import (
+    LatePairs,
     PairRanges,
     expand_runs,
     narrowed_state,
@@ -47,6 +49,8 @@ class MergeTree:
         late: bool `(size,)` twice: tokens with a late node on their right / left spine.
         ranges: every token's conflicts written down ahead (:mod:`memfree.vocab.pair_ranges`;
             None: read per token from the merges).
+        late_pairs: the columns of tokens with a late node on their left spine, read from the
+            merges once for every token (None: read per token, or there are none).
     """
 
     size: int
@@ -60,6 +64,7 @@ class MergeTree:
     late: tuple[np.ndarray, np.ndarray]
     byte_fallback: bool = False  # the model writes a character it lacks as byte tokens
     ranges: PairRanges | None = None
+    late_pairs: LatePairs | None = None
     _merges_only: list[Any] = field(default_factory=list)  # the model without ignore_merges
     _late_rows: dict[int, np.ndarray] = field(default_factory=dict)  # late tokens' answers
     _late_pairs: dict[tuple[int, int], bool] = field(default_factory=dict)  # read from merges
@@ -73,10 +78,35 @@ class MergeTree:
         members = _left_spines(left, made_at, size)
         late = _late_spines(left, right, made_at)
         ranges = pair_ranges(left, right, made_at, partners, late[0])
-        return cls(
+        tree = cls(
             size, vocab, merges, left, right, made_at, partners, members, late, byte_fallback,
             ranges,
         )  # fmt: skip
+        if ranges is not None and late[1].any():
+            tree = dataclasses.replace(tree, late_pairs=tree._late_pairs_ahead())
+        return tree
+
+    def _late_pairs_ahead(self) -> LatePairs:
+        """:attr:`late_pairs`: :meth:`_late_near` of every token and the merges' answer for
+        each pair (Llama 3: about 800,000 pairs, 6 s once; the tables are kept on disk)."""
+        counts = np.zeros(self.size + 1, dtype=np.int64)
+        tokens: list[np.ndarray] = []
+        joins: list[np.ndarray] = []
+        model, strings = self.merges_model, self.strings
+        for a in range(self.size):
+            if self.late[0][a]:
+                continue
+            near = self._late_near(a)
+            if near.size:
+                counts[a + 1] = near.size
+                tokens.append(near)
+                joins.append(~_merged_pairs(model, strings, a, near))
+        empty = np.zeros(0, dtype=np.int64)
+        return LatePairs(
+            np.cumsum(counts),
+            np.concatenate(tokens or [empty]).astype(np.int32),
+            np.concatenate(joins or [empty.astype(bool)]),
+        )
 
     def bigram_allowed(self, a: int) -> np.ndarray:
         """bool `(vocab_size,)`: BPE gives ``[a, b]`` back for the bytes of ``a`` then ``b``
@@ -108,9 +138,8 @@ class MergeTree:
             allowed[self.ranges.conflicts(a)] = False
         else:
             allowed = ~self.conflicts_by_spine(a)
-        late = self._late_near(a)
-        if late.size:  # read from the merges, where some merge meets the junction at all
-            allowed[late] = self._bigram_by_merges(a, late)
+        late, joins = self._late_columns(a)
+        allowed[late] = ~joins  # read from the merges, where some merge meets the junction
         return allowed
 
     def joined(self, a: int) -> np.ndarray:
@@ -119,23 +148,33 @@ class MergeTree:
         both spines are early."""
         if self.ranges is None or self.late[0][a]:
             return np.flatnonzero(~self.bigram_allowed(a))
-        found = self.ranges.conflicts(a)
-        late = self._late_near(a)
-        if late.size:  # the late columns replaced (marked: set operations sort, slowly)
-            kept = self._bigram_by_merges(a, late)
-            is_late = np.zeros(self.size, dtype=bool)
-            is_late[late] = True
-            found = np.concatenate([found[~is_late[found]], late[~kept]])
-        return found.astype(np.int64, copy=False)
+        late, joins = self._late_columns(a)
+        if not late.size:
+            return self.ranges.conflicts(a).astype(np.int64, copy=False)
+        found = self.ranges.conflicts_without(a, late)  # the late columns replaced
+        return np.concatenate([found.astype(np.int64), late[joins]])
 
     def pair_allowed(self, a: int, b: int) -> bool:
         """``bigram_allowed(a)[b]``, without the row: a binary search over ``a``'s runs where
         both tokens' spines are early (the rest read as :meth:`bigram_allowed` reads them)."""
         if self.ranges is None or self.late[0][a]:
             return bool(self.bigram_allowed(a)[b])
-        if self.late[1][b] and b in self._late_near(a):
-            return bool(self._bigram_by_merges(a, np.array([b]))[0])
+        if self.late[1][b]:
+            late, joins = self._late_columns(a)
+            at = np.flatnonzero(late == b)
+            if at.size:
+                return not bool(joins[at[0]])
         return not self.ranges.joins(a, b)
+
+    def _late_columns(self, a: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_late_near` of ``a`` and whether a merge joins each to ``a``: written down
+        ahead (:attr:`late_pairs`), or read from the merges."""
+        if self.late_pairs is not None and not self.late[0][a]:
+            return self.late_pairs.of(a)
+        late = self._late_near(a)
+        if not late.size:
+            return late, np.zeros(0, dtype=bool)
+        return late, ~self._bigram_by_merges(a, late)
 
     def _late_near(self, a: int) -> np.ndarray:
         """The tokens with a late node on their left spine that some merge joins to a symbol
@@ -408,6 +447,19 @@ def _left_spines(
     table = table[:, order]
     offsets = np.searchsorted(table[0], np.arange(size + 1))
     return offsets, table[1].copy(), table[2].copy()
+
+
+def _merged_pairs(model: Any, strings: dict[int, str], a: int, others: np.ndarray) -> np.ndarray:
+    """bool `(len(others),)`: whether ``model`` (the merges alone) gives ``[a, b]`` for the
+    strings of ``a`` then ``b`` (:meth:`MergeTree._bigram_by_merges` without its memo)."""
+    head = strings.get(a)
+    result = np.zeros(len(others), dtype=bool)
+    if head is None:
+        return result
+    for index, b in enumerate(others.tolist()):
+        tail = strings.get(b)
+        result[index] = tail is not None and [t.id for t in model.tokenize(head + tail)] == [a, b]
+    return result
 
 
 def distinct(values: np.ndarray) -> np.ndarray:

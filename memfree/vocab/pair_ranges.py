@@ -19,10 +19,11 @@ at once (vectorized over the merges), and keeps each token's runs merged (CSR).
 
 The runs are the same conflicts the per-token reading finds, term for term (the same three
 conditions over the same merges), only written down ahead; tokens with a *late* node on their
-right spine, and the columns of tokens with one on their left (Llama 3's converted merges), are
-read from the merges as before (:class:`~memfree.vocab.merge_tree.MergeTree`). Tested equal to
-the per-token reading over every token of trained vocabularies and samples of the real ones
-(``tests/memfree/vocab/test_pair_ranges.py``).
+right spine are read from the merges as before (:class:`~memfree.vocab.merge_tree.MergeTree`);
+the columns of tokens with one on their left (Llama 3's converted merges) are read from the
+merges once, at build, for every token (:class:`LatePairs`), and taken out of the runs'
+answer. Tested equal to the per-token reading over every token of trained vocabularies and
+samples of the real ones (``tests/memfree/vocab/test_pair_ranges.py``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,57 @@ class PairRanges:
         run = np.searchsorted(keys, a * (len(self.position) + 1) + at, side="right") - 1
         inside = run >= self.offsets[a]  # the run found is one of a's (else a has none there)
         return inside & (at < self.ends[np.maximum(run, 0)])
+
+    def conflicts_without(self, a: int, tokens: np.ndarray) -> np.ndarray:
+        """int32: :meth:`conflicts` of ``a`` but ``tokens`` (a few), taken out by position."""
+        lo, hi = int(self.offsets[a]), int(self.offsets[a + 1])
+        if lo == hi:
+            return np.zeros(0, dtype=np.int32)
+        starts = self.starts[lo:hi].astype(np.int64)
+        at = expand_runs(starts, self.ends[lo:hi].astype(np.int64) - starts)  # increasing
+        drop = np.sort(self.position[tokens]).astype(np.int64)
+        where = np.searchsorted(at, drop)
+        inside = where < at.size
+        where = where[inside]
+        hit = at[where] == drop[inside]
+        if hit.any():
+            at = np.delete(at, where[hit])
+        return self.order[at]
+
+
+@dataclass(frozen=True, eq=False)
+class LatePairs:
+    """The columns the runs do not say, written down ahead: for each token ``a``, the tokens
+    with a late node on their left spine that some merge joins to a symbol on ``a``'s right
+    spine (Llama 3's converted merges: about 800,000 pairs over 103 such tokens), and whether
+    the merges join each to ``a``, read once from the merges themselves
+    (:meth:`~memfree.vocab.merge_tree.MergeTree.of`). Empty for a token with a late node on
+    its right spine (read from the merges whole).
+
+    Attributes:
+        offsets: int64 `(V + 1,)`: token ``a``'s pairs are ``tokens[offsets[a]:offsets[a+1]]``.
+        tokens: int32: the late tokens, increasing for each ``a``.
+        joins: bool: a merge joins that token to ``a`` (``[a, b]`` is not BPE's).
+    """
+
+    offsets: np.ndarray
+    tokens: np.ndarray
+    joins: np.ndarray
+
+    def __getstate__(self) -> dict[str, Any]:
+        return narrowed_state(dict(self.__dict__), ("offsets",))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(widened_state(state))
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.offsets.nbytes + self.tokens.nbytes + self.joins.nbytes)
+
+    def of(self, a: int) -> tuple[np.ndarray, np.ndarray]:
+        """``a``'s late tokens (int64) and whether a merge joins each to it."""
+        lo, hi = int(self.offsets[a]), int(self.offsets[a + 1])
+        return self.tokens[lo:hi].astype(np.int64), self.joins[lo:hi]
 
 
 _FEW_RUNS = 32  # runs of a token read as slices (more: one index array, expand_runs)
@@ -307,4 +359,11 @@ def expand_runs(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shifts
 
 
-__all__ = ["PairRanges", "expand_runs", "narrowed_state", "pair_ranges", "widened_state"]
+__all__ = [
+    "LatePairs",
+    "PairRanges",
+    "expand_runs",
+    "narrowed_state",
+    "pair_ranges",
+    "widened_state",
+]

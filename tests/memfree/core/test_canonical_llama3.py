@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import importlib.resources
+import pickle
 import string
 import textwrap
 from pathlib import Path
@@ -195,19 +196,20 @@ def test_the_merge_tree_test_is_the_merges_own_answer(
 def test_the_runs_written_ahead_are_the_per_token_reading(
     merges: tuple[ByteLevelBpe, Any, np.ndarray], seed: int, late: bool
 ) -> None:
-    """The merge-tree test read from the runs written down ahead
+    """The merge-tree test read from the runs and the late columns written down ahead
     (:mod:`memfree.vocab.pair_ranges`) is the per-token reading of the merges, row, failures
-    alone and single pair, for tokens with a late node on their left spine among the others; a token with a late
-    node on its right spine is read from the merges either way."""
+    alone and single pair, for tokens with a late node on their left spine among the others; a
+    token with a late node on its right spine is read from the merges either way."""
     import dataclasses
 
     bpe, _, made = merges
     tree = bpe.tree
-    assert tree.ranges is not None
+    assert tree.ranges is not None and tree.late_pairs is not None
     rng = np.random.default_rng(seed)
     a = int(rng.choice(np.flatnonzero(tree.late[0]) if late else made))
     row = tree.bigram_allowed(a)
-    assert np.array_equal(row, dataclasses.replace(tree, ranges=None).bigram_allowed(a))
+    per_token = dataclasses.replace(tree, ranges=None, late_pairs=None)
+    assert np.array_equal(row, per_token.bigram_allowed(a))
     # The failures alone (what the split reading takes out of a continued chunk): the row's.
     assert np.array_equal(np.sort(tree.joined(a)), np.flatnonzero(~row))
     if not tree.late[0][a]:
@@ -220,6 +222,12 @@ def test_the_runs_written_ahead_are_the_per_token_reading(
     spine = [partner[offsets[x] : offsets[x + 1]] for x, _ in tree.right_spine(a)]
     near = np.unique(owners[np.isin(symbols, np.concatenate(spine))])
     assert np.array_equal(tree._late_near(a), near)
+    if not tree.late[0][a]:  # written down ahead: the same columns, the merges' answers
+        ahead, joins = tree.late_pairs.of(a)
+        assert np.array_equal(ahead, near)
+        assert np.array_equal(joins, ~per_token._bigram_by_merges(a, near))
+        kept = pickle.loads(pickle.dumps(tree.late_pairs))  # as the tables' file keeps them
+        assert all(np.array_equal(x, y) for x, y in zip(kept.of(a), (ahead, joins), strict=True))
     banned = np.flatnonzero(~row)
     others = [
         *near[:8].tolist(),

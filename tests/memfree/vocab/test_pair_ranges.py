@@ -84,6 +84,24 @@ def test_smollm2_tokens(smol_tree: MergeTree, data: st.DataObject) -> None:
     _check_token(smol_tree, a, others)
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_conflicts_without_a_few_tokens(smol_tree: MergeTree, data: st.DataObject) -> None:
+    """A token's conflicts but a few tokens, taken out by position (what Llama 3's late
+    columns replace): tokens among the conflicts, at a run's ends, and outside them."""
+    ranges = smol_tree.ranges
+    assert ranges is not None
+    a = data.draw(st.integers(0, smol_tree.size - 1))
+    found = ranges.conflicts(a)
+    lo, hi = int(ranges.offsets[a]), int(ranges.offsets[a + 1])
+    edges = ranges.order[np.concatenate([ranges.starts[lo:hi], ranges.ends[lo:hi] - 1])]
+    pool = np.concatenate([found, edges, np.arange(smol_tree.size)]).astype(np.int64)
+    picks = data.draw(st.lists(st.integers(0, len(pool) - 1), max_size=12))
+    tokens = np.unique(pool[picks]) if picks else np.zeros(0, dtype=np.int64)
+    left = ranges.conflicts_without(a, tokens)
+    assert np.array_equal(np.sort(left), np.setdiff1d(found, tokens))
+
+
 def test_the_runs_are_few(smol_tree: MergeTree) -> None:
     """What makes the table small: SmolLM2's conflicts (about 1,800 tokens per token) fall into
     about 17 runs each in the left-spine order; 7 MiB for the whole vocabulary."""
