@@ -302,23 +302,7 @@ class MergeTree:
         ``a`` then ``b``, read from the model itself (for the few tokens the rule cannot say;
         each pair kept: Llama 3's rows meet about nine such tokens a last token, and half of
         the pairs along real text repeat)."""
-        model = self.merges_model
-        strings = self.strings
-        head = strings.get(a)
-        result = np.zeros(len(others), dtype=bool)
-        if head is None:
-            return result
-        known = self._late_pairs
-        for index, b in enumerate(others.tolist()):
-            answer = known.get((a, b))
-            if answer is None:
-                tail = strings.get(b)
-                answer = tail is not None and [t.id for t in model.tokenize(head + tail)] == [a, b]
-                if len(known) >= _LATE_PAIRS:
-                    known.clear()
-                known[(a, b)] = answer
-            result[index] = answer
-        return result
+        return _merged_pairs(self.merges_model, self.strings, a, others, self._late_pairs)
 
     def right_spine(self, a: int) -> list[tuple[int, int]]:
         """(symbol, rank of the merge that consumes it) down the right edge of ``a``'s tree."""
@@ -449,16 +433,29 @@ def _left_spines(
     return offsets, table[1].copy(), table[2].copy()
 
 
-def _merged_pairs(model: Any, strings: dict[int, str], a: int, others: np.ndarray) -> np.ndarray:
+def _merged_pairs(
+    model: Any,
+    strings: dict[int, str],
+    a: int,
+    others: np.ndarray,
+    known: dict[tuple[int, int], bool] | None = None,
+) -> np.ndarray:
     """bool `(len(others),)`: whether ``model`` (the merges alone) gives ``[a, b]`` for the
-    strings of ``a`` then ``b`` (:meth:`MergeTree._bigram_by_merges` without its memo)."""
+    strings of ``a`` then ``b``; each answer kept in ``known`` (cleared when full) if given."""
     head = strings.get(a)
     result = np.zeros(len(others), dtype=bool)
     if head is None:
         return result
     for index, b in enumerate(others.tolist()):
-        tail = strings.get(b)
-        result[index] = tail is not None and [t.id for t in model.tokenize(head + tail)] == [a, b]
+        answer = known.get((a, b)) if known is not None else None
+        if answer is None:
+            tail = strings.get(b)
+            answer = tail is not None and [t.id for t in model.tokenize(head + tail)] == [a, b]
+            if known is not None:
+                if len(known) >= _LATE_PAIRS:
+                    known.clear()
+                known[(a, b)] = answer
+        result[index] = answer
     return result
 
 
