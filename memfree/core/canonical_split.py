@@ -45,7 +45,7 @@ import re
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,8 +133,7 @@ class SplitChunks:
         self._groups: OrderedDict[tuple[int, ...], Groups] = OrderedDict()
         self._bpe_cache: dict[tuple[bool, str], list[int]] = {}
         self._row_shapes: dict[str, tuple[tuple[int, ...], list[int]]] = {}
-        contents = sorted((c for c in bpe.added if c), key=len, reverse=True)
-        self._added_in = re.compile("|".join(map(re.escape, contents))) if contents else None
+        self._added_in = added_search(bpe.added)
         self._completions: OrderedDict[tuple[str, bool], tuple[int, ...]] = OrderedDict()
         self._nfc_breaking: OrderedDict[tuple[str, bool], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -710,9 +709,16 @@ def _without(allowed: np.ndarray, banned: np.ndarray) -> np.ndarray:
     return allowed
 
 
+def added_search(added: Iterable[str]) -> re.Pattern[str] | None:
+    """A search for any of the added tokens' contents ``added`` in a text, longest first
+    (None: there are none)."""
+    contents = sorted((c for c in added if c), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, contents))) if contents else None
+
+
 def _token_index(ends: list[int], offset: int) -> int:
     """How many tokens end at or before byte ``offset``."""
     return bisect.bisect_right(ends, offset)
 
 
-__all__ = ["SplitChunks"]
+__all__ = ["SplitChunks", "added_search"]

@@ -21,7 +21,6 @@ placed by the state's own groups and facts (:func:`~memfree.core.row_tail.split_
 
 from __future__ import annotations
 
-import re
 import threading
 import unicodedata
 import warnings
@@ -32,7 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from memfree.core.canonical_chars import Characters
-from memfree.core.canonical_split import SplitChunks
+from memfree.core.canonical_split import SplitChunks, added_search
 from memfree.core.row_tail import decode_tail, in_space_run, split_moved, tokens_of_tail
 from memfree.vocab.bpe import (
     APOSTROPHE,
@@ -151,8 +150,7 @@ class RowStates:
                 self._begun.setdefault(content[:cut], []).append(content[cut:])
         self._longest_begun = max(map(len, self._begun), default=0)
         self._first_chars = sorted({content[0] for content in bpe.added if content})
-        contents = sorted((c for c in bpe.added if c), key=len, reverse=True)
-        self._added_in = re.compile("|".join(map(re.escape, contents))) if contents else None
+        self._added_in = added_search(bpe.added)
         self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
