@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import sysconfig
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -308,7 +309,33 @@ def test_the_device_copy_serves_steps_inside_and_outside_inference_mode(
     assert np.array_equal(again.numpy(), expected)
 
 
-_FRESH: dict[tuple[int, int, bytes], tuple[np.ndarray, Any]] = {}
+def test_a_step_writes_into_the_last_steps_mask_only_when_no_one_holds_it(
+    default_tokenizer: Any, smol_masker: CanonicalMasker
+) -> None:
+    """On the CPU a step writes its mask into the last step's array (a new one would cost a
+    page fault every 4 KiB), but only where nothing holds that array any more: a mask kept by
+    the caller, as a tensor or a numpy view, keeps its answer; one let go is written over."""
+    masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
+    width = masker.bpe.vocab_size
+    texts = ("Hello world", "x = 1\n", "a b", "def f():\n    return")
+    rows = [_split(default_tokenizer, t, 0, 0)[-2:] for t in texts]
+    first_rows, second_rows = torch.tensor(rows[:2]), torch.tensor(rows[2:])
+    first, _, _ = masker.step(first_rows, width)
+    view = first.numpy()[0]  # a view alone keeps the array too
+    expected_first = np.stack([_expected(masker, row, width) for row in rows[:2]])
+    expected_second = np.stack([_expected(masker, row, width) for row in rows[2:]])
+    kept = weakref.ref(masker.table._dense)
+    del first
+    second, _, _ = masker.step(second_rows, width)
+    assert masker.table._dense is not kept()  # the view holds the first array
+    assert np.array_equal(view, expected_first[0])
+    assert np.array_equal(second.numpy(), expected_second)
+    kept = weakref.ref(masker.table._dense)
+    del second
+    third, _, _ = masker.step(first_rows, width)  # the second array, let go: written over
+    assert masker.table._dense is kept()
+    assert np.array_equal(third.numpy(), expected_first)
+    assert np.array_equal(view, expected_first[0])
 
 
 @pytest.mark.parametrize("copy", [False, True], ids=["host-table", "device-copy"])
