@@ -61,6 +61,9 @@ class Groups:
     # character after a whitespace run, the run's split reading (the text ended there is
     # tokenized otherwise: the row is pending).
     extra: tuple[tuple[int, np.ndarray], ...] = ()
+    # The chunk boundaries inside the row's last chunks when the text ends there (all starts
+    # but the first): what the row's text alone is cut at.
+    end: tuple[int, ...] = ()
 
     def routes(self, facts: tuple[bool, ...], length: int) -> np.ndarray:
         """uint8, per candidate shape (and the sentinel): 1 where its group's fact holds and
@@ -78,12 +81,14 @@ class Groups:
         chunk starts ``at`` later, and the row's boundaries are those before, ``at`` itself
         unless the candidate goes on with the last chunk, and the last chunk's, shifted. One
         group each as before, in the same order (the map is one to one), so ``of_shape`` and
-        ``extra`` are the same."""
+        ``extra`` are the same. With nothing after it, the row is cut at those before, ``at``
+        and the last chunk's own."""
         groups = tuple(
             (at + start, (*before, *((at,) if start else ()), *(at + b for b in bounds)))
             for start, bounds in self.groups
         )
-        return Groups(self.of_shape, groups, self.extra)
+        end = (*before, at, *(at + b for b in self.end))
+        return Groups(self.of_shape, groups, self.extra, end)
 
 
 class _Unsupported(ValueError):
