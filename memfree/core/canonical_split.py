@@ -631,14 +631,7 @@ class SplitChunks:
         candidate that breaks NFC."""
         groups = self.groups(key[0])
         banned: list[np.ndarray] = []
-        # Tokens a split reading allows as a chunk of their own: no continued chunk bans them.
-        alone = {
-            t
-            for group, tokens in groups.extra
-            if key[2][group] and groups.groups[group][0] == len(key[0])
-            for t in tokens.tolist()
-            if self.alone[t]
-        }
+        alone: np.ndarray | None = None
         for number, text in fixes:
             if number < 0:
                 banned.append(self.breaking_nfc(text, pseudo=False))
@@ -650,8 +643,18 @@ class SplitChunks:
             mine = groups.of_shape[self.shape_of[completing]] == number
             if members:
                 mine |= np.isin(completing, np.concatenate(members))
-            if alone:
-                mine &= ~np.isin(completing, list(alone))
+            if alone is None:
+                # Tokens a split reading allows as a chunk of their own: no continued chunk
+                # bans them (read once a row, and only where a fix completes a token).
+                extra = [
+                    tokens
+                    for group, tokens in groups.extra
+                    if key[2][group] and groups.groups[group][0] == len(key[0])
+                ]
+                alone = np.concatenate(extra) if extra else np.zeros(0, dtype=np.int64)
+                alone = alone[self.alone[alone]]
+            if alone.size:
+                mine &= ~np.isin(completing, alone)
             banned.append(completing[mine])
         return np.concatenate(banned) if banned else np.zeros(0, dtype=np.int64)
 
