@@ -199,7 +199,8 @@ def test_the_runs_written_ahead_are_the_per_token_reading(
     """The merge-tree test read from the runs and the late columns written down ahead
     (:mod:`memfree.vocab.pair_ranges`) is the per-token reading of the merges, row, failures
     alone and single pair, for tokens with a late node on their left spine among the others; a
-    token with a late node on its right spine is read from the merges either way."""
+    token with a late node on its right spine is read from the merges either way (at build,
+    or on use)."""
     import dataclasses
 
     bpe, _, made = merges
@@ -208,8 +209,12 @@ def test_the_runs_written_ahead_are_the_per_token_reading(
     rng = np.random.default_rng(seed)
     a = int(rng.choice(np.flatnonzero(tree.late[0]) if late else made))
     row = tree.bigram_allowed(a)
-    per_token = dataclasses.replace(tree, ranges=None, late_pairs=None)
+    per_token = dataclasses.replace(tree, ranges=None, late_pairs=None, late_rows=None)
     assert np.array_equal(row, per_token.bigram_allowed(a))
+    if tree.late[0][a]:  # read from the merges at build: the row the tables' file keeps
+        assert tree.late_rows is not None and a in tree.late_rows
+        kept_row = pickle.loads(pickle.dumps(tree.late_rows))[a]
+        assert np.array_equal(np.unpackbits(kept_row, count=tree.size).view(bool), row)
     # The failures alone (what the split reading takes out of a continued chunk): the row's.
     assert np.array_equal(np.sort(tree.joined(a)), np.flatnonzero(~row))
     if not tree.late[0][a]:

@@ -333,6 +333,25 @@ def test_the_loaded_vocabularies_tokenize_as_llama_cpp_does() -> None:
         assert len(agreed) == len(pairs) - (spaced if name == "llama-spm" else 0), name
 
 
+def test_the_rows_read_at_build_are_the_merges_own() -> None:
+    """Llama 2's runs of "▁" (indentation, in code) have a late node on their right spine, so
+    their merge-tree rows are read from the merges themselves: once, when the tables are built
+    (read on first use, each stalled the step that met it for a sixth of a second). What the
+    tables keep, and a pickle of them gives back, is the merges' own answer."""
+    import dataclasses
+
+    tree = canonical_masker(TokenizerInfo.of(llama_cpp_tokenizer("llama-spm"))).bpe.tree
+    late = np.flatnonzero(tree.late[0])
+    assert late.size and tree.late_rows is not None and sorted(tree.late_rows) == late.tolist()
+    kept = pickle.loads(pickle.dumps(tree))  # as the tables' file keeps them
+    fresh = dataclasses.replace(tree, late_rows=None)  # read from the merges on use
+    for a in late.tolist():
+        row = fresh.bigram_allowed(a)
+        assert not row.all()  # a run of spaces goes on with some token: a real row
+        assert np.array_equal(tree.bigram_allowed(a), row)
+        assert np.array_equal(kept.bigram_allowed(a), row)
+
+
 @pytest.mark.parametrize("name", ["llama-spm", "phi-3"])
 def test_llama_cpp_test_texts_keep_every_next_token(name: str) -> None:
     """Along the tokenizer's own tokenization of llama.cpp's test texts (after beginning of
