@@ -53,7 +53,6 @@ import numpy as np
 from memfree.core.split_groups import Groups, SplitReach, splits_only
 from memfree.core.split_nfc import may_compose, nfc_context
 from memfree.vocab.bpe import ByteLevelBpe
-from memfree.vocab.merge_tree import merge_pairs
 from memfree.vocab.token_bytes import byte_level_chars
 
 # Probes: strings around a character whose chunks tell the pattern's classes apart.
@@ -85,7 +84,7 @@ class SplitChunks:
         model = bpe.model
         vocab, merges = (
             model["vocab"],
-            merge_pairs(model["merges"]),
+            [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in model["merges"]],
         )
         self.ignore_merges = bool(model.get("ignore_merges"))
         self._model = models.BPE(vocab, merges, ignore_merges=self.ignore_merges)
@@ -226,7 +225,7 @@ class SplitChunks:
 
         self.__dict__.update(state)
         tree = self.bpe.tree
-        merges = merge_pairs(tree.merges)
+        merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in tree.merges]
         self._model = models.BPE(tree.vocab, merges, ignore_merges=self.ignore_merges)
         self._merges = self.bpe.merges_model
         self._strings = tree.strings

@@ -42,7 +42,7 @@ import numpy as np
 
 from memfree.errors import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
-from memfree.vocab.merge_tree import MergeTree, merge_pairs
+from memfree.vocab.merge_tree import MergeTree
 
 # Character classes, as GPT-2's split pattern sees them:
 # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -116,7 +116,7 @@ class ByteLevelBpe:
         """
         backend, spec = tokenizer_spec(info)
         pattern = _check_family(info.name, spec)
-        model = {**spec["model"], "merges": merge_pairs(spec["model"]["merges"])}
+        model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
         size = info.vocab_size
         token_bytes = info.token_bytes

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -310,7 +309,9 @@ class MergeTree:
         if not self._merges_only:
             from tokenizers import models
 
-            merges = merge_pairs(self.merges)
+            merges = [
+                tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in self.merges
+            ]
             self._merges_only.append(
                 models.BPE(
                     self.vocab, merges, ignore_merges=False, byte_fallback=self.byte_fallback
@@ -354,7 +355,7 @@ def _merge_tree(
     pairs: dict[tuple[int, int], tuple[int, int]] = {}  # (x, y) -> (rank, token), as BPE reads
     several: set[int] = set()
     for rank, merge in enumerate(merges):
-        a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+        a, b = merge if isinstance(merge, list) else merge.split(" ", 1)
         x, y, z = vocab.get(a), vocab.get(b), vocab.get(a + b)
         if x is None or y is None or z is None or z >= size:
             continue
@@ -480,18 +481,6 @@ def _merged_pairs(
     return result
 
 
-def merge_pairs(merges: Iterable[Any]) -> list[tuple[str, str]]:
-    """A model's merges as pairs of strings, from its JSON's pairs or ``"a b"`` strings. Tuples
-    of strings, which Python's garbage collector stops tracking: as lists, Llama 3's 280,147
-    merges were walked by every full collection (Qwen 2's 151,387: a sixth of a full
-    collection's pause in a serving process, measured)."""
-    pairs = []
-    for merge in merges:
-        a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
-        pairs.append((a, b))
-    return pairs
-
-
 def distinct(values: np.ndarray) -> np.ndarray:
     """``np.unique`` of integers, sorted, by one sort (numpy 2.4's ``np.unique`` hashes, and
     takes 10-15x as long on the few thousand ids a merge-tree test reads)."""
@@ -501,4 +490,4 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return ordered
 
 
-__all__ = ["MergeTree", "distinct", "merge_pairs"]
+__all__ = ["MergeTree", "distinct"]

@@ -39,7 +39,7 @@ from memfree.vocab.bpe import (
     tokenizer_spec,
 )
 from memfree.vocab.info import TokenizerInfo
-from memfree.vocab.merge_tree import MergeTree, merge_pairs
+from memfree.vocab.merge_tree import MergeTree
 
 SPACE = "\u2581"  # "▁": SentencePiece's space
 _BYTE = re.compile(r"<0x([0-9A-F]{2})>")
@@ -102,7 +102,7 @@ class SentencePieceBpe:
         """
         backend, spec = tokenizer_spec(info)
         prepend = _check_family(info.name, spec)
-        model = {**spec["model"], "merges": merge_pairs(spec["model"]["merges"])}
+        model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
         size = info.vocab_size
         added = {entry["content"]: int(entry["id"]) for entry in spec.get("added_tokens", [])}
