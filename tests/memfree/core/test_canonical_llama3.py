@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import importlib.resources
+import json
 import pickle
 import string
 import textwrap
@@ -135,7 +136,7 @@ def merges(llama3: tuple[Any, CanonicalMasker]) -> tuple[ByteLevelBpe, Any, np.n
     from tokenizers import models
 
     bpe = llama3[1].bpe
-    spec = bpe.model
+    spec = json.loads(llama3[0].backend_tokenizer.to_str())["model"]  # the tokenizer's own
     pairs = [tuple(m) if isinstance(m, list) else tuple(m.split(" ", 1)) for m in spec["merges"]]
     assert len(pairs) == 280_147  # as Llama 3's tokenizer.json
     model = models.BPE(spec["vocab"], pairs, ignore_merges=False)
