@@ -36,6 +36,7 @@ import torch
 from memfree.core.canonical_chars import code_points, utf8_length
 from memfree.core.row_automaton import RowAutomaton
 from memfree.core.state_table import StateTable, TableMasker, row_bounds
+from memfree.core.table_cache import cached_tables
 from memfree.vocab.bpe import tables_key
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.sentencepiece import (
@@ -378,12 +379,19 @@ _TABLES_LOCK = threading.Lock()
 
 
 def sentencepiece_tables(info: TokenizerInfo) -> SentencePieceBpe:
-    """The tokenizer's tables, built once per process and tokenizer."""
+    """The tokenizer's tables, once per process and tokenizer: read from memfree's cache
+    directory where a whole, matching file is there, else built and kept
+    (:func:`~memfree.core.table_cache.cached_tables`; Llama 2's: 3–5 s to build, most of it
+    reading its runs of spaces' rows from the merges)."""
     key = tables_key(info)
     with _TABLES_LOCK:
         tables = _TABLES.get(key)
         if tables is None:
-            tables = _TABLES[key] = SentencePieceBpe.of(info)
+            tables = _TABLES[key] = cached_tables(
+                "sentencepiece", key, info.fingerprint, lambda: SentencePieceBpe.of(info),
+                outside={"tokenizer": info.tokenizer},
+                left_empty=lambda built: built.tree.caches(),
+            )  # fmt: skip
         return tables
 
 

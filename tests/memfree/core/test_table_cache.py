@@ -112,6 +112,42 @@ def test_split_pattern_tables_read_back_answer_the_same_and_hold_the_callers_tok
     assert read._tokenizer is other and read._encoded == {} and read.tree._late_rows == {}
 
 
+def test_sentencepiece_tables_are_kept_and_read_back_with_their_late_rows(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Llama 2's tables (SentencePiece-style BPE) are kept as the byte-level families' are: the
+    next process reads them back instead of building them (3-5 s, most of it the rows of its
+    runs of spaces read from the merges) and answers the same, with the caller's tokenizer."""
+    from memfree.core import canonical_spm
+    from tests.conftest import LLAMA_CPP, llama_cpp_tokenizer
+
+    if not (LLAMA_CPP / "ggml-vocab-llama-spm.gguf").exists():
+        pytest.skip("needs ggml-vocab-llama-spm.gguf (make setup fetches it)")
+    tokenizer = llama_cpp_tokenizer("llama-spm")
+    monkeypatch.setattr(canonical_spm, "_TABLES", {})
+    built = [0]
+    real = canonical_spm.SentencePieceBpe.of
+
+    def counted(info: Any) -> Any:
+        built[0] += 1
+        return real(info)
+
+    monkeypatch.setattr(canonical_spm.SentencePieceBpe, "of", counted)
+    fresh = _answers(tokenizer)
+    (kept,) = kept_tables()
+    assert kept["whole"] and kept["kind"] == "sentencepiece" and built[0] == 1
+    canonical_spm._TABLES.clear()  # another process
+    again = _answers(tokenizer)
+    assert built[0] == 1  # read back, not built
+    assert all(np.array_equal(a, b) for a, b in zip(again, fresh, strict=True))
+    assert any(not a.all() for a in fresh)
+    (tables,) = canonical_spm._TABLES.values()
+    assert tables._tokenizer is tokenizer and tables.tree._late_rows == {}
+    assert tables.tree.late_rows and sorted(tables.tree.late_rows) == (
+        np.flatnonzero(tables.tree.late[0]).tolist()
+    )
+
+
 def test_writing_a_tokenizers_tables_removes_those_another_version_wrote(
     cache: Path, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
