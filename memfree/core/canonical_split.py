@@ -53,6 +53,7 @@ import numpy as np
 from memfree.core.split_groups import Groups, SplitReach, splits_only
 from memfree.core.split_nfc import may_compose, nfc_context
 from memfree.vocab.bpe import ByteLevelBpe
+from memfree.vocab.text_search import prefix_range, suffix_ids
 from memfree.vocab.token_bytes import byte_level_chars
 
 # Probes: strings around a character whose chunks tell the pattern's classes apart.
@@ -195,11 +196,11 @@ class SplitChunks:
         if not self.ignore_merges:
             return
         if tokens:
-            self._suffixes = _suffix_ids(self._sorted, self.bpe.ids_of)
+            self._suffixes = suffix_ids(self._sorted, self.bpe.ids_of)
         if self._pseudo_of_text:
             which = {text: number for number, text in enumerate(self._pseudo_of_text)}
             lists = list(self._pseudo_of_text.values())
-            self._pseudo_suffixes = (_suffix_ids(self._sorted, which)[1], lists)
+            self._pseudo_suffixes = (suffix_ids(self._sorted, which)[1], lists)
 
     def class_of(self, char: str) -> int:
         """A character's class outside contractions (what a pseudo candidate is kept per)."""
@@ -689,9 +690,7 @@ class SplitChunks:
         if known is None:
             # The tokens whose text starts with ``text``: one range of the sorted texts.
             entries, cut = self._sorted, len(text)
-            low = bisect.bisect_left(entries, (text, -1))
-            bound = _past(text)
-            high = len(entries) if bound is None else bisect.bisect_left(entries, (bound, -1), low)
+            low, high = prefix_range(entries, text)
             if pseudo and (high - low < _FEW_ENTRIES or not self._pseudo_of_text):
                 of_text = self._pseudo_of_text
                 found = [j for entry, _ in entries[low:high] for j in of_text.get(entry[cut:], ())]
@@ -713,25 +712,6 @@ class SplitChunks:
                 if len(self._completions) > 4 * _CACHE:
                     self._completions.popitem(last=False)
         return known
-
-
-def _suffix_ids(entries: list[tuple[str, int]], ids_of: dict[str, int]) -> tuple[np.ndarray, ...]:
-    """For texts sorted (``entries``), the id of each text's every suffix (-1: no token's
-    text): ``ids[starts[i] + k]`` for ``entries[i][0][k:]``, ``k`` from 0 to its length."""
-    lengths = np.array([len(text) + 1 for text, _ in entries], dtype=np.int64)
-    starts = np.zeros(len(entries), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    get = ids_of.get
-    found = [get(text[k:], -1) for text, _ in entries for k in range(len(text) + 1)]
-    return starts, np.array(found, dtype=np.int32)
-
-
-def _past(prefix: str) -> str | None:
-    """The least text greater than every text that starts with ``prefix`` (None: none is)."""
-    prefix = prefix.rstrip("\U0010ffff")  # the greatest character: what starts with it is past
-    if not prefix:
-        return None
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _without(allowed: np.ndarray, banned: np.ndarray) -> np.ndarray:

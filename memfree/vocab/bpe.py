@@ -31,7 +31,6 @@ tokenizer is refused with :class:`CanonicalUnsupportedError`, never approximated
 
 from __future__ import annotations
 
-import bisect
 import functools
 import json
 from collections.abc import Callable
@@ -43,6 +42,7 @@ import numpy as np
 from memfree.errors import CanonicalUnsupportedError
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.merge_tree import MergeTree
+from memfree.vocab.text_search import ids_starting_with
 
 # Character classes, as GPT-2's split pattern sees them:
 # 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -336,18 +336,6 @@ def _check_family(name: str, spec: dict[str, Any]) -> str | None:
             f"{'; '.join(problems)}. " + WORD_GUARD
         )
     return pattern
-
-
-def ids_starting_with(texts: list[str], ids: np.ndarray, prefix: str, size: int) -> np.ndarray:
-    """bool `(size,)`: the ids whose text starts with ``prefix``, searched in ``texts`` (sorted;
-    ``ids`` beside them), not by a pass over the vocabulary."""
-    found = np.zeros(size, dtype=bool)
-    start = bisect.bisect_left(texts, prefix)
-    end = start
-    while end < len(texts) and texts[end].startswith(prefix):
-        end += 1
-    found[ids[start:end]] = True
-    return found
 
 
 def tokenizer_spec(info: TokenizerInfo) -> tuple[Any, dict[str, Any]]:

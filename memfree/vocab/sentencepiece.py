@@ -32,14 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from memfree.vocab.bpe import (
-    WORD_GUARD,
-    CanonicalUnsupportedError,
-    ids_starting_with,
-    tokenizer_spec,
-)
+from memfree.vocab.bpe import WORD_GUARD, CanonicalUnsupportedError, tokenizer_spec
 from memfree.vocab.info import TokenizerInfo
 from memfree.vocab.merge_tree import MergeTree
+from memfree.vocab.text_search import ids_starting_with
 
 SPACE = "\u2581"  # "▁": SentencePiece's space
 _BYTE = re.compile(r"<0x([0-9A-F]{2})>")
