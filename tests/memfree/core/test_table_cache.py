@@ -49,15 +49,18 @@ def _answers(tokenizer: Any) -> list[np.ndarray]:
     return found
 
 
-def _count_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+def _count_builds(
+    monkeypatch: pytest.MonkeyPatch, tables: Any = canonical.ByteLevelBpe
+) -> list[int]:
+    """A counter of the builds of ``tables`` (a family's tables class) from here on."""
     built = [0]
-    real = canonical.ByteLevelBpe.of
+    real = tables.of
 
     def counted(info: Any) -> Any:
         built[0] += 1
         return real(info)
 
-    monkeypatch.setattr(canonical.ByteLevelBpe, "of", counted)
+    monkeypatch.setattr(tables, "of", counted)
     return built
 
 
@@ -125,14 +128,7 @@ def test_sentencepiece_tables_are_kept_and_read_back_with_their_late_rows(
         pytest.skip("needs ggml-vocab-llama-spm.gguf (make setup fetches it)")
     tokenizer = llama_cpp_tokenizer("llama-spm")
     monkeypatch.setattr(canonical_spm, "_TABLES", {})
-    built = [0]
-    real = canonical_spm.SentencePieceBpe.of
-
-    def counted(info: Any) -> Any:
-        built[0] += 1
-        return real(info)
-
-    monkeypatch.setattr(canonical_spm.SentencePieceBpe, "of", counted)
+    built = _count_builds(monkeypatch, canonical_spm.SentencePieceBpe)
     fresh = _answers(tokenizer)
     (kept,) = kept_tables()
     assert kept["whole"] and kept["kind"] == "sentencepiece" and built[0] == 1
