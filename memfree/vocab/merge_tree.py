@@ -97,14 +97,18 @@ class MergeTree:
         """:attr:`late_rows`: the row of each token with a late node on its right spine, read
         from the merges (Llama 2's 14 runs of spaces, 30,000 pairs each, 2 s once; Llama 3's
         101 tokens, 1.0 million pairs, 5 s once: a row met first in a step would stall it)."""
-        model, strings = self.merges_model, self.strings
-        rows = {}
-        for a in np.flatnonzero(self.late[0]).tolist():
-            kept = np.ones(self.size, dtype=bool)
-            near = self._meeting(a)
-            kept[near] = _merged_pairs(model, strings, a, near)
-            rows[a] = np.packbits(kept)
-        return rows
+        late = np.flatnonzero(self.late[0]).tolist()
+        return {a: np.packbits(self._late_row(a, memo=False)) for a in late}
+
+    def _late_row(self, a: int, memo: bool) -> np.ndarray:
+        """:meth:`bigram_allowed` of a token with a late node on its right spine, read from the
+        merges where some merge meets the junction (``memo``: each pair kept, as
+        :meth:`_bigram_by_merges` keeps them)."""
+        kept = np.ones(self.size, dtype=bool)
+        near = self._meeting(a)
+        known = self._late_pairs if memo else None
+        kept[near] = _merged_pairs(self.merges_model, self.strings, a, near, known)
+        return kept
 
     def _late_pairs_ahead(self) -> LatePairs:
         """:attr:`late_pairs`: :meth:`_late_near` of every token and the merges' answer for
@@ -150,10 +154,7 @@ class MergeTree:
                 return np.unpackbits(self.late_rows[a], count=self.size).view(bool)
             kept = self._late_rows.get(a)  # few tokens (runs of spaces), each read once
             if kept is None:
-                kept = np.ones(self.size, dtype=bool)
-                near = self._meeting(a)
-                kept[near] = self._bigram_by_merges(a, near)
-                self._late_rows[a] = kept
+                kept = self._late_rows[a] = self._late_row(a, memo=True)
             return kept.copy()
         if self.ranges is not None:
             allowed = np.ones(self.size, dtype=bool)
