@@ -465,11 +465,7 @@ class SplitChunks:
         lengths = self._lengths
         ends = list(itertools.accumulate(lengths[t] for t in tokens))
         # Each character's byte offset (and the end's).
-        offsets: Sequence[int] = (
-            range(len(text) + 1)
-            if text.isascii()
-            else [0, *itertools.accumulate(len(c.encode("utf-8")) for c in text)]
-        )
+        offsets = range(len(text) + 1) if text.isascii() else _offsets(text)
         facts = []
         fixes = []
         for number, (start, bounds) in enumerate(groups.groups):
@@ -509,6 +505,16 @@ class SplitChunks:
                 return False
             first = last
         return True
+
+    def tokens_before(self, text: str, tokens: tuple[int, ...], cuts: list[int]) -> int:
+        """How many of a row's last chunks' ``tokens`` come before the last of ``cuts``
+        (character offsets in their ``text``, from 0), where the chunks between ``cuts`` are
+        their tokens' BPE; -1 where they are not."""
+        ends = list(itertools.accumulate(self._lengths[t] for t in tokens))
+        offsets = range(len(text) + 1) if text.isascii() else _offsets(text)
+        if not self._chunks_ok(text, list(tokens), ends, offsets, cuts):
+            return -1
+        return _token_index(ends, offsets[cuts[-1]])
 
     def encode(self, text: str) -> list[int]:
         """The tokenizer's ids for ``text`` (:meth:`~memfree.vocab.bpe.ByteLevelBpe.encode`),
@@ -728,6 +734,11 @@ def added_search(added: Iterable[str]) -> re.Pattern[str] | None:
     (None: there are none)."""
     contents = sorted((c for c in added if c), key=len, reverse=True)
     return re.compile("|".join(map(re.escape, contents))) if contents else None
+
+
+def _offsets(text: str) -> list[int]:
+    """Each character's byte offset in ``text`` (and the end's)."""
+    return [0, *itertools.accumulate(len(c.encode("utf-8")) for c in text)]
 
 
 def _token_index(ends: list[int], offset: int) -> int:

@@ -4,7 +4,7 @@ A row's text is cut at special and added tokens (the tokenizer cuts there); its 
 read back far enough to hold three pre-tokenizer chunks. The last two chunks may change when
 text is appended (a contraction joins them, a whitespace run gives its last space to the next
 word); the ones before are fixed, so they must already be their text's tokenization (checked
-once per prefix). A canonical row's state is the kind of its last chunk and its last token, plus
+once per prefix: :mod:`memfree.core.row_prefix`). A canonical row's state is the kind of its last chunk and its last token, plus
 what the rules read (:meth:`RowStates.state`); a row that is not canonical (only a prompt makes
 one) gets a state that :class:`~memfree.core.canonical.CanonicalMasker` answers by the
 definition itself.
@@ -16,7 +16,10 @@ without reading text at all (:meth:`RowStates.move`, from the row's :class:`Spot
 where its last chunks lie, not their text); after a whitespace run otherwise, from the run alone
 (a whitespace token that goes on with the run: from the run after a neutral chunk). Under a
 split pattern, a token that starts a chunk after the row's last chunk, or goes on with it, is
-placed by the state's own groups and facts (:func:`~memfree.core.row_tail.split_moved`).
+placed by the state's own groups and facts (:func:`~memfree.core.row_tail.split_moved`); where
+no text appended can move the boundary before the last chunk and the chunk before it is its
+tokens' BPE, the row reads as its last chunk alone (:meth:`RowStates._split_read`), so rows that
+end in the same chunk share a state and its transitions.
 """
 
 from __future__ import annotations
@@ -25,14 +28,22 @@ import threading
 import unicodedata
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from memfree.core.canonical_chars import Characters
 from memfree.core.canonical_split import SplitChunks, added_search
-from memfree.core.row_tail import decode_tail, in_space_run, split_moved, tokens_of_tail
+from memfree.core.row_prefix import Hashes, PrefixChecks
+from memfree.core.row_tail import (
+    decode_tail,
+    in_space_run,
+    settled_cut,
+    split_moved,
+    tokens_of_tail,
+)
+from memfree.core.split_nfc import may_compose
 from memfree.vocab.bpe import (
     APOSTROPHE,
     LETTER,
@@ -51,11 +62,6 @@ CONTRACTIONS = ("s", "t", "re", "ve", "m", "ll", "d")  # after an apostrophe: GP
 _OPEN_CONTRACTIONS = {"r": "e", "v": "e", "l": "l"}  # "'r" + "e" -> "'re"
 _WINDOW = 16  # tokens read back first; doubled while it holds too few chunks
 _TAIL_CHUNKS = 2  # the row's last chunks that appended text may change
-_CHECKS = 8192
-_REACH = 256  # how far back a prefix check looks for a boundary already known canonical
-_BASE = np.uint64(0x9E3779B97F4A7C15)
-_BASE_INT, _MASK = int(_BASE), (1 << 64) - 1
-_HASHED_IN_PYTHON = 32  # rows hashed in Python (numpy's fixed cost is larger)
 _ADVANCES = 1 << 14  # rows advanced by one token, kept per tail, added-token progress and token
 # States GPT-2's rules answer (memfree.core.canonical_rules); a character written with several
 # tokens may follow only these.
@@ -78,7 +84,6 @@ class Tail(NamedTuple):
 
 
 Read = tuple[tuple[Any, ...], "Tail | None"]  # a row's state, and its last chunks if canonical
-Hashes = Sequence[int] | np.ndarray  # RowStates._hashes: one per prefix of a row
 
 
 class Spot(NamedTuple):
@@ -143,6 +148,7 @@ class RowStates:
         for content, token in bpe.added.items():
             if token < len(self._text_bytes):
                 self._text_bytes[token] = content.encode("utf-8")
+        self.prefixes = PrefixChecks(bpe, token_bytes, self._text_bytes)  # kept per prefix
         # Each proper beginning of an added token's content -> the rests that would complete it.
         self._begun: dict[str, list[str]] = {}
         for content in bpe.added:
@@ -151,14 +157,12 @@ class RowStates:
         self._longest_begun = max(map(len, self._begun), default=0)
         self._first_chars = sorted({content[0] for content in bpe.added if content})
         self._added_in = added_search(bpe.added)
-        self._prefix_checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
         self._lone_begins: dict[int, bool] = {}  # a token's text begins an added token's content
         # "x" alone, where the tokenizer writes it so: a chunk before a whitespace run whose own
         # state does not depend on it (see advance_text); -1: none.
         self._neutral = bpe.ids_of.get("x", -1) if bpe.encode("x") == [bpe.ids_of.get("x")] else -1
-        self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
         self._warned = False
         self.rows = 0
@@ -178,7 +182,6 @@ class RowStates:
         state.pop("_lock")
         for name in ("_cut_of", "_self_ok", "_run_of", "_first_of", "_whole_last"):
             state.pop(name, None)
-        state["_prefix_checks"] = OrderedDict()
         state["_advances"] = OrderedDict()
         return state
 
@@ -202,8 +205,8 @@ class RowStates:
             array = np.asarray(ids, dtype=np.int64)
         cut_at = np.flatnonzero(np.take(self._is_cut, array, mode="clip"))
         start = int(cut_at[-1]) + 1 if cut_at.size else 0
-        hashes = self._hashes(array)
-        if start and not self._segments_canonical(ids[:start], hashes):
+        hashes = self.prefixes.hashes(array)
+        if start and not self.prefixes.segments(ids[:start], hashes):
             self.note()
             return ("dead", ()), None
         segment = ids[start:]
@@ -357,10 +360,25 @@ class RowStates:
         )
         if moved is None:
             return None
-        text, tokens, last = moved
+        return self._split_read(*moved, self._advance_pending((), appended))
+
+    def _split_read(
+        self, text: str, tokens: tuple[int, ...], last: tuple[int, int] | None, pending: Any
+    ) -> Read:
+        """The read of a canonical row whose last chunks are ``text`` with ``tokens``, the last
+        starting at ``last`` (characters, tokens). Where the chunks before the last stay
+        whatever follows and are their tokens' BPE, it is the read of the last chunk alone:
+        rows that share it share its state and transitions, whatever came before."""
+        assert self.split is not None
+        if (
+            last
+            and last[0]
+            and not (self.bpe.nfc and may_compose(text[last[0]]))
+            and settled_cut(self.split, text, tokens) == last[1]
+        ):
+            text, tokens, last = text[last[0] :], tokens[last[1] :], (0, 0)
         state, fixes = self.split.state(text, list(tokens))
-        rests = self._advance_pending((), appended)
-        return ("split", state, rests, fixes), Tail(text, tokens, last)
+        return ("split", state, pending, fixes), Tail(text, tokens, last)
 
     def _advance_tail(self, tail: Tail, pending: tuple[str, ...], token: int) -> Any:
         """:meth:`advance` read from ``tail``'s text and ``token``'s; ``_SHORT`` where they
@@ -386,7 +404,7 @@ class RowStates:
             else:
                 rests = self._advance_pending(pending, appended)
                 read = self._finish(
-                    segment, 0, self._hashes(segment), segment, chunks, rests, quiet=True
+                    segment, 0, self.prefixes.hashes(segment), segment, chunks, rests, quiet=True
                 )
                 if read[1] is not None:  # canonical: else the full read says why
                     found = read
@@ -499,17 +517,16 @@ class RowStates:
         # the ones before are fixed, so they must be canonical already.
         tail_text = "".join(chunks[-_TAIL_CHUNKS:])
         tail = tokens_of_tail(window, self._bytes, len(tail_text.encode("utf-8")))
-        if not tail or not self._prefix_canonical(segment, len(segment) - len(tail), start, hashes):
+        if not tail or not self.prefixes.prefix(segment, len(segment) - len(tail), start, hashes):
             note()
             return ("dead", ()), None
         if self.split is not None:
             if self.bpe.nfc and unicodedata.normalize("NFC", tail_text) != tail_text:
                 note(" (its text is not NFC)")
                 return ("dead", ()), None
-            key, fixes = self.split.state(tail_text, tail)
             own = tokens_of_tail(tail, self._bytes, len(chunks[-1].encode("utf-8")))
             at = (len(tail_text) - len(chunks[-1]), len(tail) - len(own)) if own else None
-            return ("split", key, pending, fixes), Tail(tail_text, tuple(tail), at)
+            return self._split_read(tail_text, tuple(tail), at, pending)
         last = chunks[-1]
         canonical = self.bpe.encode(last)
         if tail[len(tail) - len(canonical) :] != canonical or self.bpe.encode(tail_text) != tail:
@@ -545,75 +562,6 @@ class RowStates:
         before = self.bpe.encode(chunks[-2]) if len(chunks) >= 2 else []
         return tail == before + self.bpe.encode(last[:-1]) + self.bpe.encode(last[-1])
 
-    def _segments_canonical(self, ids: list[int], hashes: Hashes) -> bool:
-        """Whether the segments before the last cut (a prompt's chat template: messages between
-        special tokens) are their text's tokenization; kept per prefix."""
-        key = ("s", len(ids), int(hashes[len(ids)]), b"")
-        known = self._known(key)
-        if known is None:
-            try:
-                text = b"".join(self._text_bytes[t] for t in ids).decode("utf-8")
-                known = self.bpe.encode(text) == ids
-            except (UnicodeDecodeError, IndexError):
-                known = False
-            self._keep(key, known)
-        return known
-
-    def _prefix_canonical(
-        self, segment: list[int], length: int, start: int, hashes: Hashes
-    ) -> bool:
-        """Whether the segment's first ``length`` ids (up to a fixed chunk boundary) are the
-        tokenization of their text, as chunked with the rest of the segment after it (a
-        whitespace run splits by what follows it). Kept per prefix (by its hash) and extended
-        from the latest fixed boundary known canonical: a step encodes only the text since."""
-        if not length:
-            return True
-        key = self._prefix_key(segment, length, start, hashes)
-        known = self._known(key)
-        if known is not None:
-            return known
-        since = 0
-        for boundary in range(length - 1, max(0, length - _REACH), -1):
-            if self._hard(segment, boundary) and self._known(
-                self._prefix_key(segment, boundary, start, hashes)
-            ):
-                since = boundary
-                break
-        data = b"".join(self._bytes[t] for t in segment[since:])
-        try:
-            encoded = self.bpe.encode(data.decode("utf-8"))
-            known = encoded[: length - since] == segment[since:length]
-        except UnicodeDecodeError:
-            known = False
-        self._keep(key, known)
-        return known
-
-    def _prefix_key(
-        self, segment: list[int], length: int, start: int, hashes: Hashes
-    ) -> tuple[str, int, int, Any]:
-        # The verdict depends on what follows the prefix: its next character (a token may hold
-        # only its first bytes) and the marks after it (NFC composes them with the prefix).
-        return ("p", start + length, int(hashes[start + length]), self._follows(segment, length))
-
-    def _follows(self, segment: list[int], at: int) -> Any:
-        """What comes after ``segment[:at]`` as far as a prefix check can see: the next token
-        when it is one ASCII character and no mark follows, else the next character with the
-        combining marks after it."""
-        first = self._bytes[segment[at]]
-        if first.isascii() and len(first) == 1 and not self.bpe.nfc:
-            return segment[at]
-        if first[:1].isascii() and first[:1]:  # no mark follows: an ASCII byte (or the end) does
-            ahead = b"." if at + 1 == len(segment) else self._bytes[segment[at + 1]][:1]
-            after = first[1:2] if len(first) > 1 else ahead
-            if after and after.isascii():
-                return chr(first[0])
-        data = b"".join(self._bytes[t] for t in segment[at : at + 8])
-        text = data[:32].decode("utf-8", errors="ignore")
-        end = 1
-        while end < len(text) and unicodedata.combining(text[end]):
-            end += 1
-        return text[:end]
-
     def _inside_number(self, segment: list[int], width: int, text: str) -> bool:
         """Whether a window starts inside a run of digits: Llama 3 groups digits by three from
         the run's start, so every chunk of the run would be read wrong. The character before
@@ -625,53 +573,6 @@ class RowStates:
         if not before.endswith(text) or len(before) == len(text):
             return True  # cannot tell: read a wider window
         return unicodedata.category(before[-len(text) - 1]).startswith("N")
-
-    def _hard(self, segment: list[int], boundary: int) -> bool:
-        """Whether a boundary known canonical in another row is a chunk boundary in this one
-        too, whatever follows: so a check may start there. Only a chunk that looks past the
-        next character can end differently with the same prefix and next token: a whitespace
-        run (it gives its last character to what follows it), a contraction (an apostrophe
-        then one or two letters). So not inside a run of whitespace, not after an apostrophe,
-        not inside a run of digits, and only between ASCII characters (whose class is plain)."""
-        before = self._bytes[segment[boundary - 1]][-1:]
-        after = self._bytes[segment[boundary]][:1]
-        if not (before and after and before.isascii() and after.isascii()):
-            return False
-        if (before.isspace() and after.isspace()) or before == b"'":
-            return False
-        return not (before.isdigit() and after.isdigit())
-
-    def _known(self, key: tuple[str, int, int, Any]) -> bool | None:
-        with self._lock:
-            return self._prefix_checks.get(key)
-
-    def _keep(self, key: tuple[str, int, int, Any], known: bool) -> None:
-        with self._lock:
-            self._prefix_checks[key] = known
-            if len(self._prefix_checks) > _CHECKS:
-                self._prefix_checks.popitem(last=False)
-
-    def _hashes(self, ids: np.ndarray | list[int]) -> Hashes:
-        """A hash of each prefix of ``ids`` (``len(ids) + 1`` of them): the sum of ``(id + 1)
-        * BASE ** (i + 1)`` over its ids, modulo 2 ** 64. A short row (an advancing row's last
-        chunks) in Python, a long one with numpy: the same values."""
-        if len(ids) <= _HASHED_IN_PYTHON:
-            values = ids.tolist() if isinstance(ids, np.ndarray) else ids
-            found = [0]
-            total, power = 0, 1
-            for token in values:
-                power = power * _BASE_INT & _MASK
-                total = (total + (token + 1) * power) & _MASK
-                found.append(total)
-            return found
-        array = np.asarray(ids, dtype=np.int64)
-        if len(self._powers) < len(array):
-            size = max(len(array), 2 * len(self._powers))
-            self._powers = np.cumprod(np.full(size, _BASE, dtype=np.uint64))
-        hashes = np.zeros(len(array) + 1, dtype=np.uint64)
-        values = array.astype(np.uint64) + np.uint64(1)
-        np.cumsum(values * self._powers[: len(array)], out=hashes[1:])
-        return hashes
 
     def _kind(self, last: str, tokens: list[int], previous: str | None) -> tuple[Any, ...]:
         classes = [self.bpe.char_class(c) for c in last]

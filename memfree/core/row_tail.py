@@ -98,10 +98,24 @@ def split_moved(
     return None
 
 
+def settled_cut(split: SplitChunks, text: str, tokens: tuple[int, ...]) -> int:
+    """How many of ``tokens`` (a canonical row's last chunks ``text``) come before its last
+    chunk, where no text appended moves the boundaries before it (the shape's groups are its
+    last chunk's, shifted: :attr:`~memfree.core.split_groups.Groups.settled`) and those chunks
+    are their tokens' BPE; 0 otherwise, or for one chunk. The row then reads as its last chunk
+    alone: what comes before it is fixed and canonical."""
+    shape, where = split.row_shape(text)
+    groups = split.groups(shape)
+    if not groups.settled:
+        return 0
+    before = (where[b] for b in groups.end if b < groups.settled)
+    return max(split.tokens_before(text, tokens, [0, *before, where[groups.settled]]), 0)
+
+
 def _in_text(split: SplitChunks, shape: tuple[int, ...], text: str, index: int) -> int:
     """A position in the shape's characters, in the text's (a run the shape cut short stands
     for its first and last characters)."""
     return index if len(shape) == len(text) else split.row_shape(text)[1][index]
 
 
-__all__ = ["decode_tail", "in_space_run", "split_moved", "tokens_of_tail"]
+__all__ = ["decode_tail", "in_space_run", "settled_cut", "split_moved", "tokens_of_tail"]

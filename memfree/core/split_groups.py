@@ -64,6 +64,10 @@ class Groups:
     # The chunk boundaries inside the row's last chunks when the text ends there (all starts
     # but the first): what the row's text alone is cut at.
     end: tuple[int, ...] = ()
+    # Where the row's last chunk starts (in the shape's characters) when no text appended to
+    # the row moves the boundaries before it (0: they may move, or the row is one chunk): its
+    # groups are then its last chunk's, shifted.
+    settled: int = 0
 
     def routes(self, facts: tuple[bool, ...], length: int) -> np.ndarray:
         """uint8, per candidate shape (and the sentinel): 1 where its group's fact holds and
@@ -88,7 +92,7 @@ class Groups:
             for start, bounds in self.groups
         )
         end = (*before, at, *(at + b for b in self.end))
-        return Groups(self.of_shape, groups, self.extra, end)
+        return Groups(self.of_shape, groups, self.extra, end, at)
 
 
 class _Unsupported(ValueError):

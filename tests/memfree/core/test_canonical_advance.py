@@ -370,7 +370,7 @@ def follows_by_decoding(token_bytes: Any, segment: Any, at: int) -> str:
 
 
 def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
-    """A prefix check's key (``_follows``: under NFC, the next character with the combining marks
+    """A prefix check's key (``follows``: under NFC, the next character with the combining marks
     after it; an ASCII character followed by another is answered without decoding) over every row of one to three tokens drawn from byte strings no real
     vocabulary holds together (an empty token, an ASCII character then a mark's bytes in one
     token, a mark's bytes split over two tokens), NFC on and off: the ASCII path's answer is
@@ -378,7 +378,7 @@ def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
     import itertools
     from types import SimpleNamespace
 
-    from memfree.core.canonical_state import RowStates
+    from memfree.core.row_prefix import PrefixChecks
 
     chosen = [
         b"", b"a", b"ab", b"a ", b"a\xcc\x81", b"a\xcc", b"\xcc\x81", b"\x81", b"\xcc", b"e",
@@ -391,7 +391,7 @@ def test_what_follows_a_prefix_over_every_short_row_of_chosen_bytes() -> None:
         for size in (1, 2, 3):
             for segment in itertools.product(range(len(chosen)), repeat=size):
                 for at in range(size):
-                    got = RowStates._follows(states, list(segment), at)  # type: ignore[arg-type]
+                    got = PrefixChecks.follows(states, list(segment), at)  # type: ignore[arg-type]
                     if not nfc and len(chosen[segment[at]]) == 1 and chosen[segment[at]].isascii():
                         assert got == segment[at]  # the token itself, without NFC
                     else:

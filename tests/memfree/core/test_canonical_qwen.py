@@ -19,6 +19,7 @@ import importlib.resources
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -160,7 +161,7 @@ def test_an_appended_text_breaks_nfc_exactly_where_it_breaks_the_rows_nfc_contex
 def test_what_follows_a_prefix_is_the_next_character_and_its_marks(
     qwen: tuple[Any, CanonicalMasker],
 ) -> None:
-    """A prefix check's verdict is kept per what follows the prefix (``_follows``): under NFC,
+    """A prefix check's verdict is kept per what follows the prefix (``PrefixChecks.follows``): under NFC,
     the next character with the combining marks after it. An ASCII character followed by
     another is answered without decoding; checked against the decoding itself over rows of
     Qwen 2's real tokens (ASCII ones, marks, multi-byte ones, a character's first bytes)."""
@@ -178,10 +179,8 @@ def test_what_follows_a_prefix_is_the_next_character_and_its_marks(
     @given(st.lists(st.sampled_from(pool), min_size=1, max_size=6), st.data())
     def check(segment: list[int], data: Any) -> None:
         at = data.draw(st.integers(0, len(segment) - 1))
-        assert states._follows(segment, at) == follows_by_decoding(token_bytes, segment, at), (
-            segment,
-            at,
-        )
+        expected = follows_by_decoding(token_bytes, segment, at)
+        assert states.prefixes.follows(segment, at) == expected, (segment, at)
 
     check()
 
@@ -206,3 +205,24 @@ def test_rows_of_nfc_subtle_pieces_advance_as_they_read(
     tokenizer, masker = qwen
     ids = [t for piece in pieces for t in _encode(tokenizer, piece)]
     _check_prefixes(masker.states, ids)
+
+
+def test_a_last_chunk_that_begins_with_a_mark_keeps_the_chunk_before(
+    qwen: tuple[Any, CanonicalMasker],
+) -> None:
+    """A row reads as its last chunk alone only where that chunk cannot compose with what comes
+    before it: under NFC a mark may compose with the starter before it across a chunk boundary.
+    An acute accent after "e" and an overlay (whose combining class lets it through) composes
+    with the "e" ("e\u0334\u0301" normalizes to "\u00e9\u0334"), so after "e\u0334" the accent
+    (one token of Qwen 2's) is banned; the row keeps its "e", and with it its NFC context."""
+    tokenizer, masker = qwen
+    row = _encode(tokenizer, "e\u0334")
+    (accent,) = _encode(tokenizer, "\u0301")
+    assert _encode(tokenizer, "e\u0334\u0301")[: len(row) + 1] != [*row, accent]
+    _, tail = masker.states.read(row)
+    assert tail is not None and tail.text == "e\u0334"
+    for advanced in (False, True):  # read whole, and advanced from the row one token shorter
+        if advanced:
+            masker.banned_mask(torch.tensor([row[:-1]]), masker.bpe.vocab_size)
+        banned, _ = masker.banned_mask(torch.tensor([row]), masker.bpe.vocab_size)
+        assert banned[0, accent]

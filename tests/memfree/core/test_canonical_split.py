@@ -225,6 +225,30 @@ def test_a_boundary_known_in_one_row_is_not_trusted_inside_a_whitespace_run(
     _check_rows(tokenizer, masker, [second[:end] for end in range(len(second) + 1)])
 
 
+def test_rows_that_end_in_the_same_settled_chunk_share_one_read(
+    family: tuple[Any, CanonicalMasker],
+) -> None:
+    """Where no text appended moves the boundary before a row's last chunk and the chunk before
+    it is its tokens' BPE, the row reads as its last chunk alone: rows with other words before
+    the same last chunk share one read (their state, table row and transitions), read whole or
+    advanced. A chunk before that is not its tokens' BPE stays in the read."""
+    tokenizer, masker = family
+    if masker.split is None or masker.split._reach is None:
+        pytest.skip("a pre-tokenizer whose boundaries are not read (split_groups.py): two chunks")
+    states = masker.states
+    rows = [_encode(tokenizer, text) for text in ("foo(", "x = bar(", "1234 quux(")]
+    reads = [states.read(ids) for ids in rows]
+    assert reads[0][1] is not None and reads[0][1].text == "("
+    assert all(read == reads[0] for read in reads)
+    for ids, read in zip(rows, reads, strict=True):
+        assert states.advance(*states.read(ids[:-1]), ids[-1]) == read
+    spelled = [t for c in "foo" for t in _encode(tokenizer, c)] + _encode(tokenizer, "(")
+    assert spelled != rows[0]  # "foo" is one token, or a few: not three
+    _, tail = states.read(spelled)
+    assert tail is None or tail.text == "foo("
+    _check_rows(tokenizer, masker, [spelled])
+
+
 @pytest.fixture(scope="module")
 def smol_split(default_tokenizer: Any) -> tuple[Any, CanonicalMasker]:
     info = TokenizerInfo.of(default_tokenizer)

@@ -13,9 +13,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.core import canonical_state, split_rows
+from memfree.core import row_prefix, split_rows
 from memfree.core.canonical import CanonicalMasker
-from memfree.core.canonical_state import RowStates
+from memfree.core.row_prefix import PrefixChecks
 from memfree.vocab.info import TokenizerInfo
 from tests.memfree.core.test_row_automaton import _row
 
@@ -169,13 +169,13 @@ def test_an_nfc_contexts_answer_follows_the_routes_whatever_the_merge_test_says(
 def test_a_short_rows_prefix_hashes_in_python_are_numpys(ids: list[int]) -> None:
     """Rows up to 32 ids are hashed in Python: the same values as numpy's wrapping sums (the
     prefix checks' keys, shared with longer rows)."""
-    states = RowStates.__new__(RowStates)
-    states._powers = np.zeros(0, dtype=np.uint64)
-    python = states._hashes(ids)
-    short = canonical_state._HASHED_IN_PYTHON
-    canonical_state._HASHED_IN_PYTHON = -1
+    checks = PrefixChecks.__new__(PrefixChecks)
+    checks._powers = np.zeros(0, dtype=np.uint64)
+    python = checks.hashes(ids)
+    short = row_prefix._HASHED_IN_PYTHON
+    row_prefix._HASHED_IN_PYTHON = -1
     try:
-        by_numpy = states._hashes(np.asarray(ids, dtype=np.int64))
+        by_numpy = checks.hashes(np.asarray(ids, dtype=np.int64))
     finally:
-        canonical_state._HASHED_IN_PYTHON = short
+        row_prefix._HASHED_IN_PYTHON = short
     assert [int(value) for value in by_numpy] == list(python)
