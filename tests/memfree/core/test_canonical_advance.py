@@ -23,6 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from memfree.core import state_table
 from memfree.core.canonical import CanonicalMasker
 from memfree.core.canonical_state import RowStates
 from memfree.vocab.info import TokenizerInfo
@@ -309,12 +310,19 @@ def test_the_device_copy_serves_steps_inside_and_outside_inference_mode(
     assert np.array_equal(again.numpy(), expected)
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3])
 def test_a_step_writes_into_the_last_steps_mask_only_when_no_one_holds_it(
-    default_tokenizer: Any, smol_masker: CanonicalMasker
+    default_tokenizer: Any,
+    smol_masker: CanonicalMasker,
+    parts: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """On the CPU a step writes its mask into the last step's array (a new one would cost a
     page fault every 4 KiB), but only where nothing holds that array any more: a mask kept by
-    the caller, as a tensor or a numpy view, keeps its answer; one let go is written over."""
+    the caller, as a tensor or a numpy view, keeps its answer; one let go is written over. The
+    same with the rows unpacked in parts by several threads (a large step's)."""
+    monkeypatch.setattr(state_table, "_PART", 1)
+    monkeypatch.setattr(state_table, "_threads", lambda: parts)
     masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
     width = masker.bpe.vocab_size
     texts = ("Hello world", "x = 1\n", "a b", "def f():\n    return")
