@@ -39,7 +39,7 @@ from memfree.core.row_prefix import Hashes, PrefixChecks
 from memfree.core.row_tail import (
     decode_tail,
     in_space_run,
-    settled_cut,
+    settled_before,
     split_moved,
     tokens_of_tail,
 )
@@ -360,21 +360,28 @@ class RowStates:
         )
         if moved is None:
             return None
-        return self._split_read(*moved, self._advance_pending((), appended))
+        text, tokens, last, fixed = moved
+        return self._split_read(text, tokens, last, self._advance_pending((), appended), fixed)
 
     def _split_read(
-        self, text: str, tokens: tuple[int, ...], last: tuple[int, int] | None, pending: Any
+        self,
+        text: str,
+        tokens: tuple[int, ...],
+        last: tuple[int, int] | None,
+        pending: Any,
+        fixed: bool = False,
     ) -> Read:
         """The read of a canonical row whose last chunks are ``text`` with ``tokens``, the last
         starting at ``last`` (characters, tokens). Where the chunks before the last stay
-        whatever follows and are their tokens' BPE, it is the read of the last chunk alone:
-        rows that share it share its state and transitions, whatever came before."""
+        whatever follows and are their tokens' BPE (``fixed``: known so), it is the read of
+        the last chunk alone: rows that share it share its state and transitions, whatever
+        came before."""
         assert self.split is not None
         if (
             last
             and last[0]
             and not (self.bpe.nfc and may_compose(text[last[0]]))
-            and settled_cut(self.split, text, tokens) == last[1]
+            and settled_before(self.split, text, tokens, last, fixed)
         ):
             text, tokens, last = text[last[0] :], tokens[last[1] :], (0, 0)
         state, fixes = self.split.state(text, list(tokens))

@@ -62,9 +62,10 @@ def split_moved(
     tail: tuple[str, tuple[int, ...], tuple[int, int]],
     token: int,
     appended: str,
-) -> tuple[str, tuple[int, ...], tuple[int, int]] | None:
+) -> tuple[str, tuple[int, ...], tuple[int, int], bool] | None:
     """The last two chunks of a canonical row after ``token`` (text ``appended``): their text,
-    tokens, and where the last starts (characters, tokens), for a row whose split state is
+    tokens, where the last starts (characters, tokens), and whether the chunks before the last
+    are known to be their tokens' BPE (the first case below), for a row whose split state is
     ``state`` and whose last chunks are ``tail`` (text, tokens, where the last starts), from
     the token's group (its shape's reading after the row's shape, the text ending after it):
 
@@ -92,24 +93,33 @@ def split_moved(
         if bounds and _in_text(split, shape, text, bounds[0]) != chars:
             return None
         kept = text[chars:]
-        return kept + appended, (*tokens[count:], token), (len(kept), len(tokens) - count)
+        return kept + appended, (*tokens[count:], token), (len(kept), len(tokens) - count), True
     if not bounds and _in_text(split, shape, text, start) == chars:  # goes on
-        return text + appended, (*tokens, token), (chars, count)
+        return text + appended, (*tokens, token), (chars, count), False
     return None
 
 
-def settled_cut(split: SplitChunks, text: str, tokens: tuple[int, ...]) -> int:
-    """How many of ``tokens`` (a canonical row's last chunks ``text``) come before its last
-    chunk, where no text appended moves the boundaries before it (the shape's groups are its
-    last chunk's, shifted: :attr:`~memfree.core.split_groups.Groups.settled`) and those chunks
-    are their tokens' BPE; 0 otherwise, or for one chunk. The row then reads as its last chunk
-    alone: what comes before it is fixed and canonical."""
+def settled_before(
+    split: SplitChunks,
+    text: str,
+    tokens: tuple[int, ...],
+    last: tuple[int, int],
+    fixed: bool = False,
+) -> bool:
+    """Whether the chunks of a canonical row's last chunks (``text`` with ``tokens``) before
+    the last, which starts at ``last`` (characters, tokens), stay whatever text is appended
+    (the shape's groups are its last chunk's, shifted:
+    :attr:`~memfree.core.split_groups.Groups.settled`) and are their tokens' BPE (``fixed``:
+    known so already). The row then reads as its last chunk alone: what comes before it is
+    fixed and canonical."""
     shape, where = split.row_shape(text)
     groups = split.groups(shape)
-    if not groups.settled:
-        return 0
+    if not groups.settled or where[groups.settled] != last[0]:
+        return False
+    if fixed:
+        return True
     before = (where[b] for b in groups.end if b < groups.settled)
-    return max(split.tokens_before(text, tokens, [0, *before, where[groups.settled]]), 0)
+    return split.tokens_before(text, tokens, [0, *before, last[0]]) == last[1]
 
 
 def _in_text(split: SplitChunks, shape: tuple[int, ...], text: str, index: int) -> int:
@@ -118,4 +128,4 @@ def _in_text(split: SplitChunks, shape: tuple[int, ...], text: str, index: int) 
     return index if len(shape) == len(text) else split.row_shape(text)[1][index]
 
 
-__all__ = ["decode_tail", "in_space_run", "settled_cut", "split_moved", "tokens_of_tail"]
+__all__ = ["decode_tail", "in_space_run", "settled_before", "split_moved", "tokens_of_tail"]
