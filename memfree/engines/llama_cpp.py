@@ -57,7 +57,9 @@ class MemFreeLlamaCppLogitsProcessor:
         canonical: token filters: canonical decoding (default on; False guards the ids only:
             see :class:`~memfree.MemFreeLogitsProcessor`).
         exempt_prompt: a stored n-gram that occurs in the generation's own prompt (the row at
-            its first step) is not banned (:mod:`memfree.core.exempt`).
+            its first step) is not banned (:mod:`memfree.core.exempt`). Run each generation
+            inside ``with guard:``: a prompt that is the last generation's row one token
+            longer is otherwise read as that generation's next step.
         allow_empty: accept a filter that stores no n-gram (refused by default: it guards
             nothing).
 
@@ -130,7 +132,7 @@ class MemFreeLlamaCppLogitsProcessor:
 
     def _prompt_of(self, ids: np.ndarray) -> PromptNgrams:
         """The n-grams of the generation's prompt: the row at its first step (a step whose row is
-        not the previous step's row one token longer)."""
+        not the previous step's row one token longer, or the first since ``with guard:``)."""
         prompt = self._prompt
         if (
             prompt is None
@@ -177,7 +179,10 @@ class MemFreeLlamaCppLogitsProcessor:
         ) from failures[0]
 
     def __enter__(self) -> MemFreeLlamaCppLogitsProcessor:
+        """A generation starts: its first step's row is its prompt (even one that is the last
+        generation's row one token longer, which the ids alone cannot tell from a step)."""
         self.failures = []
+        self._prompt = self._prompt_ngrams = None
         return self
 
     def __exit__(

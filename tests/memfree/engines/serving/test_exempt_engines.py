@@ -96,6 +96,34 @@ def test_llama_cpp_exempts_the_prompt_of_each_generation(data: Any, guarded: Any
                 assert np.array_equal(out, expected.numpy()), end
 
 
+def test_llama_cpp_reads_a_new_prompt_that_extends_the_last_generations_row(
+    guarded: Any,
+) -> None:
+    """Found by the test above: a generation whose prompt is the last generation's row one
+    token longer looks, by its ids alone, like the next step of that generation, so its prompt
+    was the old one. ``with guard:`` starts a generation: its first row is its prompt."""
+    llama = FakeLlama(guarded.tokenizer, guarded.eos)
+    guard = MemFreeLlamaCppLogitsProcessor(
+        guarded.filter, llama, tokenizer=guarded.tokenizer, exempt_prompt=True
+    )
+    rng = np.random.default_rng(0)
+    vocab = len(guarded.tokenizer)
+    checked = 0
+    for source in guarded.corpus_ids[:4]:
+        for start in range(min(len(source) - 4, 6)):
+            passage = source[start:]
+            for prompt, output in ((passage[:2], []), (passage[:3], passage[:2])):
+                with guard:
+                    for end in range(len(prompt), len(prompt) + len(output) + 1):
+                        row = (prompt + output)[:end]
+                        scores = guarded.adversarial_scores(row, rng)[:vocab]
+                        out = guard(np.asarray(row, dtype=np.intc), scores.numpy().copy())
+                        expected = _reference(guarded, prompt, row, scores)
+                        assert np.array_equal(out, expected.numpy()), (source, start, end)
+                        checked += 1
+    assert checked > 40
+
+
 def test_the_operator_setting_is_checked(helpers: Any, tokenizer_dir: Path, guarded: Any) -> None:
     memfree = {"filter": str(guarded.filter.path), "exempt_prompt": "yes"}
     with pytest.raises(ServingConfigError, match=r"\['exempt_prompt'\] must be true, false or"):
