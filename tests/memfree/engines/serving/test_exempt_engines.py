@@ -4,6 +4,7 @@ every stored n-gram an output may take occurs in that request's own prompt."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -76,24 +77,37 @@ def test_vllm_both_runners_exempt_the_prompt_as_transformers_does(
     assert torch.equal(v2.apply(logits.clone(), ctx)[0], expected)
 
 
+def _llama_cpp_guard(guarded: Any) -> Any:
+    llama = FakeLlama(guarded.tokenizer, guarded.eos)
+    return MemFreeLlamaCppLogitsProcessor(
+        guarded.filter, llama, tokenizer=guarded.tokenizer, exempt_prompt=True
+    )
+
+
+def _generation(
+    guard: Any, guarded: Any, prompt: list[int], output: list[int], rng: Any
+) -> Iterator[tuple[int, bool]]:
+    """One generation in llama.cpp (inside ``with guard:``): each step's row end, and whether
+    the adapter's scores equal transformers' with the same prompt."""
+    vocab = len(guarded.tokenizer)
+    with guard:
+        for end in range(len(prompt), len(prompt) + len(output) + 1):
+            row = (prompt + output)[:end]
+            scores = guarded.adversarial_scores(row, rng)[:vocab]
+            out = guard(np.asarray(row, dtype=np.intc), scores.numpy().copy())
+            expected = _reference(guarded, prompt, row, scores)
+            yield end, np.array_equal(out, expected.numpy())
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_llama_cpp_exempts_the_prompt_of_each_generation(data: Any, guarded: Any) -> None:
-    llama = FakeLlama(guarded.tokenizer, guarded.eos)
-    guard = MemFreeLlamaCppLogitsProcessor(
-        guarded.filter, llama, tokenizer=guarded.tokenizer, exempt_prompt=True
-    )
-    vocab = len(guarded.tokenizer)
+    guard = _llama_cpp_guard(guarded)
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
-    for _generation in range(2):  # a new prompt is read at each generation's first step
+    for _ in range(2):  # a new prompt is read at each generation's first step
         prompt, output = _case(data, guarded)
-        with guard:
-            for end in range(len(prompt), len(prompt) + len(output) + 1):
-                row = (prompt + output)[:end]
-                scores = guarded.adversarial_scores(row, rng)[:vocab]
-                out = guard(np.asarray(row, dtype=np.intc), scores.numpy().copy())
-                expected = _reference(guarded, prompt, row, scores)
-                assert np.array_equal(out, expected.numpy()), end
+        for end, same in _generation(guard, guarded, prompt, output, rng):
+            assert same, end
 
 
 def test_llama_cpp_reads_a_new_prompt_that_extends_the_last_generations_row(
@@ -102,25 +116,16 @@ def test_llama_cpp_reads_a_new_prompt_that_extends_the_last_generations_row(
     """Found by the test above: a generation whose prompt is the last generation's row one
     token longer looks, by its ids alone, like the next step of that generation, so its prompt
     was the old one. ``with guard:`` starts a generation: its first row is its prompt."""
-    llama = FakeLlama(guarded.tokenizer, guarded.eos)
-    guard = MemFreeLlamaCppLogitsProcessor(
-        guarded.filter, llama, tokenizer=guarded.tokenizer, exempt_prompt=True
-    )
+    guard = _llama_cpp_guard(guarded)
     rng = np.random.default_rng(0)
-    vocab = len(guarded.tokenizer)
     checked = 0
     for source in guarded.corpus_ids[:4]:
         for start in range(min(len(source) - 4, 6)):
             passage = source[start:]
             for prompt, output in ((passage[:2], []), (passage[:3], passage[:2])):
-                with guard:
-                    for end in range(len(prompt), len(prompt) + len(output) + 1):
-                        row = (prompt + output)[:end]
-                        scores = guarded.adversarial_scores(row, rng)[:vocab]
-                        out = guard(np.asarray(row, dtype=np.intc), scores.numpy().copy())
-                        expected = _reference(guarded, prompt, row, scores)
-                        assert np.array_equal(out, expected.numpy()), (source, start, end)
-                        checked += 1
+                for end, same in _generation(guard, guarded, prompt, output, rng):
+                    assert same, (source, start, end)
+                    checked += 1
     assert checked > 40
 
 
