@@ -148,7 +148,6 @@ class RowStates:
         for content, token in bpe.added.items():
             if token < len(self._text_bytes):
                 self._text_bytes[token] = content.encode("utf-8")
-        self.prefixes = PrefixChecks(bpe, token_bytes, self._text_bytes)  # kept per prefix
         # Each proper beginning of an added token's content -> the rests that would complete it.
         self._begun: dict[str, list[str]] = {}
         for content in bpe.added:
@@ -156,6 +155,9 @@ class RowStates:
                 self._begun.setdefault(content[:cut], []).append(content[cut:])
         self._longest_begun = max(map(len, self._begun), default=0)
         self._first_chars = sorted({content[0] for content in bpe.added if content})
+        self.prefixes = PrefixChecks(  # kept per prefix
+            bpe, token_bytes, self._text_bytes, self._pending_added
+        )
         self._added_in = added_search(bpe.added)
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
@@ -309,6 +311,8 @@ class RowStates:
         if key[0] not in _ADVANCING or self._cut_of[min(token, self.bpe.vocab_size)]:
             return None
         pending = _pending_of(key)
+        if pending and self._completes(pending, token):
+            return None  # an added token's content written in plain tokens: read the row
         if key[0] == "split" and not pending and tail.last is not None:
             moved = self._split_move(key, tail, token)
             if moved is not None:
@@ -544,6 +548,14 @@ class RowStates:
         previous = chunks[-2] if len(chunks) >= 2 else None
         at = (len(tail_text) - len(last), len(tail) - len(canonical))
         return (*self._kind(last, canonical, previous), pending), Tail(tail_text, tuple(tail), at)
+
+    def _completes(self, rests: tuple[str, ...], token: int) -> bool:
+        """Whether ``token``'s text completes one of the added-token contents whose ``rests`` a
+        row's text has begun (or may: a token that is not whole characters)."""
+        text = self.bpe.texts[token]
+        if text is None:
+            return True
+        return any(text.startswith(rest) for rest in rests)
 
     def _advance_pending(self, rests: tuple[str, ...], appended: str) -> tuple[str, ...]:
         """:meth:`_pending_added` of a text with ``appended`` after it, from the text's own

@@ -9,6 +9,11 @@ character decides where a whitespace run or a contraction ends, and under NFC th
 compose with the prefix). A check extends the latest boundary already known canonical that no
 text after it can move, so a step encodes only the text since; the segments before a special
 token (a prompt's chat template) are checked once per prefix as well.
+
+An added token's content written in plain tokens is cut by the tokenizer as that token, wherever
+it lies, so a row that spells one is not canonical. A verdict kept for a boundary says nothing of
+a content that runs across it (its beginning before, its rest after): such a boundary is neither
+answered from what is kept nor extended from (the row is not canonical).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,14 +45,23 @@ class PrefixChecks:
         token_bytes: each id's bytes (b"" for special tokens).
         text_bytes: each id's bytes as decode writes them (special and added tokens as their
             content).
+        begun: the rests of the added tokens' contents that a text's end has begun.
     """
 
     def __init__(
-        self, bpe: ByteLevelBpe, token_bytes: list[bytes], text_bytes: list[bytes]
+        self,
+        bpe: ByteLevelBpe,
+        token_bytes: list[bytes],
+        text_bytes: list[bytes],
+        begun: Callable[[str], tuple[str, ...]],
     ) -> None:
         self.bpe = bpe
         self._bytes = token_bytes
         self._text_bytes = text_bytes
+        self._begun = begun
+        # How many ids before a boundary hold any beginning of an added token's content (each
+        # id is one byte or more), and after it any rest.
+        self._reach = max((len(c.encode("utf-8")) for c in bpe.added), default=0)
         self._checks: OrderedDict[tuple[str, int, int, Any], bool] = OrderedDict()
         self._powers: np.ndarray = np.zeros(0, dtype=np.uint64)
         self._lock = threading.Lock()
@@ -85,14 +99,18 @@ class PrefixChecks:
         boundary known canonical: a step encodes only the text since."""
         if not length:
             return True
+        if self._spelled_across(segment, length):
+            return False
         key = self._key(segment, length, start, hashes)
         known = self._known(key)
         if known is not None:
             return known
         since = 0
         for boundary in range(length - 1, max(0, length - _REACH), -1):
-            if self._hard(segment, boundary) and self._known(
-                self._key(segment, boundary, start, hashes)
+            if (
+                self._hard(segment, boundary)
+                and self._known(self._key(segment, boundary, start, hashes))
+                and not self._spelled_across(segment, boundary)
             ):
                 since = boundary
                 break
@@ -130,6 +148,19 @@ class PrefixChecks:
         while end < len(text) and unicodedata.combining(text[end]):
             end += 1
         return text[:end]
+
+    def _spelled_across(self, segment: list[int], boundary: int) -> bool:
+        """Whether the segment's text spells an added token's content that begins before
+        ``boundary`` and ends after it (the row is then not canonical, whatever else)."""
+        if not self._reach:
+            return False
+        data = b"".join(self._bytes[t] for t in segment[max(0, boundary - self._reach) : boundary])
+        rests = self._begun(data.decode("utf-8", errors="ignore"))
+        if not rests:
+            return False
+        data = b"".join(self._bytes[t] for t in segment[boundary : boundary + self._reach])
+        after = data.decode("utf-8", errors="ignore")
+        return any(after.startswith(rest) for rest in rests)
 
     def _hard(self, segment: list[int], boundary: int) -> bool:
         """Whether a boundary known canonical in another row is a chunk boundary in this one

@@ -290,6 +290,31 @@ def test_smollm2_every_prefix_of_hard_texts(smol: tuple[Any, CanonicalMasker], t
     _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
 
 
+def check_spelled_added(tokenizer: Any, new_masker: Any, content: str, after: str = "") -> None:
+    """A row that spells an added token's content in plain tokens (then ``after``) is not
+    canonical (the tokenizer cuts the content as its token), however the masker met it: read
+    whole by a new masker, or after any of its beginnings (one token shorter: advanced; shorter
+    still: read whole with the verdicts kept from the beginning)."""
+    ids = _encode(tokenizer, content[:-1]) + _encode(tokenizer, content[-1] + after)
+    assert ids != _encode(tokenizer, content + after)  # the tokenizer cuts the content
+    for begun in range(len(ids)):
+        _check_rows(tokenizer, new_masker(), [ids[:begun], ids])
+
+
+@pytest.mark.parametrize("after", ["", " = 1"])
+@pytest.mark.parametrize("content", ["<file_sep>", "<|im_start|>"])
+def test_smollm2_a_row_that_spells_an_added_token_is_not_canonical(
+    default_tokenizer: Any, content: str, after: str
+) -> None:
+    """Found by Hypothesis in a full run: after the row ``<file_sep`` (plain tokens), the
+    row with ``>`` appended was advanced as canonical, and a row read whole reused a prefix's
+    verdict kept from a row that did not complete the content."""
+    info = TokenizerInfo.of(default_tokenizer)
+    check_spelled_added(
+        default_tokenizer, lambda: CanonicalMasker(info, [info.eos_token_id]), content, after
+    )
+
+
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(text=_texts(PIECES), how=st.integers(0, 2), cut=st.integers(0, 10_000))
 def test_trained_bpe_allowed_iff_canonical_for_every_candidate(

@@ -37,6 +37,7 @@ from tests.memfree.core.test_canonical import (
     _filter_for,
     _split,
     _texts,
+    check_spelled_added,
 )
 
 SPLIT_PIECES = [
@@ -362,3 +363,18 @@ def test_split_maskers_pickle_with_empty_caches(family: tuple[Any, CanonicalMask
     ids = _encode(tokenizer, "def f(x):\n    return 1234")
     copy = pickle.loads(pickle.dumps(masker))
     assert (copy.allowed(ids) == masker.allowed(ids)).all()
+
+
+@pytest.mark.parametrize("after", ["", " = 1"])
+def test_a_row_that_spells_an_added_token_is_not_canonical(
+    family: tuple[Any, CanonicalMasker], after: str
+) -> None:
+    """As for GPT-2's rules (test_canonical.py): read whole, advanced, or read whole after a
+    beginning of the content, a row that spells a special token in plain tokens is dead."""
+    tokenizer, masker = family
+    check_spelled_added(
+        tokenizer,
+        lambda: CanonicalMasker(masker.info, list(masker.end_token_ids)),
+        "<|eot_id|>",
+        after,
+    )
