@@ -75,10 +75,14 @@ class SentencePieceMasker(TableMasker):
         self.end_token_ids = tuple(sorted({int(t) for t in end_token_ids}))
         size = self.bpe.vocab_size
         self._cuts = frozenset(info.special_token_ids) | frozenset(self.bpe.added.values())
-        self._added = np.zeros(size, dtype=bool)  # added tokens that are not special
+        # Added tokens that are not special, allowed where a segment may end (a cut); but not
+        # where the normalizer puts "▁" before every segment (Phi-3's "</s>"): decode writes
+        # that "▁" after the token as a space, which tokenizing the text again doubles, so no
+        # text after the token reads back as its ids.
+        self._added = np.zeros(size, dtype=bool)
         for token in self.bpe.added.values():
             if token < size and token not in info.special_token_ids:
-                self._added[token] = True
+                self._added[token] = self.bpe.prepend != PREPEND_ALWAYS
         self._contents = tuple(content for content in self.bpe.added if content)
         self._begins = frozenset(c[:k] for c in self._contents for k in range(1, len(c)))
         self._reach = max((len(c) for c in self._contents), default=1)
