@@ -91,8 +91,19 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 
 def _split(tokenizer: Any, text: str, how: int, cut: int) -> list[int]:
     """The text's ids: its tokenization (how 0), or a non-canonical split: the tokenizations
-    of two halves (how 1), or one token spelled as two (how 2)."""
+    of two halves (how 1), one token spelled as two (how 2), or a special or added token's
+    content spelled in plain tokens, tokenized as two parts (how 3: the tokenizer would read
+    it back as that token)."""
     ids = _encode(tokenizer, text)
+    if how == 3:
+        contents = {int(i): t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        spelled = [index for index, token in enumerate(ids) if len(contents.get(token, "")) > 1]
+        if spelled:
+            index = spelled[cut % len(spelled)]
+            content = contents[ids[index]]
+            at = 1 + cut % (len(content) - 1)
+            plain = _encode(tokenizer, content[:at]) + _encode(tokenizer, content[at:])
+            return ids[:index] + plain + ids[index + 1 :]
     if how == 1 and len(text) > 1:
         at = 1 + cut % (len(text) - 1)
         return _encode(tokenizer, text[:at]) + _encode(tokenizer, text[at:])
@@ -252,6 +263,14 @@ def _check_rows(
         assert (eos == (may_end or not expected.any())).all(), (text, row, may_end)
 
 
+def check_both_ways(tokenizer: Any, masker: CanonicalMasker, rows: list[list[int]]) -> None:
+    """:func:`_check_rows` over every prefix of a row in order (each advanced from the one
+    before), then again from the longest (each read whole, with what the masker kept from the
+    others: a verdict kept for one row must hold for the next; the definitions are kept)."""
+    _check_rows(tokenizer, masker, rows)
+    _check_rows(tokenizer, masker, rows[::-1])
+
+
 @pytest.fixture(scope="module")
 def smol(default_tokenizer: Any) -> tuple[Any, CanonicalMasker]:
     info = TokenizerInfo.of(default_tokenizer)
@@ -261,7 +280,7 @@ def smol(default_tokenizer: Any) -> tuple[Any, CanonicalMasker]:
 @settings(max_examples=14, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     text=_texts(PIECES + SPECIAL_PIECES),
-    how=st.integers(0, 2),
+    how=st.integers(0, 3),
     cut=st.integers(0, 10_000),
     at=st.integers(0, 10_000),
 )
@@ -316,14 +335,19 @@ def test_smollm2_a_row_that_spells_an_added_token_is_not_canonical(
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-@given(text=_texts(PIECES), how=st.integers(0, 2), cut=st.integers(0, 10_000))
+@given(
+    # The trained tokenizer's special tokens, whole and begun (spelled where a row is cut in one).
+    text=_texts([*PIECES, "<|endoftext|>", "<|endo", "<pad>"]),
+    how=st.integers(0, 3),
+    cut=st.integers(0, 10_000),
+)
 def test_trained_bpe_allowed_iff_canonical_for_every_candidate(
     tokenizer: Any, text: str, how: int, cut: int
 ) -> None:
     info = TokenizerInfo.of(tokenizer)
     masker = _trained_masker(tokenizer)
     ids = _split(tokenizer, text, how, cut)
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+    check_both_ways(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
     assert info.eos_token_id is not None
 
 

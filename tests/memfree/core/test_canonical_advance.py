@@ -72,7 +72,7 @@ def _check_prefixes(states: RowStates, ids: list[int]) -> int:
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     text=_texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES),
-    how=st.integers(0, 2),
+    how=st.integers(0, 3),
     cut=st.integers(0, 10_000),
 )
 def test_an_advanced_row_reads_as_the_whole_row(

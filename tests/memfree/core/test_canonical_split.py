@@ -37,6 +37,7 @@ from tests.memfree.core.test_canonical import (
     _filter_for,
     _split,
     _texts,
+    check_both_ways,
     check_spelled_added,
 )
 
@@ -76,8 +77,10 @@ def family(request: pytest.FixtureRequest) -> tuple[Any, CanonicalMasker]:
 
 @settings(max_examples=_SPLIT_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
-    text=_texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES[:2]),
-    how=st.integers(0, 2),
+    # The trained tokenizers' own special tokens, whole and begun: spelled in plain tokens
+    # where a row is cut inside one.
+    text=_texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES[:2] + ["<|eot_id|>", "<|eot"]),
+    how=st.integers(0, 3),
     cut=st.integers(0, 10_000),
 )
 def test_split_patterns_allowed_iff_canonical_for_every_candidate(
@@ -85,7 +88,7 @@ def test_split_patterns_allowed_iff_canonical_for_every_candidate(
 ) -> None:
     tokenizer, masker = family
     ids = _split(tokenizer, text, how, cut)
-    _check_rows(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
+    check_both_ways(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])
 
 
 # Characters each pattern may treat apart: cases, a mark, letters that are neither case, a
@@ -378,3 +381,22 @@ def test_a_row_that_spells_an_added_token_is_not_canonical(
         "<|eot_id|>",
         after,
     )
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    before=_texts(PIECES + SPLIT_PIECES),
+    after=_texts(PIECES + SPLIT_PIECES),
+    cut=st.integers(0, 10_000),
+)
+def test_rows_that_spell_a_special_token_amid_text(
+    family: tuple[Any, CanonicalMasker], before: str, after: str, cut: int
+) -> None:
+    """A special token's content spelled in plain tokens amid other text, every prefix both
+    ways, by the family's masker (which keeps what it met in earlier rows)."""
+    tokenizer, masker = family
+    content = "<|eot_id|>"
+    at = 1 + cut % (len(content) - 1)
+    ids = _encode(tokenizer, before + content[:at])
+    ids += _encode(tokenizer, content[at:] + after)
+    check_both_ways(tokenizer, masker, [ids[:end] for end in range(len(ids) + 1)])

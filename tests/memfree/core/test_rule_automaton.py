@@ -104,7 +104,7 @@ def test_rows_of_real_code_read_as_their_full_reads(rules: tuple[Any, CanonicalM
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     texts=st.lists(_texts(PIECES + WALK_PIECES), min_size=1, max_size=4),
-    how=st.integers(0, 2),
+    how=st.integers(0, 3),
     cut=st.integers(0, 100),
     seed=st.integers(0, 2**32 - 1),
 )
