@@ -535,6 +535,12 @@ class RowStates:
             if self.bpe.nfc and unicodedata.normalize("NFC", tail_text) != tail_text:
                 note(" (its text is not NFC)")
                 return ("dead", ()), None
+            if self._added_in is not None and self._added_in.search(tail_text):
+                # An added token's content spelled inside the last chunks (Tekken's "<s>" is
+                # two, "<s" and ">"): the tokenizer reads it back as that token. Before them,
+                # the prefix check sees it; GPT-2's rules, by encoding the chunks.
+                note(" (its text spells an added token)")
+                return ("dead", ()), None
             own = tokens_of_tail(tail, self._bytes, len(chunks[-1].encode("utf-8")))
             at = (len(tail_text) - len(chunks[-1]), len(tail) - len(own)) if own else None
             return self._split_read(tail_text, tuple(tail), at, pending)

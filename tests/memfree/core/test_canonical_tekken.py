@@ -95,3 +95,18 @@ def test_real_texts_advance_as_they_read(tekken: tuple[Any, CanonicalMasker]) ->
     tokenizer, masker = tekken
     for text in (Path(string.__file__).read_text()[:2000], *_TEXTS):
         assert _check_prefixes(masker.states, _encode(tokenizer, text)) > 0
+
+
+@pytest.mark.parametrize("before", ["x\n\n", "y\t\t", "a = 1 "])
+def test_a_special_token_spelled_as_a_rows_last_two_chunks_is_not_canonical(
+    tekken: tuple[Any, CanonicalMasker], before: str
+) -> None:
+    """Tekken's ``<s>`` is two chunks of its pattern (``<s``, ``>``). A row that ends by
+    spelling it in plain tokens after a whitespace run was read whole as canonical (a row's
+    read keeps its last two chunks, and only the chunks before them were checked for added
+    tokens' contents): every candidate allowed where none is. Found by hand on 2026-11-29."""
+    tokenizer, masker = tekken
+    ids = _encode(tokenizer, before) + [t for c in "<s>" for t in _encode(tokenizer, c)]
+    assert ids != _encode(tokenizer, before + "<s>")  # the tokenizer reads the special token
+    for rows in ([ids], [ids[:-1], ids]):  # read whole; advanced
+        _check_rows(tokenizer, CanonicalMasker(masker.info, list(masker.end_token_ids)), rows)
