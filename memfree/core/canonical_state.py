@@ -37,6 +37,7 @@ from memfree.core.canonical_chars import Characters
 from memfree.core.canonical_split import SplitChunks, added_search
 from memfree.core.row_prefix import Hashes, PrefixChecks
 from memfree.core.row_tail import (
+    LoneStarts,
     decode_tail,
     in_space_run,
     settled_before,
@@ -159,6 +160,8 @@ class RowStates:
             bpe, token_bytes, self._text_bytes, self._pending_added
         )
         self._added_in = added_search(bpe.added)
+        self._lone = LoneStarts(split, self._added_in) if split is not None else None
+        self._lone_reads: dict[int, Read] = {}  # a token's chunk alone, its chunks before fixed
         self._advances: OrderedDict[tuple[Any, ...], Read | None] = OrderedDict()
         self._lone_kinds: dict[int, tuple[Any, ...]] = {}  # a chunk that is one token: its kind
         self._lone_begins: dict[int, bool] = {}  # a token's text begins an added token's content
@@ -185,6 +188,7 @@ class RowStates:
         for name in ("_cut_of", "_self_ok", "_run_of", "_first_of", "_whole_last"):
             state.pop(name, None)
         state["_advances"] = OrderedDict()
+        state["_lone_reads"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -354,6 +358,13 @@ class RowStates:
             appended = self._bytes[token].decode("utf-8")
         except UnicodeDecodeError:
             return None
+        if (
+            tail.last == (0, 0)
+            and len(tail.tokens) == 1
+            and self._lone is not None
+            and self._lone.starts(key[1], tail.text, token, appended)
+        ):  # the row's chunk alone, and a token that starts one: read from their shapes
+            return self._lone_read(token, appended)
         joined = tail.text + appended
         if (self.bpe.nfc and not unicodedata.is_normalized("NFC", joined)) or (
             self._added_in is not None and self._added_in.search(joined)
@@ -366,6 +377,20 @@ class RowStates:
             return None
         text, tokens, last, fixed = moved
         return self._split_read(text, tokens, last, self._advance_pending((), appended), fixed)
+
+    def _lone_read(self, token: int, text: str) -> Read:
+        """:meth:`_split_read` of a row whose last chunk is ``token`` alone (``text``) and whose
+        chunks before it are fixed and canonical, kept per token."""
+        read = self._lone_reads.get(token)
+        if read is None:
+            assert self.split is not None
+            state, fixes = self.split.state(text, [token])
+            pending = self._advance_pending((), text)
+            read = ("split", state, pending, fixes), Tail(text, (token,), (0, 0))
+            if len(self._lone_reads) >= _ADVANCES:
+                self._lone_reads.clear()
+            self._lone_reads[token] = read
+        return read
 
     def _split_read(
         self,

@@ -12,12 +12,18 @@ whether the row's chunks before the candidate's are their tokens' BPE (the facts
 token's group starts a chunk at the token, keeps the tail's own boundary and its fact holds, the
 tail's first chunk is fixed and canonical, and the row's new last chunks are the tail's last
 chunk and the token; where it goes on with the tail's last chunk, they are the tail's two,
-the last one longer: no text is read to find them.
+the last one longer: no text is read to find them. Most rows read as one token's chunk alone,
+and most tokens start a chunk after it: :class:`LoneStarts` answers those from the state and
+the two chunks' shapes, kept per state and per pair of shapes, so the next read, the token's
+chunk alone (kept per token), needs no shape of the joined text.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from typing import TYPE_CHECKING, Any
+
+from memfree.core.split_nfc import may_compose
 
 if TYPE_CHECKING:
     from memfree.core.canonical_split import SplitChunks
@@ -122,10 +128,102 @@ def settled_before(
     return split.tokens_before(text, tokens, [0, *before, last[0]]) == last[1]
 
 
+class LoneStarts:
+    """:func:`split_moved` then :func:`settled_before` for the reads most rows have: a row whose
+    last chunks are one token's chunk alone (the chunks before it fixed and canonical), and a
+    token that starts a chunk of its own after it. Such a row's next read is the token's chunk
+    alone, and whether it is depends on the row's state and on the two chunks' shapes, not on
+    their text. Kept per state (the candidate shapes whose group starts a chunk at the
+    candidate, keeps no boundary inside the row and has its fact) and per pair of shapes
+    (whether the boundary between them stays whatever follows), so a row's step reads no text
+    and no new row shape.
+
+    Where the two chunks are shaped alike at their boundary (a run there could be cut short in
+    the joined text's shape) or hold an apostrophe (the characters after one keep their own
+    class), the joined text's shape is not the two shapes joined: :meth:`starts` answers None
+    (read the text). So does it where the text could leave NFC, or spells or begins an added
+    token's content."""
+
+    _KEPT = 1 << 15  # states and pairs of shapes kept (each table started afresh past it)
+
+    def __init__(self, split: SplitChunks, added_in: Any) -> None:
+        self.split = split
+        self._added_in = added_in
+        self._kinds: list[int] = split.shape_of.tolist()
+        self._apostrophe = split.char_class("'")
+        self._opening: dict[tuple[Any, ...], bytes] = {}  # (shape, facts) -> per kind: 1, 0
+        self._settled: dict[tuple[tuple[int, ...], tuple[int, ...]], bool] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles start with empty tables."""
+        state = self.__dict__.copy()
+        state["_opening"], state["_settled"] = {}, {}
+        return state
+
+    def starts(self, state: tuple[Any, ...], text: str, token: int, appended: str) -> bool:
+        """Whether a row whose last chunk is ``text`` alone (one token's, the chunks before it
+        fixed and canonical), in split state ``state``, reads as ``token``'s chunk alone once
+        it is appended (its text ``appended``): exactly where :func:`split_moved` places it in
+        a chunk of its own after the row's and :func:`settled_before` then finds the row's
+        chunk fixed. False where that cannot be said from the shapes (read the text)."""
+        split, kind = self.split, self._kinds[token]
+        if kind < 0 or not text or not appended:
+            return False
+        shape, _, facts, _ = state
+        opening = self._opening.get((shape, facts))
+        if opening is None:
+            opening = self._opening_of(shape, facts)
+        if not opening[kind]:
+            return False
+        after = split.row_shape(appended)[0]
+        if shape[-1] == after[0] or self._apostrophe in shape or self._apostrophe in after:
+            return False
+        settled = self._settled.get((shape, after))
+        if settled is None:
+            # The joined text's shape is the two joined, its boundary at len(shape) (above):
+            # settled_before's test, where[settled] == the row's length, reads so.
+            settled = split.groups(shape + after).settled == len(shape)
+            if len(self._settled) >= self._KEPT:
+                self._settled.clear()
+            self._settled[(shape, after)] = settled
+        if not settled:
+            return False
+        if split.bpe.nfc and not (
+            (text.isascii() and appended.isascii())
+            or unicodedata.is_normalized("NFC", text + appended)
+        ):
+            return False
+        if split.bpe.nfc and may_compose(appended[0]):
+            return False
+        return not (self._added_in is not None and self._added_in.search(text + appended))
+
+    def _opening_of(self, shape: tuple[int, ...], facts: tuple[bool, ...]) -> bytes:
+        """Per candidate shape (and the last entry, for candidates without one): 1 where its
+        group starts a chunk at the candidate, keeps no chunk boundary inside the row, and has
+        its fact (the chunks before the candidate's are their tokens' BPE)."""
+        groups = self.split.groups(shape)
+        opens = [
+            start == len(shape) and not bounds and fact
+            for (start, bounds), fact in zip(groups.groups, facts, strict=True)
+        ]
+        opening = bytes(int(opens[group]) if group >= 0 else 0 for group in groups.of_shape)
+        if len(self._opening) >= self._KEPT:
+            self._opening.clear()
+        self._opening[(shape, facts)] = opening
+        return opening
+
+
 def _in_text(split: SplitChunks, shape: tuple[int, ...], text: str, index: int) -> int:
     """A position in the shape's characters, in the text's (a run the shape cut short stands
     for its first and last characters)."""
     return index if len(shape) == len(text) else split.row_shape(text)[1][index]
 
 
-__all__ = ["decode_tail", "in_space_run", "settled_before", "split_moved", "tokens_of_tail"]
+__all__ = [
+    "LoneStarts",
+    "decode_tail",
+    "in_space_run",
+    "settled_before",
+    "split_moved",
+    "tokens_of_tail",
+]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import sysconfig
+import unicodedata
 import warnings
 import weakref
 from pathlib import Path
@@ -189,6 +190,160 @@ def test_split_rows_advance_by_their_groups_without_reading_text(
     ways = {way: taken.count(way) for way in ("starts", "goes on", "read")}
     assert ways["starts"] >= 0.3 * len(taken) and ways["goes on"] >= 0.1 * len(taken), ways
     assert ways["read"] <= 0.1 * len(taken), ways  # 1-2% here
+
+
+def _lone_starts(
+    states: RowStates,
+    rows: list[list[int]],
+    candidates: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[int, int]:
+    """Every prefix of ``rows`` read as one token's chunk alone (advanced from the prefix one
+    token shorter where it can be, as a step reads it), advanced by its next token and by
+    ``candidates(tail)``, and the first three reads so made of a candidate's chunk alone
+    advanced by ``candidates`` again (a candidate that is not its own BPE is a row's last token only so):
+    the same read with the shapes' shortcut
+    (:class:`~memfree.core.row_tail.LoneStarts`) as without it. How many advances were
+    compared, and how many the shortcut answered."""
+    lone = states._lone
+    assert lone is not None
+    answered = []
+    starts = lone.starts
+
+    def counted(*given: Any) -> bool:
+        found = starts(*given)
+        answered.append(found)
+        return found
+
+    monkeypatch.setattr(lone, "starts", counted)
+    compared = 0
+    for ids in rows:
+        read = _read(states, ids[:1])
+        for length in range(1, len(ids)):
+            if length > 1:  # as a step does: advanced from the row one token shorter
+                read = states.advance(*read, ids[length - 1]) or _read(states, ids[:length])
+            key, tail = read
+            if tail is None or tail.last != (0, 0) or len(tail.tokens) != 1 or key[2]:
+                continue
+            reads = [(ids[:length], key, tail)]
+            for row, key, tail in reads:  # and the reads it gives, one level deeper
+                for token in [*([ids[length]] if len(reads) == 1 else []), *candidates(tail)]:
+                    found = states.advance(key, tail, token)
+                    with monkeypatch.context() as plain:
+                        plain.setattr(states, "_lone", None)
+                        expected = states.advance(key, tail, token)
+                    assert found == expected, (row, token, found, expected)
+                    compared += 1
+                    if (
+                        len(reads) < 4
+                        and len(row) == length
+                        and found
+                        and found[1].tokens == (token,)
+                    ):
+                        reads.append(([*row, token], *found))
+    return compared, sum(answered)
+
+
+def drawn_tokens(tokenizer: Any, states: RowStates, seed: int = 7) -> Any:
+    """``candidates`` for :func:`_lone_starts` over a large vocabulary: after each row, tokens
+    drawn at random and among those where the shapes' shortcut must step aside or could go
+    wrong: tokens that begin with the row's last character (a run of one class across the
+    boundary), hold an apostrophe, are not their own BPE (a fact that fails), begin with a
+    combining mark, or hold an added token's first character."""
+    rng = random.Random(seed)
+    texts = states.bpe.texts
+    split = states.split
+    assert split is not None
+    by_first: dict[str, list[int]] = {}
+    kinds: dict[str, list[int]] = {"'": [], "mark": [], "added": []}
+    firsts = {content[0] for content in states.bpe.added if content}
+    for token, text in enumerate(texts):
+        if not text:
+            continue
+        by_first.setdefault(text[0], []).append(token)
+        if "'" in text:
+            kinds["'"].append(token)
+        if unicodedata.combining(text[0]):
+            kinds["mark"].append(token)
+        if firsts.intersection(text):
+            kinds["added"].append(token)
+    kinds["not BPE"] = np.flatnonzero(~split.alone & (split.shape_of >= 0)).tolist()
+
+    def candidates(tail: Any) -> list[int]:
+        found: list[int] = []  # those not their own BPE first: the next level reads them
+        for group in [kinds["not BPE"], by_first.get(tail.text[-1], []), *kinds.values()]:
+            found += rng.sample(group, min(6, len(group)))
+        return found + [rng.randrange(len(texts)) for _ in range(8)]
+
+    return candidates
+
+
+def test_a_lone_chunk_advanced_from_its_shapes_equals_its_text_read(
+    family: tuple[Any, CanonicalMasker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split pattern's row whose last chunk is one token alone, and a token that starts a
+    chunk after it: the next read comes from the state and the two shapes (no text read, no
+    new row shape). Along real code and text with marks, CJK, contractions and an added
+    token's content, written canonically and split otherwise, and for drawn tokens and
+    whitespace, punctuation and apostrophes after every such row, it equals the read from
+    the text, and it answers a good part of them (GPT-2's pattern read as a split pattern has
+    no reach: no row reads as its last chunk alone there)."""
+    tokenizer, masker = family
+    states = masker.states
+    if states.split is None:
+        pytest.skip("GPT-2's rules: rows advance by spots")
+    paths = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[18:22]
+    texts = [path.read_text(errors="ignore")[:800] for path in paths]
+    texts.append("caf\u00e9 e\u0301t\u00e9 \u65e5\u672c it's <|im_start|>x 12345 \n\n'll\n")
+    rows = [_split(tokenizer, t, how, cut) for t in texts for how, cut in ((0, 0), (2, 3))]
+    rng = random.Random(7)
+    extra = [tokenizer.convert_tokens_to_ids(t) for t in ("'", "Ġ", "Ċ", "s", "(", "1")]
+    extra = [t for t in extra if t is not None and t != tokenizer.unk_token_id]
+    size = states.bpe.vocab_size
+    compared, answered = _lone_starts(
+        states, rows, lambda tail: extra + [rng.randrange(size) for _ in range(24)], monkeypatch
+    )
+    assert compared >= 300, compared
+    if states.split._reach is not None:  # else no row reads as its last chunk alone
+        assert answered >= 0.2 * compared, (compared, answered)
+
+
+def check_lone_starts(tokenizer: Any, masker: CanonicalMasker, monkeypatch: Any) -> None:
+    """:func:`_lone_starts` on a real vocabulary: along real code and text with contractions,
+    marks, CJK, digits and an added token's content, with :func:`drawn_tokens` after each
+    row; the shortcut answers a good part of the advances."""
+    states = masker.states
+    paths = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[22:24]
+    texts = [path.read_text(errors="ignore")[:600] for path in paths]
+    texts.append("It's HE'S we'Re  caf\u00e9 cafe\u0301 \u65e5\u672c x<|im_start|>y 12345 'll\n")
+    rows = [_split(tokenizer, t, how, cut) for t in texts for how, cut in ((0, 0), (2, 5))]
+    compared, answered = _lone_starts(states, rows, drawn_tokens(tokenizer, states), monkeypatch)
+    assert compared >= 1000 and answered >= 0.1 * compared, (compared, answered)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    text=_texts(PIECES + SPLIT_PIECES + SPECIAL_PIECES + ["<|end_of_text|>", "<|eot", "''ll"]),
+    how=st.integers(0, 3),
+    cut=st.integers(0, 10_000),
+)
+def test_a_lone_chunk_advanced_by_every_token_equals_its_text_read(
+    family: tuple[Any, CanonicalMasker],
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    how: int,
+    cut: int,
+) -> None:
+    """The same over Hypothesis texts (contractions, runs of one class, added tokens' contents
+    whole, begun and spelled), every token of the trained vocabularies after every row read as
+    one token's chunk alone."""
+    tokenizer, masker = family
+    states = masker.states
+    if states.split is None or states._lone is None or states.split._reach is None:
+        pytest.skip("no row reads as its last chunk alone")
+    every = range(states.bpe.vocab_size)
+    with monkeypatch.context() as patched:
+        _lone_starts(states, [_split(tokenizer, text, how, cut)], lambda tail: every, patched)
 
 
 def _expected(masker: CanonicalMasker, row: list[int], width: int) -> np.ndarray:

@@ -379,3 +379,14 @@ def test_the_completions_read_the_same_after_unpickling(
             copy._completions.clear()
             assert copy._completing(text, pseudo) == split._completing(text, pseudo), text
     assert all(any(copy._completing(t, pseudo) for t in texts) for pseudo in (False, True))
+
+
+def test_a_lone_chunk_advanced_from_its_shapes_equals_its_text_read(
+    llama3: tuple[Any, CanonicalMasker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row read as one token's chunk alone, advanced by a token that starts a chunk after
+    it, from the shapes alone (:class:`~memfree.core.row_tail.LoneStarts`): the same read as
+    from the text, on the real vocabulary."""
+    from tests.memfree.core.test_canonical_advance import check_lone_starts
+
+    check_lone_starts(*llama3, monkeypatch)

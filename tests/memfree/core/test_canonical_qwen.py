@@ -226,3 +226,14 @@ def test_a_last_chunk_that_begins_with_a_mark_keeps_the_chunk_before(
             masker.banned_mask(torch.tensor([row[:-1]]), masker.bpe.vocab_size)
         banned, _ = masker.banned_mask(torch.tensor([row]), masker.bpe.vocab_size)
         assert banned[0, accent]
+
+
+def test_a_lone_chunk_advanced_from_its_shapes_equals_its_text_read(
+    qwen: tuple[Any, CanonicalMasker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row read as one token's chunk alone, advanced by a token that starts a chunk after
+    it, from the shapes alone (:class:`~memfree.core.row_tail.LoneStarts`): the same read as
+    from the text, on the real vocabulary."""
+    from tests.memfree.core.test_canonical_advance import check_lone_starts
+
+    check_lone_starts(*qwen, monkeypatch)
