@@ -140,7 +140,7 @@ class LoneStarts:
 
     Where the two chunks are shaped alike at their boundary (a run there could be cut short in
     the joined text's shape) or hold an apostrophe (the characters after one keep their own
-    class), the joined text's shape is not the two shapes joined: :meth:`starts` answers None
+    class), the joined text's shape is not the two shapes joined: :meth:`starts` answers False
     (read the text). So does it where the text could leave NFC, or spells or begins an added
     token's content."""
 
