@@ -10,7 +10,10 @@ module window (text the caches have not seen: the first half of the steps fills 
 half is timed; each run, repeats included, on windows no run before it met, while what is kept
 per tokenizer, such as the row shapes' groups, holds what earlier runs met, as in a running
 server); the ids-only guard (``canonical=False``) against the default guard; the host
-time per row; the bytes the step hands the scores' device; the one-time tables and what the
+time per row; the bytes the step hands the scores' device; the processor step as ``generate()``
+calls it (``guard(ids, scores)``: the mask and the scores banned; on the CPU at 151k ids the
+ban is a pass over 155 MiB of scores at 256 rows, as costly as the ids-only mask many times
+over); the one-time tables and what the
 masker holds after the run; and, at the largest size, where the canonical step goes (rows to
 states, new states' banned rows, the table and dense mask, the rest). On a GPU a step sends the
 scores' device each row's table index and the rows of states new to the table's copy there
@@ -97,21 +100,35 @@ def windows(ids: list[list[int]], count: int, length: int, skip: int = 0) -> tor
 
 
 def step_time(
-    guard: Any, rows: torch.Tensor, prompt: int, width: int, warm: torch.Tensor | None = None
+    guard: Any,
+    rows: torch.Tensor,
+    prompt: int,
+    width: int,
+    warm: torch.Tensor | None = None,
+    scores: torch.Tensor | None = None,
 ) -> float:
     """Seconds per step over the second half of the steps (the first half fills the caches); on
     a GPU each step waits for the device (the mask is ready when the step is timed). ``warm``:
-    rows of other text the guard steps through first, as a server that has been running."""
+    rows of other text the guard steps through first, as a server that has been running.
+    ``scores``: time the processor step (``guard(ids, scores)``, as ``generate()`` calls it:
+    the mask, then the scores banned into a new tensor), not the mask alone."""
+
+    def step(length: int) -> None:
+        if scores is None:
+            guard.blocked_mask(rows[:, :length], width)
+        else:
+            guard(rows[:, :length], scores)
+
     if warm is not None:
         for length in range(prompt, warm.shape[1]):
             guard.blocked_mask(warm[:, :length], width)
     steps = rows.shape[1] - prompt
     for length in range(prompt, prompt + steps // 2):
-        guard.blocked_mask(rows[:, :length], width)
+        step(length)
     synchronize(rows.device)
     started = time.perf_counter()
     for length in range(prompt + steps // 2, rows.shape[1]):
-        guard.blocked_mask(rows[:, :length], width)
+        step(length)
     synchronize(rows.device)
     return (time.perf_counter() - started) / (steps - steps // 2)
 
@@ -240,7 +257,7 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
         )
     print(
         "  rows | ids only ms/step | canonical ms/step | ratio | canonical host us/row | "
-        "to a GPU per step"
+        "to a GPU per step | processor step ms: ids only, canonical (ratio)"
     )
     bos = tokenizer.bos_token_id
     led = bos is not None and tokenizer("x")["input_ids"][:1] == [bos]
@@ -261,18 +278,28 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
                 module_ids(tokenizer, 0, package_modules()), size, args.prompt + args.warm
             )
             warm = warm.to(args.device)
-        base = cost = float("inf")
+        base = cost = whole_base = whole_cost = float("inf")
         for _ in range(args.repeats):  # interleaved, best of each; fresh guards, fresh text
             rows = take(size)
             plain = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
             base = min(base, step_time(plain, rows, args.prompt, width, warm))
             guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
             cost = min(cost, step_time(guard, rows, args.prompt, width, warm))
+            # The processor step, as generate() calls it, on other fresh text: scores drawn
+            # at random (what the ban costs does not depend on their values).
+            rows = take(size)
+            scores = torch.randn(size, width, generator=torch.Generator().manual_seed(size))
+            scores = scores.to(args.device)
+            plain = MemFreeLogitsProcessor(filt, tokenizer=tokenizer, canonical=False)
+            whole_base = min(whole_base, step_time(plain, rows, args.prompt, width, warm, scores))
+            guard = MemFreeLogitsProcessor(filt, tokenizer=tokenizer)
+            whole_cost = min(whole_cost, step_time(guard, rows, args.prompt, width, warm, scores))
         sent = device_bytes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), rows, args, width)
         print(
             f"  {size:4d} | {base * 1e3:16.2f} | {cost * 1e3:17.2f} | {cost / base:4.1f}x | "
             f"{(cost - base) / size * 1e6:21.0f} | {sent / 2**20:.2f} MiB "
-            f"(a dense mask: {size * width / 2**20:.2f} MiB)"
+            f"(a dense mask: {size * width / 2**20:.2f} MiB) | {whole_base * 1e3:.2f}, "
+            f"{whole_cost * 1e3:.2f} ({whole_cost / whole_base:.1f}x)"
         )
     where_it_goes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), take(size), args, width)
     masker = guard.masker.canonical

@@ -1,8 +1,8 @@
 """The guard inside every engine: one shared setup and thin adapters over the engine-neutral core.
 
 - :mod:`~memfree.engines.setup`: :class:`GuardSetup` (the filter, its unit, the exempt and
-  end-of-sequence ids, the unit's masker, the file watch; every argument checked once) and how a
-  step's scores are edited (:func:`ban_scores`, :func:`fail_closed`).
+  end-of-sequence ids, the unit's masker, the file watch; every argument checked once);
+  :mod:`~memfree.engines.scores`: how a step's scores are edited (``ban_scores``, ``fail_closed``).
 - :mod:`~memfree.engines.transformers`: ``MemFreeLogitsProcessor`` for ``generate()``, with its
   statistics (:mod:`~memfree.engines.stats`).
 - :mod:`~memfree.engines.rows`: ragged rows, as serving engines keep them, for the core.

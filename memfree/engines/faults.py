@@ -5,7 +5,7 @@ A block of an index filter is verified when first read, not at start-up, so a da
 passes engine start-up and surfaces at the first step whose row reads it. Raising there would stop
 a server (vLLM dies with every request on it) or, inside llama.cpp's callback, be swallowed.
 :func:`step_masks` answers every row it can exactly and names the rows whose lookup raised, which
-the adapters close (end of sequence only, :func:`~memfree.engines.setup.fail_closed`), and a
+the adapters close (end of sequence only, :func:`~memfree.engines.scores.fail_closed`), and a
 :class:`StepFaults` logs each distinct problem (the file, its section and block) once. A filter
 file rewritten in place (:class:`~memfree.errors.FilterChangedError`) is not a row's problem: it
 still reaches the adapter, which stops or closes every guarded row.

@@ -20,7 +20,8 @@ import torch
 
 from memfree.core.exempt import PromptNgrams
 from memfree.engines.faults import StepFaults, step_masks
-from memfree.engines.setup import GuardSetup, ban_scores, fail_closed
+from memfree.engines.scores import ban_scores, fail_closed
+from memfree.engines.setup import GuardSetup
 
 
 class RowGuard:

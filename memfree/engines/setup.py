@@ -1,13 +1,12 @@
-"""What every guard sets up and how it edits a step's scores, whatever the engine.
+"""What every guard sets up and asks at each step, whatever the engine.
 
 The transformers :class:`~memfree.MemFreeLogitsProcessor` and the engine adapters
 (:mod:`memfree.integrations`) all start from a :class:`GuardSetup`: the filter, its unit, the ids
 exempt from the guard, the end-of-sequence ids and the unit's :class:`~memfree.core.Masker`, with
 every argument checked once, at construction. At each step they ask :func:`checked_banned_mask`
 (the masker's answer, read from a filter file that was not rewritten in place meanwhile: see
-:mod:`memfree.filterfile.filewatch`), then edit the scores with :func:`ban_scores` (blocked tokens at
-``-inf``, end of sequence rescued) or, when a row's context is not known, :func:`fail_closed`
-(nothing but end of sequence); a filter error inside a step: :mod:`memfree.engines.faults`.
+:mod:`memfree.filterfile.filewatch`), then edit the scores (:mod:`memfree.engines.scores`); a
+filter error inside a step: :mod:`memfree.engines.faults`.
 """
 
 from __future__ import annotations
@@ -189,128 +188,6 @@ def checked_banned_mask(
     return file_watch.read(step)
 
 
-def ban_scores(
-    scores: torch.Tensor,
-    banned: torch.Tensor,
-    eos_token_ids: tuple[int, ...],
-    *,
-    inplace: bool,
-    rows: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``scores`` with every banned token at ``-inf``; a row left with nothing allowed (possible
-    only when earlier processors removed everything else) gets its end-of-sequence score at 0.
-
-    Args:
-        scores: float `(rows, vocab_width)`.
-        banned: bool `(rows, vocab_width)` on the same device.
-        eos_token_ids: the rescued id is the first (none: no rescue).
-        inplace: edit ``scores`` itself (engines that allow it) or return a new tensor.
-        rows: bool `(rows,)`, the guarded rows (None: all); only they are rescued.
-    """
-    fast = ban_scores_cpu(scores, banned, eos_token_ids, inplace=inplace, rows=rows)
-    if fast is not None:
-        return fast.scores
-    guarded = (
-        scores.masked_fill_(banned, float("-inf"))
-        if inplace
-        else scores.masked_fill(banned, float("-inf"))
-    )
-    if eos_token_ids and eos_token_ids[0] < scores.shape[1]:
-        eos = eos_token_ids[0]
-        dead = guarded.amax(dim=1) == float("-inf")  # one reduction; NaN is not -inf
-        if rows is not None:
-            dead &= rows
-        guarded[:, eos] = torch.where(dead, torch.zeros_like(guarded[:, eos]), guarded[:, eos])
-    return guarded
-
-
-@dataclass(frozen=True)
-class BannedScores:
-    """What :func:`ban_scores_cpu` computed: the scores, and what the statistics need."""
-
-    scores: torch.Tensor  # the banned scores (``scores`` itself when edited in place)
-    counts: torch.Tensor  # int64 (rows,) tokens banned per row
-    first_choice: torch.Tensor  # int64 (rows,) each row's highest score's token before the ban
-
-
-def ban_scores_cpu(
-    scores: torch.Tensor,
-    banned: torch.Tensor,
-    eos_token_ids: tuple[int, ...],
-    *,
-    inplace: bool,
-    rows: torch.Tensor | None = None,
-) -> BannedScores | None:
-    """:func:`ban_scores` in numpy, for float32/float64 scores on the CPU (None otherwise).
-
-    The same result, without a pass over every score for each part: the banned entries are
-    set in one pass over the mask (no index array: canonical decoding bans most of a row); a row is alive when its first choice (numpy's
-    argmax, which torch's equals: the first of ties, NaN counted highest) is finite and not
-    banned, so only the other rows are searched for a finite score. numpy runs in the calling
-    thread: torch's CPU kernels wake their thread pool, which costs more than these passes right
-    after a model's forward (measured: 0.85 ms a step at batch 1 in a generation, against 0.3
-    ms for the same calls alone).
-    """
-    if not (
-        scores.device.type == "cpu"
-        and banned.device.type == "cpu"
-        and scores.dtype in (torch.float32, torch.float64)
-        and scores.dim() == 2
-        and scores.is_contiguous()
-        and banned.is_contiguous()
-        and banned.shape == scores.shape
-        and (rows is None or rows.device.type == "cpu")
-    ):
-        return None
-    original = scores.detach().numpy()
-    mask = banned.numpy()
-    width = original.shape[1]
-    first = original.argmax(axis=1)
-    # One pass each, no index array: canonical decoding bans most of a row (half the scores).
-    counts = np.count_nonzero(mask, axis=1).astype(np.int64, copy=False)
-    if inplace:
-        np.copyto(original, original.dtype.type(-np.inf), where=mask)
-        guarded = original
-    else:
-        guarded = np.where(mask, original.dtype.type(-np.inf), original)
-    if eos_token_ids and eos_token_ids[0] < width:
-        index = np.arange(original.shape[0])
-        alive = ~mask[index, first] & (original[index, first] > -np.inf)
-        dead = np.zeros(original.shape[0], dtype=bool)
-        suspects = np.flatnonzero(~alive)
-        if suspects.size:
-            dead[suspects] = guarded[suspects].max(axis=1) == -np.inf
-        if rows is not None:
-            dead &= rows.numpy()
-        guarded[dead, eos_token_ids[0]] = 0.0
-    result = scores if inplace else torch.from_numpy(guarded)
-    return BannedScores(result, torch.from_numpy(counts), torch.from_numpy(first))
-
-
-def fail_closed(
-    scores: torch.Tensor, rows: torch.Tensor, eos_token_ids: tuple[int, ...]
-) -> torch.Tensor:
-    """Edits ``scores`` in place so that the given rows may take nothing but end of sequence.
-
-    For rows whose context the guard cannot know (an engine's placeholder, an error inside a
-    callback that must not raise): a token the guard did not check is never emitted.
-
-    Args:
-        scores: float `(rows, vocab_width)`.
-        rows: bool `(rows,)`, the rows to close.
-        eos_token_ids: their first id keeps its score (0 where it was ``-inf``); none: every
-            score of the rows goes to ``-inf``.
-    """
-    if not bool(rows.any()):
-        return scores
-    eos = eos_token_ids[0] if eos_token_ids and eos_token_ids[0] < scores.shape[1] else None
-    kept = scores[rows, eos] if eos is not None else None
-    scores[rows] = float("-inf")
-    if eos is not None and kept is not None:
-        scores[rows, eos] = torch.where(torch.isneginf(kept), torch.zeros_like(kept), kept)
-    return scores
-
-
 def token_ids(name: str, value: Any) -> list[int]:
     """Token ids from None, an int, a numpy or 0-d/1-d torch integer, or an iterable of them.
 
@@ -339,8 +216,6 @@ def token_ids(name: str, value: Any) -> list[int]:
 __all__ = [
     "EmptyFilterError",
     "GuardSetup",
-    "ban_scores",
     "checked_banned_mask",
-    "fail_closed",
     "token_ids",
 ]

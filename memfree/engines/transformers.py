@@ -16,13 +16,8 @@ import torch
 from memfree.core import Masker, MaskerOptions
 from memfree.core.exempt import PromptNgrams
 from memfree.engines.faults import StepFaults, step_masks
-from memfree.engines.setup import (
-    GuardSetup,
-    ban_scores,
-    ban_scores_cpu,
-    checked_banned_mask,
-    fail_closed,
-)
+from memfree.engines.scores import ban_scores, ban_scores_cpu, fail_closed
+from memfree.engines.setup import GuardSetup, checked_banned_mask
 from memfree.engines.stats import GuardStats, StatsRecorder
 from memfree.errors import FilterError
 from memfree.filterfile.filewatch import FileWatch

@@ -30,7 +30,8 @@ from memfree.engines.policy import (
     requested_guard,
 )
 from memfree.engines.rows import RowGuard
-from memfree.engines.setup import EmptyFilterError, GuardSetup, fail_closed
+from memfree.engines.scores import fail_closed
+from memfree.engines.setup import EmptyFilterError, GuardSetup
 from memfree.errors import FilterChangedError, FilterError
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import torch
 from memfree.core.exempt import PromptNgrams
 from memfree.engines.faults import step_masks
 from memfree.engines.policy import ServingConfig
-from memfree.engines.setup import ban_scores, fail_closed
+from memfree.engines.scores import ban_scores, fail_closed
 from memfree.engines.vllm_common import (
     ChangedFilterGuard,
     RequestPolicy,

@@ -1,16 +1,20 @@
-"""Banning scores: the CPU fast path (numpy: banned entries found once and set by index, the
-dead-row check from the first choices, the counts and first choices the statistics need) equals
-``masked_fill``, the plain rescue rule and torch's argmax, by Hypothesis over scores holding -inf
-and NaN."""
+"""Banning scores: the CPU fast path (banned entries set in one pass, numpy's or, past a width,
+torch's on its threads into a reused array; the dead-row check from the first choices; the
+counts and first choices the statistics need) equals ``masked_fill``, the plain rescue rule and
+torch's argmax, by Hypothesis over scores holding -inf and NaN; an array handed out is never
+reused while a tensor, a view of one or a numpy view still holds it."""
 
 from __future__ import annotations
+
+from unittest import mock
 
 import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memfree.engines.setup import ban_scores, ban_scores_cpu
+from memfree.engines import scores as scores_module
+from memfree.engines.scores import ban_scores, ban_scores_cpu
 
 
 def reference(
@@ -34,8 +38,27 @@ def reference(
     inplace=st.booleans(),
     guarded_rows=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    wide=st.booleans(),
 )
 def test_the_fast_path_equals_masked_fill(
+    rows: int,
+    width: int,
+    seed: int,
+    ban_share: float,
+    special: float,
+    inplace: bool,
+    guarded_rows: bool,
+    dtype: torch.dtype,
+    wide: bool,
+) -> None:
+    # ``wide``: torch's ban into a kept array, the path of serving widths, at every width here.
+    with mock.patch.multiple(scores_module, _WIDE=1 if wide else 1 << 62, _REUSED=1):
+        check_against_masked_fill(
+            rows, width, seed, ban_share, special, inplace, guarded_rows, dtype
+        )
+
+
+def check_against_masked_fill(
     rows: int,
     width: int,
     seed: int,
@@ -69,3 +92,56 @@ def test_the_fast_path_equals_masked_fill(
     assert fast is not None
     assert torch.equal(fast.first_choice, scores.argmax(dim=1))  # torch's own answer
     assert torch.equal(fast.counts, banned.sum(dim=1))
+
+
+def test_at_a_serving_width_the_ban_equals_masked_fill() -> None:
+    """256 rows of 16,384 scores (past both thresholds, as they are): the scattered bans of
+    canonical decoding and the sparse ones of the ids-only guard, a row with nothing left."""
+    rng = np.random.default_rng(7)
+    scores = torch.from_numpy(rng.normal(size=(256, 16384)).astype(np.float32))
+    scores[3, 100] = float("nan")
+    scores[4, :] = float("-inf")
+    for share in (0.1, 0.0005):
+        banned = torch.from_numpy(rng.random(scores.shape) < share)
+        banned[5, :] = True
+        rows_mask = torch.from_numpy(rng.random(256) < 0.9)
+        expected = reference(scores.clone(), banned, 2, rows_mask)
+        for inplace in (False, True):
+            given_scores = scores.clone()
+            fast = ban_scores_cpu(given_scores, banned, (2,), inplace=inplace, rows=rows_mask)
+            assert fast is not None
+            assert torch.equal(fast.scores.nan_to_num(0.5), expected.nan_to_num(0.5))
+            assert torch.equal(fast.scores.isnan(), expected.isnan())
+            assert torch.equal(fast.counts, banned.sum(dim=1))
+            assert torch.equal(fast.first_choice, scores.argmax(dim=1))
+            if not inplace:
+                assert torch.equal(given_scores.nan_to_num(0.5), scores.nan_to_num(0.5))
+
+
+def test_an_array_still_held_is_never_handed_out_again() -> None:
+    """Each step's scores come in an array kept for later steps (a new one of that size costs
+    a page fault every 4 KiB). One is handed out again only when nothing holds it: not the
+    tensor, a view of it, nor a numpy view of either."""
+    rng = np.random.default_rng(11)
+
+    def step(seed: int) -> torch.Tensor:
+        scores = torch.from_numpy(np.random.default_rng(seed).normal(size=(64, 32768)))
+        banned = torch.from_numpy(rng.random(scores.shape) < 0.1)
+        fast = ban_scores_cpu(scores.float(), banned, (0,), inplace=False)
+        assert fast is not None
+        return fast.scores
+
+    first = step(1)
+    kept = first.clone()
+    view = step(2)[:, :7]  # the tensor goes, its view stays
+    kept_view = view.clone()
+    as_numpy = step(3).numpy()  # the tensor goes, a numpy view of it stays
+    kept_numpy = as_numpy.copy()
+    for seed in range(4, 8):
+        step(seed)
+    assert torch.equal(first, kept)
+    assert torch.equal(view, kept_view)
+    assert np.array_equal(as_numpy, kept_numpy)
+    # Let go, an array is handed out again: a step's scores land where the last ones were.
+    address = step(8).data_ptr()
+    assert step(9).data_ptr() == address
