@@ -13,21 +13,19 @@ indexes and the new states' packed rows (:attr:`StateTable.sent` counts the byte
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
+from memfree.core.row_threads import over_rows
 from memfree.vocab.merge_tree import distinct
 
 _SLOTS = 4096  # states whose banned rows a table keeps (more while one step needs more)
 _PART = 1 << 22  # dense entries (bytes) a thread unpacks at least
-_THREADS = 4  # threads at most (memory bandwidth, not cores, bounds an unpack)
 _BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)  # np.packbits' order
 
 
@@ -145,16 +143,7 @@ class StateTable:
 
         # numpy lets the interpreter go while it unpacks and copies: past a few MiB, parts of
         # the rows go to other threads (the step's wall time; the CPU time is the same).
-        parts = min(_threads(), max(1, dense.size // _PART))
-        bounds = [len(rows) * part // parts for part in range(parts + 1)]
-        if parts > 1:
-            pool = _pool(parts - 1)
-            done = [pool.submit(unpack, *bounds[p : p + 2]) for p in range(1, parts)]
-            unpack(bounds[0], bounds[1])
-            for future in done:
-                future.result()
-        else:
-            unpack(0, len(rows))
+        over_rows(len(rows), dense.size, _PART, unpack)
         return dense
 
     def _add(self, key_id: int, key: Hashable) -> None:
@@ -278,29 +267,6 @@ class TableMasker:
         self, contexts: torch.Tensor, vocab_width: int, device: torch.device | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, list[Any]]:
         raise NotImplementedError
-
-
-def _threads() -> int:
-    """Threads a CPU step's dense rows may be unpacked in: torch's own count (what the model's
-    CPU kernels use between steps), at most :data:`_THREADS`."""
-    return max(1, min(torch.get_num_threads(), _THREADS))
-
-
-_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # its process, its threads, the pool
-_POOL_LOCK = threading.Lock()
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The threads that unpack other parts of a step's rows (at least ``workers``); made again
-    in a forked process, whose copy has none of them."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
-            if _POOL is not None and _POOL[0] == os.getpid():
-                _POOL[2].shutdown(wait=False)
-            pool = ThreadPoolExecutor(workers, thread_name_prefix="memfree-unpack")
-            _POOL = (os.getpid(), workers, pool)
-        return _POOL[2]
 
 
 def _grown(array: np.ndarray, size: int, fill: int) -> np.ndarray:

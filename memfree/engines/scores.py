@@ -18,7 +18,11 @@ from typing import Any
 import numpy as np
 import torch
 
-_WIDE = 1 << 21  # scores past which torch's threads share the ban (8 MiB of float32)
+from memfree.core.row_threads import over_rows
+
+_ROW = 4096  # scores a row holds from which rows are banned one at a time
+_PART = 1 << 21  # scores a thread bans at least (8 MiB of float32)
+_SCATTERED = 64  # a row with a ban in more than one score in this many: banned without a branch
 _REUSED = 1 << 22  # bytes from which an output array is kept for the next steps
 
 
@@ -76,17 +80,16 @@ def ban_scores_cpu(
 ) -> BannedScores | None:
     """:func:`ban_scores` for float32/float64 scores on the CPU (None otherwise).
 
-    The same result in the fewest passes over the scores: the banned entries set in one pass
-    over the mask (no index array: canonical decoding bans about a tenth of a row, scattered);
-    a row is alive when its first choice (numpy's argmax, which torch's equals: the first of
-    ties, NaN counted highest) is finite and not banned, so only the other rows are searched
-    for a finite score; the counts row by row (``count_nonzero`` along an axis adds the bytes
-    up, 9x slower: 13 ms against 1.5 at 256 rows of 151,646 ids). Small steps run in the
-    calling thread (numpy): torch's CPU kernels wake their thread pool, which costs more than
-    these passes right after a model's forward (measured: 0.85 ms a step at batch 1 in a
-    generation, against 0.3 ms for the same calls alone). Past :data:`_WIDE` scores the ban is
-    torch's, on all its threads, into a reused array (:func:`_output`): 18 ms against 43 at 256
-    rows of 151,646 ids with canonical decoding's bans (2 threads).
+    The same result in the fewest passes over the scores, in numpy (torch's CPU kernels wake
+    their thread pool, which costs more than these passes right after a model's forward:
+    measured, 0.85 ms a step at batch 1 in a generation, against 0.3 ms for the same calls
+    alone). A row is alive when its first choice (numpy's argmax, which torch's equals: the
+    first of ties, NaN counted highest) is finite and not banned, so only the other rows are
+    searched for a finite score. Rows of at least :data:`_ROW` scores go one at a time, each
+    in the cache while it is read (:func:`_ban_rows`), split over the step's threads past a few
+    MiB, into a reused array (:func:`_output`). Measured at 256 rows of 151,646 float32 scores
+    (2 threads): 14.5 ms with canonical decoding's bans, against 26 ms for numpy's argmax, the
+    counts and torch's ``where``, 62 ms for numpy's ``where`` into a new array.
     """
     if not (
         scores.device.type == "cpu"
@@ -99,28 +102,25 @@ def ban_scores_cpu(
         and (rows is None or rows.device.type == "cpu")
     ):
         return None
-    values = scores.detach()
-    original = values.numpy()
+    original = scores.detach().numpy()
     mask = banned.numpy()
     count, width = original.shape
-    first = original.argmax(axis=1)  # numpy's: torch's on two threads takes twice as long
-    counts = np.fromiter((np.count_nonzero(row) for row in mask), dtype=np.int64, count=count)
-    wide = original.size >= _WIDE and torch.get_num_threads() > 1
-    minus = original.dtype.type(-np.inf)
-    if inplace:
-        if wide:
-            values.masked_fill_(banned, float("-inf"))
-        else:
-            np.copyto(original, minus, where=mask)
-        guarded = original
-    else:
-        guarded = _output(original.shape, original.dtype)
-        if wide:
-            fill = torch.tensor(float("-inf"), dtype=values.dtype)
-            torch.where(banned, fill, values, out=torch.from_numpy(guarded))
-        else:
+    guarded = original if inplace else _output(original.shape, original.dtype)
+    if width >= _ROW:
+        first = np.empty(count, dtype=np.int64)
+        counts = np.empty(count, dtype=np.int64)
+        over_rows(
+            count,
+            original.size,
+            _PART,
+            lambda start, stop: _ban_rows(original, mask, guarded, first, counts, start, stop),
+        )
+    else:  # narrow rows: whole-array passes cost less than a call per row
+        first = original.argmax(axis=1)
+        counts = np.count_nonzero(mask, axis=1).astype(np.int64, copy=False)
+        if not inplace:
             np.copyto(guarded, original)
-            np.copyto(guarded, minus, where=mask)
+        np.copyto(guarded, original.dtype.type(-np.inf), where=mask)
     if eos_token_ids and eos_token_ids[0] < width:
         index = np.arange(count)
         alive = ~mask[index, first] & (original[index, first] > -np.inf)
@@ -133,6 +133,47 @@ def ban_scores_cpu(
         guarded[dead, eos_token_ids[0]] = 0.0
     result = scores if inplace else torch.from_numpy(guarded)
     return BannedScores(result, torch.from_numpy(counts), torch.from_numpy(first))
+
+
+def _ban_rows(
+    original: np.ndarray,
+    mask: np.ndarray,
+    guarded: np.ndarray,
+    first: np.ndarray,
+    counts: np.ndarray,
+    start: int,
+    stop: int,
+) -> None:
+    """Rows ``start..stop`` of :func:`ban_scores_cpu`: each row's first choice and count, and
+    its scores banned into ``guarded`` (``original`` itself, or a new array). A row with no ban
+    is copied; one with few bans is copied and then banned by a pass over its mask that seldom
+    branches; one with bans scattered over it (canonical decoding's: about a tenth of a row,
+    apart) is banned without a branch, over the scores' bits: ``bits ^ ((bits ^ -inf) &
+    lanes)``, where ``lanes`` is -1 at a ban and 0 elsewhere (numpy's and torch's ``where``
+    mispredict a branch at nearly every ban there: twice the time of a row with none)."""
+    ints = np.int32 if original.dtype == np.float32 else np.int64
+    minus = original.dtype.type(-np.inf)
+    minus_bits = minus.view(ints)
+    width = original.shape[1]
+    bits, out_bits = original.view(ints), guarded.view(ints)
+    lanes = np.empty(width, dtype=ints)
+    spare = np.empty(width, dtype=ints) if guarded is original else None
+    for row in range(start, stop):
+        first[row] = original[row].argmax()
+        many = counts[row] = np.count_nonzero(mask[row])
+        if many * _SCATTERED < width:
+            if guarded is not original:
+                np.copyto(guarded[row], original[row])
+            if many:
+                np.copyto(guarded[row], minus, where=mask[row])
+            continue
+        np.negative(mask[row].view(np.int8), out=lanes, dtype=ints)
+        # A new array's row holds the step between (the scores' row is still read); edited in
+        # place, a spare row does.
+        between = out_bits[row] if spare is None else spare
+        np.bitwise_xor(bits[row], minus_bits, out=between)
+        np.bitwise_and(between, lanes, out=between)
+        np.bitwise_xor(bits[row], between, out=out_bits[row])
 
 
 class _Kept(threading.local):

@@ -38,7 +38,7 @@ def reference(
     inplace=st.booleans(),
     guarded_rows=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
-    wide=st.booleans(),
+    path=st.sampled_from(["whole", "few", "scattered"]),
 )
 def test_the_fast_path_equals_masked_fill(
     rows: int,
@@ -49,10 +49,17 @@ def test_the_fast_path_equals_masked_fill(
     inplace: bool,
     guarded_rows: bool,
     dtype: torch.dtype,
-    wide: bool,
+    path: str,
 ) -> None:
-    # ``wide``: torch's ban into a kept array, the path of serving widths, at every width here.
-    with mock.patch.multiple(scores_module, _WIDE=1 if wide else 1 << 62, _REUSED=1):
+    # Each path at every width here: whole-array passes (narrow rows); row by row, split over
+    # threads, into a kept array, with a row's bans set by a pass over its mask ("few") or
+    # over the scores' bits ("scattered": every row with a ban).
+    thresholds = {
+        "whole": {"_ROW": 1 << 62},
+        "few": {"_ROW": 1, "_PART": 1, "_SCATTERED": 0},
+        "scattered": {"_ROW": 1, "_PART": 1, "_SCATTERED": 1 << 40},
+    }[path]
+    with mock.patch.multiple(scores_module, _REUSED=1, **thresholds):
         check_against_masked_fill(
             rows, width, seed, ban_share, special, inplace, guarded_rows, dtype
         )
@@ -95,7 +102,7 @@ def check_against_masked_fill(
 
 
 def test_at_a_serving_width_the_ban_equals_masked_fill() -> None:
-    """256 rows of 16,384 scores (past both thresholds, as they are): the scattered bans of
+    """256 rows of 16,384 scores (past every threshold, as they are): the scattered bans of
     canonical decoding and the sparse ones of the ids-only guard, a row with nothing left."""
     rng = np.random.default_rng(7)
     scores = torch.from_numpy(rng.normal(size=(256, 16384)).astype(np.float32))
