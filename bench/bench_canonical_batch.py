@@ -152,17 +152,20 @@ def device_bytes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width
     return sum(sent[steps // 2 :]) / (steps - steps // 2)
 
 
-def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, width: int) -> None:
+def where_it_goes(
+    guard: Any, rows: torch.Tensor, args: argparse.Namespace, width: int, base: float
+) -> None:
     """Where the canonical guard's step goes at the largest size, over the timed steps of one
     more run (a fresh guard, on text no run above met; what is kept per tokenizer, such as
     the row shapes' groups and encodings, holds what they met, as in a running server; timers
     around the masker's parts, one call each a step but one a new state): rows read or
     advanced to their states (with the groups of row shapes met for the first time), new
-    states' banned rows, the rest of the state table's gather (its bookkeeping, and the dense
-    mask unpacked on the CPU), and the rest of the step (the n-gram index, pending
-    readings, the union)."""
+    states' banned rows, the state table's bookkeeping, the dense mask unpacked on the CPU,
+    and the rest of the step (the n-gram index, pending readings, the union). Where the scores
+    are on a GPU the device unpacks the mask from the table's copy there: the host's part of
+    the step is the rest, given as well per row over ``base`` (the ids-only step, seconds)."""
     masker = guard.masker.canonical
-    spent = {"rows": 0.0, "fills": 0.0, "gather": 0.0}
+    spent = {"rows": 0.0, "fills": 0.0, "gather": 0.0, "unpack": 0.0}
     fills = 0
 
     def timed(name: str, function: Any) -> Any:
@@ -181,6 +184,7 @@ def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, widt
     automaton.step = timed("rows", automaton.step)
     table._fill = timed("fills", table._fill)
     table.gather = timed("gather", table.gather)
+    table._unpacked = timed("unpack", table._unpacked)
     split = getattr(masker, "split", None)  # kept per tokenizer: its groups met for the first time
     shapes = [0, 0.0]
     inside = [False]  # a row shape's groups read from its last chunk's: counted once
@@ -218,7 +222,9 @@ def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, widt
     timed_steps = steps - steps // 2
     whole = (time.perf_counter() - started) / timed_steps * 1e3
     rows_ms, fills_ms = spent["rows"] / timed_steps * 1e3, spent["fills"] / timed_steps * 1e3
-    gather_ms = spent["gather"] / timed_steps * 1e3 - fills_ms
+    unpack_ms = spent["unpack"] / timed_steps * 1e3
+    gather_ms = spent["gather"] / timed_steps * 1e3 - fills_ms - unpack_ms
+    host_ms = whole - unpack_ms
     print(
         f"  where a step goes at {rows.shape[0]} rows (one more run, on text not met before; "
         f"{whole:.2f} ms a step): "
@@ -230,8 +236,11 @@ def where_it_goes(guard: Any, rows: torch.Tensor, args: argparse.Namespace, widt
             else ""
         )
         + f", {fills / timed_steps:.0f} new states' rows "
-        f"{fills_ms:.2f} ms, the table and dense mask {gather_ms:.2f} ms, the rest (n-gram "
-        f"index, pending readings) {whole - rows_ms - fills_ms - gather_ms:.2f} ms"
+        f"{fills_ms:.2f} ms, the table {gather_ms:.2f} ms, the dense mask {unpack_ms:.2f} ms, "
+        f"the rest (n-gram index, pending readings) "
+        f"{whole - rows_ms - fills_ms - gather_ms - unpack_ms:.2f} ms; the dense mask aside "
+        f"(a GPU's own work), the host's part {host_ms:.2f} ms, "
+        f"{(host_ms - base * 1e3) / rows.shape[0] * 1e3:.1f} us a row over the ids-only step"
     )
 
 
@@ -301,7 +310,7 @@ def family(name: str, tokenizer: Any, filt: Any, args: argparse.Namespace) -> No
             f"(a dense mask: {size * width / 2**20:.2f} MiB) | {whole_base * 1e3:.2f}, "
             f"{whole_cost * 1e3:.2f} ({whole_cost / whole_base:.1f}x)"
         )
-    where_it_goes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), take(size), args, width)
+    where_it_goes(MemFreeLogitsProcessor(filt, tokenizer=tokenizer), take(size), args, width, base)
     masker = guard.masker.canonical
     held = masker.table.nbytes
     for cache in ("_masks", "_bigrams", "_answers"):

@@ -70,9 +70,11 @@ class StateTable:
 
     @property
     def nbytes(self) -> int:
-        """The table's bytes on the host, with the last step's dense rows where it keeps them."""
+        """The table's bytes on the host (its rows filled: the others are pages never
+        written), with the last step's dense rows where it keeps them."""
         dense = 0 if self._dense is None else self._dense.nbytes
-        return int(self._table.nbytes + self._scratch.nbytes + dense)
+        table = self._filled * self._table.shape[1]
+        return int(table + self._scratch.nbytes + dense)
 
     def gather(
         self,
@@ -157,7 +159,10 @@ class StateTable:
             oldest = self._least_recent() if len(self._table) >= self.capacity else -1
             if oldest < 0:
                 slot = self._filled
-                size = 2 * slot or min(64, self.capacity)
+                # At once to the capacity (past it, twice the rows): np.zeros maps pages the
+                # first write faults in, so rows not yet filled cost no memory, and the rows
+                # filled are copied once, not at each doubling (a copy of 40 MiB for 151k ids).
+                size = max(self.capacity, 64) if slot < self.capacity else 2 * slot
                 grown = np.zeros((size, self._table.shape[1]), dtype=np.uint8)
                 grown[:slot] = self._table
                 self._table = grown
@@ -198,8 +203,10 @@ class StateTable:
     def _gather_mirrored(self, slots: np.ndarray, device: torch.device) -> torch.Tensor:
         key = str(device)
         tensor, seen = self._mirrors.get(key, (None, np.zeros(0, dtype=np.int64)))
-        size, packed = self._table.shape
-        if tensor is None or tensor.shape[0] < size:  # the table grew: rows to fill there too
+        filled, packed = self._filled, self._table.shape[1]
+        if tensor is None or tensor.shape[0] < filled:  # rows filled past the copy's
+            # Doubled (a device's zeros are written, not mapped): rows that hold states.
+            size = max(filled, 64, 2 * (0 if tensor is None else tensor.shape[0]))
             grown = torch.zeros((size, packed), dtype=torch.uint8, device=device)
             if tensor is not None:
                 grown[: tensor.shape[0]] = tensor

@@ -24,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memfree.core import state_table
+from memfree.core import row_threads, state_table
 from memfree.core.canonical import CanonicalMasker
 from memfree.core.canonical_state import RowStates
 from memfree.vocab.info import TokenizerInfo
@@ -477,7 +477,7 @@ def test_a_step_writes_into_the_last_steps_mask_only_when_no_one_holds_it(
     the caller, as a tensor or a numpy view, keeps its answer; one let go is written over. The
     same with the rows unpacked in parts by several threads (a large step's)."""
     monkeypatch.setattr(state_table, "_PART", 1)
-    monkeypatch.setattr(state_table, "_threads", lambda: parts)
+    monkeypatch.setattr(row_threads, "step_threads", lambda: parts)
     masker = CanonicalMasker(smol_masker.info, smol_masker.end_token_ids)
     width = masker.bpe.vocab_size
     texts = ("Hello world", "x = 1\n", "a b", "def f():\n    return")
