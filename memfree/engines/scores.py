@@ -4,8 +4,8 @@ of sequence (:func:`fail_closed`).
 
 On the CPU at serving widths the edit is a pass over rows × vocabulary scores (155 MiB at 256
 rows of 151,646 float32 scores) and costs more than the masks themselves: the ids-only guard's
-whole step there was 47 ms, 45 of them here. :func:`ban_scores_cpu` does it in the fewest
-passes.
+whole step there was 47 ms, 45 of them the edit, until :func:`ban_scores_cpu` did it in the
+fewest passes (8.9 ms; docs/benchmarks.md, the fourteenth session's block).
 """
 
 from __future__ import annotations
@@ -88,8 +88,9 @@ def ban_scores_cpu(
     searched for a finite score. Rows of at least :data:`_ROW` scores go one at a time, each
     in the cache while it is read (:func:`_ban_rows`), split over the step's threads past a few
     MiB, into a reused array (:func:`_output`). Measured at 256 rows of 151,646 float32 scores
-    (2 threads): 14.5 ms with canonical decoding's bans, against 26 ms for numpy's argmax, the
-    counts and torch's ``where``, 62 ms for numpy's ``where`` into a new array.
+    (2 threads): 15.6 ms with canonical decoding's bans, against 26 ms for numpy's argmax, the
+    counts and torch's ``where``, and about 60 ms for numpy's argmax, counts along the axis and
+    ``where`` into a new array, as before.
     """
     if not (
         scores.device.type == "cpu"
