@@ -138,10 +138,11 @@ def union(into: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 
 def ban_readings(banned: torch.Tensor, pairs: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """``banned`` with each ``(row, candidate)`` of ``pairs`` banned too."""
+    """``banned`` with each ``(row, candidate)`` of ``pairs`` banned too, in place: both callers
+    hand the step's own mask (the state table's rows and the filter's bans set in them, or a
+    union made for the step), so no copy of rows × vocabulary is made for a few entries."""
     if not pairs:
         return banned
-    banned = banned.clone()
     index = torch.tensor(pairs, device=banned.device)
     banned[index[:, 0], index[:, 1]] = True
     return banned
