@@ -158,12 +158,13 @@ class IndexMasker:
             fingerprints = fingerprints_np(rows_np[clean], self._index.hash_seed)
             rows, tokens = lookup(self._index, fingerprints)
             keep = tokens < vocab_width
-            if into is not None and self._special_np.size:  # never banned by the filter
+            if self._special_np.size:  # never banned by the filter
+                # Left out of the lookup's answer, not cleared in the mask afterwards: a
+                # column written in every row faults in a page of each row of a new mask
+                # (256 pages a step at 256 rows, 1.4 ms of Qwen 2's 2.2 ms ids-only step).
                 keep &= ~np.isin(tokens, self._special_np)
             mask[clean[rows[keep]], tokens[keep]] = True
             active[clean[rows]] = True
-            if into is None and self._special_np.size:
-                mask[:, self._special_np[self._special_np < vocab_width]] = False
         return torch.from_numpy(mask), torch.from_numpy(active)
 
     # -- fixed shapes (accelerators; the CPU with skip_rows=False) --------------------------------
