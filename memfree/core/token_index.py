@@ -152,7 +152,9 @@ class IndexMasker:
         active = np.zeros(batch, dtype=bool)
         clean = np.arange(batch)
         if self._special_np.size and rows_np.size:
-            holds = (rows_np[:, :, None] == self._special_np).any(axis=(1, 2))
+            # np.isin sorts: Tekken's 1,000 special ids against 256 windows of 9 ids each,
+            # compared pairwise, took 1 ms a step.
+            holds = np.isin(rows_np, self._special_np).any(axis=1)
             clean = np.flatnonzero(~holds)
         if clean.size:
             fingerprints = fingerprints_np(rows_np[clean], self._index.hash_seed)
