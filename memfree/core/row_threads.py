@@ -31,7 +31,8 @@ def over_rows(rows: int, size: int, least: int, work: Callable[[int, int], None]
     """``work(start, stop)`` over rows ``0..rows``, in parts run at once: as many parts as
     :func:`step_threads`, but none of fewer than ``least`` of the step's ``size`` (bytes or
     entries: what one pass over the rows touches). The calling thread runs the first part; an
-    exception in any part is raised here, after all have ended."""
+    exception in any part is raised here, after all have ended. ``work`` must not call this
+    function itself: a part waiting on the pool from inside it could wait forever."""
     parts = min(step_threads(), max(1, size // least), max(1, rows))
     if parts == 1:
         work(0, rows)
@@ -49,14 +50,15 @@ def over_rows(rows: int, size: int, least: int, work: Callable[[int, int], None]
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    """The threads that run the other parts of a step's rows (at least ``workers``)."""
+    """The threads that run the other parts of a step's rows (``workers`` of them wanted):
+    :data:`_THREADS` - 1, started as parts need them; more parts than that wait their turn.
+    One pool a process, never shut down (another thread's step could be handing it work),
+    made again in a forked child."""
     global _POOL
     with _POOL_LOCK:
-        if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
-            if _POOL is not None and _POOL[0] == os.getpid():
-                _POOL[2].shutdown(wait=False)
-            pool = ThreadPoolExecutor(workers, thread_name_prefix="memfree-rows")
-            _POOL = (os.getpid(), workers, pool)
+        if _POOL is None or _POOL[0] != os.getpid():
+            pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="memfree-rows")
+            _POOL = (os.getpid(), _THREADS - 1, pool)
         return _POOL[2]
 
 

@@ -152,23 +152,25 @@ class StateTable:
         """Fill a table row with a state's banned candidates. Past the table's capacity the
         least recently used state gives its row up, unless this step uses it too (then the
         table grows). Called under the table's lock."""
-        if self._filled < len(self._table):
+        if self._filled < min(len(self._table), self.capacity):
             slot = self._filled
             self._filled += 1
         else:
-            oldest = self._least_recent() if len(self._table) >= self.capacity else -1
+            oldest = self._least_recent() if self._filled >= self.capacity else -1
             if oldest < 0:
                 slot = self._filled
-                # At once to the capacity (past it, twice the rows): np.zeros maps pages the
-                # first write faults in, so rows not yet filled cost no memory, and the rows
-                # filled are copied once, not at each doubling (a copy of 40 MiB for 151k ids).
-                size = max(self.capacity, 64) if slot < self.capacity else 2 * slot
-                grown = np.zeros((size, self._table.shape[1]), dtype=np.uint8)
-                grown[:slot] = self._table
-                self._table = grown
-                self._used = _grown(self._used, size, 0)
-                self._versions = _grown(self._versions, size, 0)
-                self._key_of_slot = _grown(self._key_of_slot, size, -1)
+                if slot >= len(self._table):
+                    # At once to the capacity (past it, twice the rows): np.zeros maps pages
+                    # the first write faults in (where the system maps zero pages lazily, as
+                    # Linux does), so rows not yet filled cost no memory, and the rows filled
+                    # are copied once, not at each doubling (a copy of 40 MiB for 151k ids).
+                    size = max(self.capacity, 1) if slot < self.capacity else 2 * slot
+                    grown = np.zeros((size, self._table.shape[1]), dtype=np.uint8)
+                    grown[:slot] = self._table[:slot]
+                    self._table = grown
+                    self._used = _grown(self._used, size, 0)
+                    self._versions = _grown(self._versions, size, 0)
+                    self._key_of_slot = _grown(self._key_of_slot, size, -1)
                 self._filled += 1
             else:
                 slot = oldest
@@ -185,8 +187,8 @@ class StateTable:
         """The table row used least recently, not by this step (-1: none). The rows by last
         use are sorted once a step (then taken in turn, skipping those this step has used
         since), not searched once per new state."""
-        if self._eviction is None or self._eviction[0] != self._steps:
-            order = np.argsort(self._used, kind="stable").tolist()
+        if self._eviction is None or self._eviction[0] != self._steps:  # the rows filled only
+            order = np.argsort(self._used[: self._filled], kind="stable").tolist()
             self._eviction = (self._steps, iter(order))
         for slot in self._eviction[1]:
             if self._used[slot] != self._steps:

@@ -179,37 +179,33 @@ def _ban_rows(
         np.bitwise_xor(bits[row], between, out=out_bits[row])
 
 
-class _Kept(threading.local):
-    """Each thread's arrays :func:`_output` handed out lately."""
-
-    def __init__(self) -> None:
-        self.arrays: list[np.ndarray] = []
-
-
-_KEPT = _Kept()
+_KEPT: list[np.ndarray] = []  # the arrays :func:`_output` handed out lately, in this process
+_KEPT_LOCK = threading.Lock()
 
 
 def _output(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
     """An uninitialized array of ``shape`` and ``dtype`` that nothing else holds: one of the
-    last two this thread handed out whose tensors (views and copies into numpy included) were
-    all let go, or a new one. A new array of 155 MiB (256 rows of 151,646 float32 scores) costs
-    a page fault every 4 KiB written: 15 ms, more than the pass that fills it. A caller that
-    keeps every step's scores (``output_scores=True``) keeps them all: each step then gets a
-    new one. Only arrays of at least :data:`_REUSED` bytes are kept (smaller ones come from the
-    allocator's free lists), and only of the last shape asked for."""
-    kept = _KEPT.arrays
-    if kept and (kept[0].shape != shape or kept[0].dtype != dtype):
-        kept.clear()
-    for index in range(len(kept)):
-        # Held by the list and by getrefcount's argument only: a tensor made by
-        # torch.from_numpy, and every view of it, holds its array.
-        if sys.getrefcount(kept[index]) == 2:
-            return kept[index]
-    array = np.empty(shape, dtype=dtype)
-    if array.nbytes >= _REUSED:
-        kept.append(array)
-        del kept[:-2]
-    return array
+    last two handed out (by any thread) whose tensors (views and copies into numpy included)
+    were all let go, or a new one. A new array of 155 MiB (256 rows of 151,646 float32 scores)
+    costs a page fault every 4 KiB written: 15 ms, more than the pass that fills it. A caller
+    that keeps every step's scores (``output_scores=True``) keeps them all: each step then gets
+    a new one. Only arrays of at least :data:`_REUSED` bytes are kept (smaller ones come from
+    the allocator's free lists), only of the last shape asked for, and two at most in the
+    process: what stays after the last large step is 2 × its scores, whatever the threads."""
+    with _KEPT_LOCK:
+        if _KEPT and (_KEPT[0].shape != shape or _KEPT[0].dtype != dtype):
+            _KEPT.clear()
+        for index in range(len(_KEPT)):
+            # Held by the list and by getrefcount's argument only: a tensor made by
+            # torch.from_numpy, and every view of it, holds its array. The array handed out
+            # is held by the caller before the lock is let go.
+            if sys.getrefcount(_KEPT[index]) == 2:
+                return _KEPT[index]
+        array = np.empty(shape, dtype=dtype)
+        if array.nbytes >= _REUSED:
+            _KEPT.append(array)
+            del _KEPT[:-2]
+        return array
 
 
 def fail_closed(
