@@ -152,3 +152,31 @@ def test_an_array_still_held_is_never_handed_out_again() -> None:
     # Let go, an array is handed out again: a step's scores land where the last ones were.
     address = step(8).data_ptr()
     assert step(9).data_ptr() == address
+
+
+def test_threads_that_ban_at_once_never_share_an_array_still_held() -> None:
+    """The kept arrays are the process's: threads banning at once each get their own, and
+    every result keeps its answer while its thread holds it."""
+    import threading
+
+    results: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {0: [], 1: [], 2: []}
+
+    def work(number: int) -> None:
+        rng = np.random.default_rng(number)
+        for _ in range(6):
+            scores = torch.from_numpy(rng.normal(size=(32, 40000)).astype(np.float32))
+            banned = torch.from_numpy(rng.random(scores.shape) < 0.1)
+            fast = ban_scores_cpu(scores, banned, (0,), inplace=False)
+            assert fast is not None
+            results[number].append((fast.scores, reference(scores, banned, 0, None)))
+
+    threads = [threading.Thread(target=work, args=(number,)) for number in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    held = [got for pairs in results.values() for got, _ in pairs]
+    assert len({got.data_ptr() for got in held}) == len(held)
+    for pairs in results.values():
+        for got, expected in pairs:
+            assert torch.equal(got, expected)
