@@ -60,45 +60,30 @@ def test_the_fast_path_equals_masked_fill(
         "scattered": {"_ROW": 1, "_PART": 1, "_SCATTERED": 1 << 40},
     }[path]
     with mock.patch.multiple(scores_module, _REUSED=1, **thresholds):
-        check_against_masked_fill(
-            rows, width, seed, ban_share, special, inplace, guarded_rows, dtype
-        )
-
-
-def check_against_masked_fill(
-    rows: int,
-    width: int,
-    seed: int,
-    ban_share: float,
-    special: float,
-    inplace: bool,
-    guarded_rows: bool,
-    dtype: torch.dtype,
-) -> None:
-    rng = np.random.default_rng(seed)
-    values = rng.normal(size=(rows, width))
-    odd = rng.random((rows, width)) < special
-    values[odd] = rng.choice([-np.inf, np.nan, np.inf], size=int(odd.sum()))
-    scores = torch.from_numpy(values).to(dtype)
-    banned = torch.from_numpy(rng.random((rows, width)) < ban_share)
-    eos = int(rng.integers(0, width))
-    rows_mask = torch.from_numpy(rng.random(rows) < 0.5) if guarded_rows else None
-    expected = reference(scores.clone(), banned, eos, rows_mask)
-    given_scores = scores.clone()
-    got = ban_scores(given_scores, banned, (eos,), inplace=inplace, rows=rows_mask)
-    assert torch.equal(got.isnan(), expected.isnan())
-    assert torch.equal(got.nan_to_num(0.5), expected.nan_to_num(0.5))
-    if inplace:
-        assert got.data_ptr() == given_scores.data_ptr()
-    else:
-        assert torch.equal(given_scores.nan_to_num(0.5), scores.nan_to_num(0.5))
-    fast = ban_scores_cpu(scores.clone(), banned, (eos,), inplace=False, rows=rows_mask)
-    if dtype == torch.bfloat16:
-        assert fast is None  # numpy has no bfloat16: the torch path answers
-        return
-    assert fast is not None
-    assert torch.equal(fast.first_choice, scores.argmax(dim=1))  # torch's own answer
-    assert torch.equal(fast.counts, banned.sum(dim=1))
+        rng = np.random.default_rng(seed)
+        values = rng.normal(size=(rows, width))
+        odd = rng.random((rows, width)) < special
+        values[odd] = rng.choice([-np.inf, np.nan, np.inf], size=int(odd.sum()))
+        scores = torch.from_numpy(values).to(dtype)
+        banned = torch.from_numpy(rng.random((rows, width)) < ban_share)
+        eos = int(rng.integers(0, width))
+        rows_mask = torch.from_numpy(rng.random(rows) < 0.5) if guarded_rows else None
+        expected = reference(scores.clone(), banned, eos, rows_mask)
+        given_scores = scores.clone()
+        got = ban_scores(given_scores, banned, (eos,), inplace=inplace, rows=rows_mask)
+        assert torch.equal(got.isnan(), expected.isnan())
+        assert torch.equal(got.nan_to_num(0.5), expected.nan_to_num(0.5))
+        if inplace:
+            assert got.data_ptr() == given_scores.data_ptr()
+        else:
+            assert torch.equal(given_scores.nan_to_num(0.5), scores.nan_to_num(0.5))
+        fast = ban_scores_cpu(scores.clone(), banned, (eos,), inplace=False, rows=rows_mask)
+        if dtype == torch.bfloat16:
+            assert fast is None  # numpy has no bfloat16: the torch path answers
+            return
+        assert fast is not None
+        assert torch.equal(fast.first_choice, scores.argmax(dim=1))  # torch's own answer
+        assert torch.equal(fast.counts, banned.sum(dim=1))
 
 
 def test_at_a_serving_width_the_ban_equals_masked_fill() -> None:
