@@ -18,7 +18,7 @@ import torch
 
 _THREADS = 4  # threads at most
 
-_POOL: tuple[int, int, ThreadPoolExecutor] | None = None  # its process, its threads, the pool
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # its process, the pool
 _POOL_LOCK = threading.Lock()
 
 
@@ -38,7 +38,7 @@ def over_rows(rows: int, size: int, least: int, work: Callable[[int, int], None]
         work(0, rows)
         return
     bounds = [rows * part // parts for part in range(parts + 1)]
-    pool = _pool(parts - 1)
+    pool = _pool()
     done = [pool.submit(work, *bounds[part : part + 2]) for part in range(1, parts)]
     try:
         work(bounds[0], bounds[1])
@@ -49,17 +49,17 @@ def over_rows(rows: int, size: int, least: int, work: Callable[[int, int], None]
         future.result()
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """The threads that run the other parts of a step's rows (``workers`` of them wanted):
-    :data:`_THREADS` - 1, started as parts need them; more parts than that wait their turn.
+def _pool() -> ThreadPoolExecutor:
+    """The threads that run the other parts of a step's rows: :data:`_THREADS` - 1, started
+    as parts need them; more parts than that wait their turn.
     One pool a process, never shut down (another thread's step could be handing it work),
     made again in a forked child."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None or _POOL[0] != os.getpid():
             pool = ThreadPoolExecutor(_THREADS - 1, thread_name_prefix="memfree-rows")
-            _POOL = (os.getpid(), _THREADS - 1, pool)
-        return _POOL[2]
+            _POOL = (os.getpid(), pool)
+        return _POOL[1]
 
 
 __all__ = ["over_rows", "step_threads"]
